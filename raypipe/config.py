@@ -1,0 +1,176 @@
+"""Typed run configuration: YAML presets under ``configs/``, overridable from the command line.
+
+A run is described by one :class:`RunConfig`. Presets are YAML files (``configs/<name>.yaml``) or any
+YAML path; ``--set section.key=value`` overrides single values (the value is parsed as YAML). Unknown
+keys and bad values fail with a message that names the key. Every run writes the resolved config next
+to its outputs (``RUN_DIR/config.yaml``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PRESET_DIR = REPO_ROOT / "configs"
+DEFAULT_PRESET = "embedded"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be loaded or does not validate."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(StrictModel):
+    datasets: list[str] = Field(
+        default_factory=lambda: ["hotpotqa", "2wikimultihopqa", "musique"],
+        description="Bundled dataset names or paths of FlashRAG-style question files.",
+    )
+    limit: int | None = Field(default=None, ge=1, description="First N questions of each dataset.")
+    corpus: str = Field(default="bundled", description="'bundled' or the path of a corpus jsonl.")
+
+
+class RetrievalConfig(StrictModel):
+    encoder: str = Field(default="minilm", description="Embedded encoder name or a local model folder.")
+    index_type: Literal["flat", "ivf", "hnsw", "pq"] = "flat"
+    fp16: bool = False
+    index_dir: str | None = Field(default=None, description="Default: a folder in the cache keyed by corpus and encoder.")
+    top_k: int | None = Field(default=None, ge=1, description="Documents the agent sees; None = the protocol's default.")
+    deep_k: int = Field(default=100, ge=1, description="Depth of the list kept for QPP signals.")
+    replicas: int = Field(default=1, ge=1)
+    num_cpus: float = Field(default=0.0, ge=0, description="Per retrieval actor; 0 keeps small machines from deadlocking.")
+    num_gpus: float = Field(default=0.0, ge=0)
+    max_batch_size: int = Field(default=64, ge=1, description="Queries coalesced into one search call.")
+    encode_actors: int = Field(default=1, ge=1, description="Actor pool size for corpus encoding.")
+    encode_batch_size: int = Field(default=256, ge=1)
+    encode_num_cpus: float = Field(default=1.0, ge=0)
+    encode_num_gpus: float = Field(default=0.0, ge=0)
+
+
+class EngineConfig(StrictModel):
+    backend: Literal["vllm", "transformers", "openai"] = "vllm"
+    model: str = Field(default="smollm2", description="Embedded model name, local HF folder or GGUF file.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    max_model_len: int = Field(default=4096, ge=256)
+    kv_cache_gib: float = Field(default=2.0, gt=0, description="KV cache size on CPU (vLLM needs one).")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    block_size: int | None = Field(default=32, ge=1, description="KV block; small so probes hit the prefix cache.")
+    enable_prefix_caching: bool = True
+    cpu_threads: str | None = Field(default=None, description="VLLM_CPU_OMP_THREADS_BIND, e.g. '0-1'.")
+    base_url: str | None = Field(default=None, description="OpenAI-compatible server (backend=openai).")
+    api_key_env: str = "OPENAI_API_KEY"
+    seed: int = 0
+
+
+class AgentConfig(StrictModel):
+    protocol: Literal["search_r1", "r1_searcher"] = "search_r1"
+    prompt_version: Literal["v0", "v1", "v2", "v3"] = Field(default="v1", description="R1-Searcher prompt version.")
+    observation_format: Literal["search_r1", "pyterrier"] = "pyterrier"
+    max_turns: int = Field(default=10, ge=1)
+    max_new_tokens: int = Field(default=1024, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
+    enforcement: Literal["none", "first_search", "free"] = Field(
+        default="none", description="Structured-output grammar over the protocol's tags (named option)."
+    )
+    probe: bool = True
+    probe_max_tokens: int = Field(default=64, ge=1)
+
+
+class GenerationConfig(StrictModel):
+    actors: int = Field(default=1, ge=1, description="Generation actors, each holding one engine.")
+    actor_num_cpus: float = Field(default=0.5, ge=0)
+    actor_num_gpus: float = Field(default=0.0, ge=0)
+    max_concurrent_trajectories: int = Field(default=64, ge=1, description="Trajectories in flight per engine.")
+    batch_size: int = Field(default=32, ge=1, description="Questions per map_batches batch.")
+
+
+class RayConfig(StrictModel):
+    address: str | None = Field(default=None, description="None: connect to RAY_ADDRESS or start a local Ray.")
+    num_cpus: int | None = Field(default=None, ge=1, description="Only when starting a local Ray.")
+
+
+class RunConfig(StrictModel):
+    name: str = "embedded"
+    seed: int = 0
+    data: DataConfig = Field(default_factory=DataConfig)
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> "RunConfig":
+        if self.engine.backend == "openai" and not self.engine.base_url:
+            raise ValueError("engine.backend=openai needs engine.base_url")
+        return self
+
+
+def preset_path(preset: str | Path) -> Path:
+    """A preset name (``configs/<name>.yaml``) or a YAML path."""
+    path = Path(preset)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.exists():
+            raise ConfigError(f"config file not found: {path}")
+        return path
+    named = PRESET_DIR / f"{preset}.yaml"
+    if not named.exists():
+        known = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+        raise ConfigError(f"unknown preset {preset!r}; known presets: {', '.join(known)}")
+    return named
+
+
+def apply_override(tree: dict[str, Any], override: str) -> None:
+    """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML."""
+    key, sep, raw = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {override!r} is not of the form section.key=value")
+    parts = key.strip().split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+
+
+def load_config(preset: str | Path = DEFAULT_PRESET, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Load a preset, apply overrides, validate. Raises :class:`ConfigError` with every problem listed."""
+    path = preset_path(preset)
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(tree).__name__}")
+    for override in overrides:
+        apply_override(tree, override)
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid configuration ({path}):\n{_describe(exc)}") from None
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {where}: unknown key")
+        else:
+            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def dump_config(config: RunConfig, path: Path) -> None:
+    """Write the resolved configuration (every field, defaults included)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

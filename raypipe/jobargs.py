@@ -1,0 +1,46 @@
+"""Argument parsing shared by every job under ``jobs/``: the preset, overrides, logging."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from raypipe.config import DEFAULT_PRESET, ConfigError, RunConfig, load_config
+
+
+def job_parser(description: str) -> argparse.ArgumentParser:
+    """A parser with the options every job shares: ``--config`` and repeated ``--set``."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--config",
+        default=DEFAULT_PRESET,
+        metavar="PRESET",
+        help=f"preset name under configs/ or a YAML path (default: {DEFAULT_PRESET})",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config value, e.g. --set engine.backend=transformers (repeatable)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+def config_from_args(args: argparse.Namespace, extra_overrides: list[str] | None = None) -> RunConfig:
+    """Load the config the arguments name; exit with the validation message on error."""
+    try:
+        return load_config(args.config, [*args.overrides, *(extra_overrides or [])])
+    except ConfigError as exc:
+        sys.exit(f"error: {exc}")

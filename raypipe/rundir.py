@@ -1,0 +1,57 @@
+"""A run directory: every stage reads and writes Parquet tables and the resolved config here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raypipe.config import RunConfig, dump_config
+
+
+class RunDirError(FileNotFoundError):
+    """A stage's input table is missing; the message says which stage produces it."""
+
+
+PRODUCERS = {
+    "trajectories": "jobs/probe.py",
+    "iterations": "jobs/probe.py",
+    "features": "jobs/features.py",
+    "predictions": "jobs/train.py",
+}
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def table_dir(self, name: str) -> Path:
+        return self.path / name
+
+    def has(self, name: str) -> bool:
+        folder = self.table_dir(name)
+        return folder.is_dir() and any(folder.glob("*.parquet"))
+
+    def read(self, name: str, columns: list[str] | None = None) -> pa.Table:
+        """Read every Parquet part of a table."""
+        if not self.has(name):
+            producer = PRODUCERS.get(name, "an earlier stage")
+            raise RunDirError(f"{self.table_dir(name)}: no {name} table here; run {producer} on {self.path} first")
+        parts = sorted(self.table_dir(name).glob("*.parquet"))
+        return pa.concat_tables([pq.read_table(p, columns=columns) for p in parts], promote_options="default")
+
+    def write_part(self, name: str, table: pa.Table, part: str) -> Path:
+        """Write one part atomically (temp file, then rename), so a crash never leaves half a file."""
+        folder = self.table_dir(name)
+        folder.mkdir(parents=True, exist_ok=True)
+        final = folder / f"{part}.parquet"
+        tmp = folder / f".{part}.parquet.tmp"
+        pq.write_table(table, tmp)
+        tmp.replace(final)
+        return final
+
+    def write_config(self, config: RunConfig, stage: str = "config") -> Path:
+        path = self.path / f"{stage}.yaml"
+        dump_config(config, path)
+        return path

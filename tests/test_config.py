@@ -1,0 +1,53 @@
+import pytest
+import yaml
+
+from raypipe.config import ConfigError, RunConfig, dump_config, load_config
+
+
+def test_embedded_preset_loads():
+    config = load_config("embedded")
+    assert config.engine.model == "smollm2"
+    assert config.agent.protocol == "search_r1"
+    assert config.retrieval.num_cpus == 0
+
+
+def test_overrides_are_parsed_as_yaml():
+    config = load_config("embedded", ["data.limit=3", "agent.probe=false", "data.datasets=[musique]"])
+    assert config.data.limit == 3
+    assert config.agent.probe is False
+    assert config.data.datasets == ["musique"]
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("engine.modle=x", r"engine.modle: unknown key"),
+        ("agent.protocol=react", r"agent.protocol: Input should be 'search_r1' or 'r1_searcher'"),
+        ("data.limit=0", r"data.limit: Input should be greater than or equal to 1"),
+        ("nosection.x=1", r"nosection: unknown key"),
+        ("engine.backend=openai", r"engine.backend=openai needs engine.base_url"),
+    ],
+)
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("embedded", [override])
+
+
+def test_malformed_override():
+    with pytest.raises(ConfigError, match="not of the form"):
+        load_config("embedded", ["data.limit"])
+
+
+def test_unknown_preset_lists_known_ones():
+    with pytest.raises(ConfigError, match=r"unknown preset 'nope'; known presets: .*embedded"):
+        load_config("nope")
+
+
+def test_yaml_path_and_round_trip(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("engine:\n  backend: transformers\n")
+    config = load_config(str(path))
+    assert config.engine.backend == "transformers"
+    out = tmp_path / "resolved.yaml"
+    dump_config(config, out)
+    assert RunConfig.model_validate(yaml.safe_load(out.read_text())) == config
