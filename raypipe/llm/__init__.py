@@ -1,0 +1,1 @@
+"""Generation backends behind one interface (see ``base.py``)."""

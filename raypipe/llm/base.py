@@ -1,0 +1,59 @@
+"""One interface over every generation backend (vLLM, transformers, OpenAI-compatible HTTP).
+
+Agents build raw prompt strings (chat templates applied by the agent through the engine's tokenizer)
+and ask for continuations. Every backend honours the same request fields, so a trajectory is the same
+text whichever backend produced it (greedy, float32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class EngineError(RuntimeError):
+    """The engine failed on one request; the agent records it as that row's stop_reason."""
+
+
+class ContextOverflowError(EngineError):
+    """The prompt (plus the tokens asked for) does not fit the model's context window."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: str  # raw text; the backend adds no template and no BOS beyond the tokenizer's own
+    max_tokens: int
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()  # generation ends at the first of these; the text excludes it
+    logprobs: bool = False  # return the log-probability of each generated token
+    regex: str | None = None  # structured-output constraint over the continuation
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str  # the continuation, without the matched stop string
+    token_ids: list[int] = field(default_factory=list)
+    token_logprobs: list[float] | None = None
+    finish_reason: str = "stop"  # "stop" (stop string or EOS) or "length"
+    stop_string: str | None = None  # which stop string ended it, if any
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int | None = None  # prefix-cache hits, where the backend reports them
+
+
+class Engine(Protocol):
+    max_model_len: int
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        """Continue one prompt. Raises ContextOverflowError or EngineError for this request only."""
+        ...
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        ...
+
+    async def close(self) -> None:
+        ...
