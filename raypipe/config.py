@@ -96,6 +96,21 @@ class RayConfig(StrictModel):
     num_cpus: int | None = Field(default=None, ge=1, description="Only when starting a local Ray.")
 
 
+class ReportConfig(StrictModel):
+    """Options of the trajectory analysis and the report (``jobs/report.py``)."""
+
+    epsilon: float = Field(
+        default=1e-6,
+        ge=0,
+        description="|U| below this counts as zero utility. F1 moves in steps far above 1e-6 for answers of "
+        "realistic length, so the default only absorbs float rounding: 'zero' means the quality did not change.",
+    )
+    bootstrap_samples: int = Field(default=1000, ge=1, description="Bootstrap resamples of the questions.")
+    bootstrap_seed: int = Field(default=0, description="Fixed seed: the same run gives the same intervals.")
+    confidence: float = Field(default=0.95, gt=0, lt=1, description="Width of the percentile intervals.")
+    max_table_rows: int = Field(default=50, ge=1, description="Rows shown of each CSV table found in a stage folder.")
+
+
 class RunConfig(StrictModel):
     name: str = "embedded"
     seed: int = 0
@@ -105,6 +120,7 @@ class RunConfig(StrictModel):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
 
     @model_validator(mode="after")
     def _check_backend(self) -> "RunConfig":
