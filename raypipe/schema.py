@@ -63,9 +63,31 @@ TRAJECTORIES = pa.schema(
     ]
 )
 
+# Predicted P_i / U_i (jobs/train.py), one row per qid x retrieval iteration (iteration >= 1; iteration 0
+# has no retrieval and no U). Predictions are out of fold: `fold` names the k-fold split whose models
+# (cross-encoders and head) never saw this question. p_hat/u_hat at iteration i use only iterations <= i,
+# so they are what an online controller would have seen. `predictions` holds the chosen head
+# configuration; `prediction_grid` the same columns for every feature group x window evaluated.
+PREDICTIONS = pa.schema(
+    [
+        pa.field("qid", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("iteration", pa.int32(), nullable=False),
+        pa.field("fold", pa.int32(), nullable=False),
+        pa.field("feature_group", pa.string(), nullable=False),  # e.g. "unsup+sup+prob"
+        pa.field("window", pa.int32(), nullable=False),  # w: iterations the head sees (current + w-1 previous)
+        pa.field("p_hat", pa.float32()),  # predicted P_i
+        pa.field("u_hat", pa.float32()),  # predicted U_i
+        pa.field("probe_f1", pa.float32()),  # target P_i (copied from iterations)
+        pa.field("utility", pa.float32()),  # target U_i
+    ]
+)
+
 TABLES: dict[str, pa.Schema] = {
     "iterations": ITERATIONS,
     "trajectories": TRAJECTORIES,
+    "predictions": PREDICTIONS,
+    "prediction_grid": PREDICTIONS,
 }
 
 
