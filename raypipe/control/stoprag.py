@@ -1,0 +1,303 @@
+"""Stop-RAG cores (Park, Cho, Lee, arXiv 2510.14337): states, rewards, Q-network targets, the decision rule.
+
+Iterative RAG as a finite-horizon MDP with no discounting. A state s_t is the question plus what the agent
+has gathered by iteration t; STOP ends the episode with reward r_t = the quality of the answer given at s_t
+(here the probed answer's F1, ``probe_f1``); CONT leads to s_{t+1}. The last recorded iteration (natural
+termination or the turn limit) is terminal: only STOP is possible there.
+
+Targets for the CONT head, as the public trainer (chosolbee/MHQA-SetVerify
+``Training/multihead_stop_decider_train.py``) computes them for a state s_t with k bootstrappable future
+states s_{t+1}..s_{t+k} and the terminal s_T (T = t+k+1):
+
+- n-step return G_n (n = 1..k) = max(r_{t+1}, .., r_{t+n-1}, max(Q_stop, Q_cont)(s_{t+n})): stop at the best
+  of the observed intermediate states or bootstrap at s_{t+n} (the bootstrap stands in for r_{t+n} too);
+- Monte Carlo MC = max(r_{t+1}, .., r_T), the best stop reachable by continuing;
+- full-width forward-view Q(lambda) = (1 - lambda) * sum_{n=1..k} lambda^(n-1) G_n + lambda^k MC
+  (lambda = 1 is MC; lambda = 0 is the one-step Q(0) target G_1, or r_T when s_{t+1} is terminal);
+- binary (the single-head ablation ``hard_diff``): label 1 when r_t >= MC, trained with BCE on the margin.
+
+The STOP head always regresses r_t. The controller stops at the first iteration where
+Q_stop - Q_cont > threshold, the threshold tuned on validation questions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+TargetType = Literal["qlambda", "mc", "q0", "binary"]
+TARGET_TYPES: tuple[TargetType, ...] = ("qlambda", "mc", "q0", "binary")
+StateInput = Literal["docs", "trace"]
+
+
+# ---------------------------------------------------------------- states
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one retrieval iteration added to the state."""
+
+    query: str | None
+    docs: tuple[tuple[str, str, str], ...]  # (doc_id, title, text) of the documents the agent saw
+    reasoning: str | None = None
+
+
+def state_text(question: str, rounds: Sequence[Round], mode: StateInput = "docs", doc_chars: int = 300) -> str:
+    """The Q-network's input for a state.
+
+    ``docs`` (the paper's input): the question and every distinct document gathered so far, in order.
+    ``trace`` (option): per round the query, the model's reasoning and that round's new documents.
+    Each document's text is cut to ``doc_chars`` characters so that more rounds fit the encoder.
+    """
+    lines = [f"Question: {question.strip()}"]
+    seen: set[str] = set()
+    for rnd in rounds:
+        if mode == "trace":
+            if rnd.reasoning:
+                lines.append(f"Reasoning: {_squash(rnd.reasoning, doc_chars)}")
+            if rnd.query:
+                lines.append(f"Query: {rnd.query.strip()}")
+        for doc_id, title, text in rnd.docs:
+            if doc_id in seen:
+                continue
+            seen.add(doc_id)
+            lines.append(f"Document: {title}: {_squash(text, doc_chars)}")
+    return "\n".join(lines)
+
+
+def _squash(text: str, limit: int) -> str:
+    return " ".join(text.split())[:limit]
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One recorded trajectory as states s_first..s_T with their STOP rewards; s_T is terminal."""
+
+    qid: str
+    iterations: tuple[int, ...]
+    texts: tuple[str, ...]
+    rewards: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not (len(self.iterations) == len(self.texts) == len(self.rewards)) or not self.iterations:
+            raise ValueError(f"episode {self.qid!r}: iterations, texts and rewards must be non-empty and aligned")
+
+
+def build_episode(
+    qid: str,
+    question: str,
+    rows: Sequence[dict[str, Any]],
+    docs: dict[str, tuple[str, str]],
+    *,
+    docs_per_iteration: int,
+    first_decision: int = 1,
+    mode: StateInput = "docs",
+    doc_chars: int = 300,
+) -> Episode:
+    """An episode from one question's ITERATIONS rows (any order) and a doc_id -> (title, text) lookup.
+
+    States start at ``first_decision`` (1: after the first retrieval, as in Stop-RAG; 0 adds the
+    no-retrieval probe). A trajectory that ended before ``first_decision`` keeps its last state only.
+    """
+    ordered = sorted(rows, key=lambda r: r["iteration"])
+    its = [r["iteration"] for r in ordered]
+    if its != list(range(len(its))):
+        raise ValueError(f"qid {qid!r}: iterations must be 0..n without gaps, got {its}")
+    rounds: list[Round] = []
+    iterations, texts, rewards = [], [], []
+    for row in ordered:
+        if row["iteration"] > 0:
+            ids = list(row.get("doc_ids") or [])[:docs_per_iteration]
+            missing = [d for d in ids if d not in docs]
+            if missing:
+                raise KeyError(f"qid {qid!r} iteration {row['iteration']}: documents {missing[:3]} not in the corpus")
+            rounds.append(Round(row.get("query"), tuple((d, *docs[d]) for d in ids), row.get("reasoning")))
+        if row["iteration"] < first_decision and row is not ordered[-1]:
+            continue
+        if row.get("probe_f1") is None:
+            raise ValueError(f"qid {qid!r} iteration {row['iteration']}: probe_f1 is null (run the probe job with agent.probe=true)")
+        iterations.append(row["iteration"])
+        texts.append(state_text(question, rounds, mode, doc_chars))
+        rewards.append(float(row["probe_f1"]))
+    return Episode(qid, tuple(iterations), tuple(texts), tuple(rewards))
+
+
+# ---------------------------------------------------------------- training samples
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A non-terminal state s_t: its index in the state table, r_t, and what follows it."""
+
+    state: int
+    reward: float  # r_t, the STOP head's target
+    future_rewards: tuple[float, ...]  # r_{t+1} .. r_T (the last one terminal)
+    future_states: tuple[int, ...]  # state indices of s_{t+1} .. s_{T-1}: the bootstrappable ones
+
+
+def training_samples(episodes: Sequence[Episode], drop_no_signal: bool = True) -> tuple[list[str], list[Sample]]:
+    """The state table (every state's text) and one sample per non-terminal state.
+
+    ``drop_no_signal`` drops states whose own and future rewards are all zero (as the public trainer
+    does: nothing to learn about when to stop); their texts stay in the table for bootstrapping.
+    """
+    texts: list[str] = []
+    samples: list[Sample] = []
+    for ep in episodes:
+        base = len(texts)
+        texts.extend(ep.texts)
+        last = len(ep.texts) - 1
+        for t in range(last):
+            future = ep.rewards[t + 1 :]
+            if drop_no_signal and max(ep.rewards[t], *future) <= 0.0:
+                continue
+            samples.append(Sample(base + t, ep.rewards[t], tuple(future), tuple(range(base + t + 1, base + last))))
+    return texts, samples
+
+
+# ---------------------------------------------------------------- targets
+
+
+def mc_target(future_rewards: Sequence[float]) -> float:
+    """The best STOP reward reachable by continuing: max(r_{t+1}, .., r_T)."""
+    if not future_rewards:
+        raise ValueError("a non-terminal state needs at least the terminal reward after it")
+    return max(future_rewards)
+
+
+def nstep_returns(future_rewards: Sequence[float], bootstrap: Sequence[float]) -> list[float]:
+    """G_1..G_k: G_n = max(r_{t+1..t+n-1}, bootstrap[n-1]), bootstrap[j] = max(Q_stop, Q_cont)(s_{t+1+j})."""
+    if len(bootstrap) != len(future_rewards) - 1:
+        raise ValueError(f"{len(future_rewards)} future rewards need {len(future_rewards) - 1} bootstrap values, got {len(bootstrap)}")
+    returns, best = [], -math.inf
+    for n, value in enumerate(bootstrap):
+        returns.append(max(best, value))
+        best = max(best, future_rewards[n])
+    return returns
+
+
+def qlambda_target(future_rewards: Sequence[float], bootstrap: Sequence[float], lam: float) -> float:
+    """Full-width forward-view Q(lambda): (1-lam) sum_n lam^(n-1) G_n + lam^k MC."""
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lambda must be in [0, 1], got {lam}")
+    returns = nstep_returns(future_rewards, bootstrap)
+    mixed = sum(lam**n * g for n, g in enumerate(returns))
+    return (1.0 - lam) * mixed + lam ** len(returns) * mc_target(future_rewards)
+
+
+def q0_target(future_rewards: Sequence[float], bootstrap: Sequence[float]) -> float:
+    """One-step Q-learning: max(Q_stop, Q_cont)(s_{t+1}), or r_T when s_{t+1} is terminal."""
+    return qlambda_target(future_rewards, bootstrap, 0.0)
+
+
+def binary_label(reward: float, future_rewards: Sequence[float]) -> float:
+    """1.0 when stopping now is at least as good as the best continuation (the ``hard_diff`` ablation)."""
+    return float(reward >= mc_target(future_rewards))
+
+
+def cont_target(target: TargetType, sample: Sample, bootstrap: Sequence[float], lam: float) -> float:
+    """The CONT head's target for one sample (for ``binary``, the label of the margin)."""
+    if target == "qlambda":
+        return qlambda_target(sample.future_rewards, bootstrap, lam)
+    if target == "q0":
+        return q0_target(sample.future_rewards, bootstrap)
+    if target == "mc":
+        return mc_target(sample.future_rewards)
+    if target == "binary":
+        return binary_label(sample.reward, sample.future_rewards)
+    raise ValueError(f"unknown target type {target!r}; one of {', '.join(TARGET_TYPES)}")
+
+
+def needs_bootstrap(target: TargetType) -> bool:
+    return target in ("qlambda", "q0")
+
+
+def cosine_lambda(step: int, total_steps: int, start: float = 1.0, end: float = 0.1) -> float:
+    """lambda annealed from ``start`` to ``end`` over ``total_steps`` along a half cosine."""
+    if total_steps <= 0:
+        return start
+    progress = min(max(step, 0) / total_steps, 1.0)
+    return end + 0.5 * (start - end) * (1.0 + math.cos(math.pi * progress))
+
+
+# ---------------------------------------------------------------- decisions
+
+
+def first_stop(margins: Sequence[float], threshold: float) -> int:
+    """Position of the first state whose margin Q_stop - Q_cont exceeds ``threshold`` (strictly); the
+    last (terminal) state when none does. ``margins`` covers every state of the episode, terminal last."""
+    if not margins:
+        raise ValueError("an episode has at least one state")
+    for pos, margin in enumerate(margins[:-1]):
+        if margin > threshold:
+            return pos
+    return len(margins) - 1
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Where a controller left one episode: the iteration it stopped at and the reward it got there."""
+
+    qid: str
+    iteration: int
+    reward: float
+
+
+def replay(episodes: Sequence[Episode], margins: dict[str, Sequence[float]], threshold: float) -> list[Outcome]:
+    """Stop every episode at its first crossing."""
+    out = []
+    for ep in episodes:
+        pos = first_stop(margins[ep.qid], threshold)
+        out.append(Outcome(ep.qid, ep.iterations[pos], ep.rewards[pos]))
+    return out
+
+
+def candidate_thresholds(margins: dict[str, Sequence[float]]) -> list[float]:
+    """Every threshold that changes some decision: below all margins (stop at once), midpoints between
+    sorted distinct margins, and the largest margin (never stop early)."""
+    values = sorted({float(m) for ms in margins.values() for m in ms[:-1]})
+    if not values:
+        return [0.0]
+    mids = [(a + b) / 2 for a, b in zip(values, values[1:])]
+    return [values[0] - 1.0, *mids, values[-1]]
+
+
+def tune_threshold(
+    episodes: Sequence[Episode],
+    margins: dict[str, Sequence[float]],
+    objective: Literal["reward", "share"] = "reward",
+    min_share: float = 0.976,
+) -> tuple[float, float, float]:
+    """Pick the threshold on validation episodes: (threshold, mean reward, mean iterations).
+
+    ``reward``: the highest mean reward (ties: fewer iterations), the paper's accuracy criterion.
+    ``share``: the fewest iterations keeping at least ``min_share`` of natural stopping's mean reward.
+    """
+    if not episodes:
+        raise ValueError("no validation episodes to tune the threshold on")
+    natural = sum(ep.rewards[-1] for ep in episodes) / len(episodes)
+    best: tuple[tuple[float, ...], float, float, float] | None = None
+    for thr in candidate_thresholds(margins):
+        outs = replay(episodes, margins, thr)
+        reward = sum(o.reward for o in outs) / len(outs)
+        iters = sum(o.iteration for o in outs) / len(outs)
+        if objective == "reward":
+            key = (reward, -iters, thr)
+        else:
+            ok = reward >= min_share * natural - 1e-12
+            key = (float(ok), -iters if ok else reward, reward, thr)
+        if best is None or key > best[0]:
+            best = (key, thr, reward, iters)
+    assert best is not None
+    return best[1], best[2], best[3]
+
+
+def split_of(qid: str, seed: int, fractions: tuple[float, float, float]) -> str:
+    """``train``, ``val`` or ``test`` for a qid: a stable hash, so splits never leak across runs."""
+    digest = hashlib.sha256(f"{seed}:{qid}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    train, val, _ = fractions
+    return "train" if u < train else "val" if u < train + val else "test"

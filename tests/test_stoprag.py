@@ -1,0 +1,192 @@
+"""Stop-RAG cores: targets pinned on hand-computed trajectories, the schedule, the decision rule, states."""
+
+import math
+
+import pytest
+
+from raypipe.control.stoprag import (
+    Episode,
+    Round,
+    Sample,
+    build_episode,
+    binary_label,
+    candidate_thresholds,
+    cont_target,
+    cosine_lambda,
+    first_stop,
+    mc_target,
+    nstep_returns,
+    q0_target,
+    qlambda_target,
+    replay,
+    split_of,
+    state_text,
+    training_samples,
+    tune_threshold,
+)
+
+# s_0..s_3, s_3 terminal. From s_0: r_1..r_3 = 0.5, 0.0, 1.0; bootstraps max(Q_stop, Q_cont) at s_1, s_2.
+FUTURE = (0.5, 0.0, 1.0)
+BOOT = (0.6, 0.3)
+
+
+def test_nstep_returns_by_hand():
+    # G_1 = boot(s_1) = 0.6; G_2 = max(r_1, boot(s_2)) = max(0.5, 0.3) = 0.5
+    assert nstep_returns(FUTURE, BOOT) == [0.6, 0.5]
+
+
+def test_qlambda_one_is_monte_carlo():
+    assert qlambda_target(FUTURE, BOOT, 1.0) == mc_target(FUTURE) == 1.0
+
+
+def test_qlambda_zero_is_one_step_q0():
+    assert qlambda_target(FUTURE, BOOT, 0.0) == q0_target(FUTURE, BOOT) == 0.6
+
+
+def test_qlambda_mixed_by_hand():
+    # (1-.5) * (0.6 + .5 * 0.5) + .5^2 * 1.0 = 0.425 + 0.25
+    assert qlambda_target(FUTURE, BOOT, 0.5) == pytest.approx(0.675)
+
+
+def test_qlambda_weights_sum_to_one():
+    assert qlambda_target((0.4, 0.4, 0.4), (0.4, 0.4), 0.3) == pytest.approx(0.4)
+
+
+def test_next_state_terminal_needs_no_bootstrap():
+    for lam in (0.0, 0.37, 1.0):
+        assert qlambda_target((0.8,), (), lam) == 0.8
+
+
+def test_bootstrap_count_checked():
+    with pytest.raises(ValueError, match="bootstrap"):
+        nstep_returns(FUTURE, (0.1,))
+    with pytest.raises(ValueError, match="lambda"):
+        qlambda_target(FUTURE, BOOT, 1.5)
+
+
+def test_binary_label_ties_count_as_stop():
+    assert binary_label(1.0, FUTURE) == 1.0
+    assert binary_label(0.99, FUTURE) == 0.0
+
+
+def test_cont_target_dispatch():
+    sample = Sample(state=0, reward=0.2, future_rewards=FUTURE, future_states=(1, 2))
+    assert cont_target("mc", sample, BOOT, 0.5) == 1.0
+    assert cont_target("q0", sample, BOOT, 0.5) == 0.6
+    assert cont_target("qlambda", sample, BOOT, 0.5) == pytest.approx(0.675)
+    assert cont_target("binary", sample, BOOT, 0.5) == 0.0
+    with pytest.raises(ValueError, match="unknown target"):
+        cont_target("td9", sample, BOOT, 0.5)
+
+
+def test_cosine_schedule():
+    assert cosine_lambda(0, 100) == 1.0
+    assert cosine_lambda(50, 100) == pytest.approx(0.55)
+    assert cosine_lambda(100, 100) == pytest.approx(0.1)
+    assert cosine_lambda(500, 100) == pytest.approx(0.1)  # clamped after the end
+    assert cosine_lambda(25, 100) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi / 4)))
+    values = [cosine_lambda(s, 10) for s in range(11)]
+    assert values == sorted(values, reverse=True)
+
+
+@pytest.mark.parametrize(
+    "margins,threshold,expected",
+    [
+        ([0.1, 0.5, 0.9], 0.3, 1),  # first crossing, not the largest margin
+        ([0.3, 0.2, 0.9], 0.3, 2),  # equal to the threshold does not stop; terminal reached
+        ([0.31, 0.9, 0.0], 0.3, 0),
+        ([-1.0, -0.5, -2.0], -0.6, 1),  # negative thresholds work
+        ([5.0], 0.0, 0),  # a single (terminal) state
+        ([0.0, 0.0, 99.0], 0.5, 2),  # the terminal state's margin is never consulted
+    ],
+)
+def test_first_stop(margins, threshold, expected):
+    assert first_stop(margins, threshold) == expected
+
+
+def _episodes():
+    return [
+        Episode("a", (1, 2, 3), ("a1", "a2", "a3"), (1.0, 1.0, 0.0)),  # should stop at once
+        Episode("b", (1, 2), ("b1", "b2"), (0.0, 1.0)),  # should continue
+    ]
+
+
+def test_replay_and_tuning():
+    eps = _episodes()
+    margins = {"a": [0.4, 0.4, 0.0], "b": [-0.2, 0.0]}
+    outs = replay(eps, margins, 0.0)
+    assert [(o.iteration, o.reward) for o in outs] == [(1, 1.0), (2, 1.0)]
+    thr, reward, iters = tune_threshold(eps, margins)
+    assert -0.2 <= thr < 0.4 and reward == 1.0 and iters == 1.5
+    assert candidate_thresholds(margins) == [-1.2, 0.1, 0.4]
+    # "share": fewest iterations keeping 50% of natural (natural mean reward 0.5): stopping both at once
+    # gives 0.5, enough
+    thr, reward, iters = tune_threshold(eps, margins, objective="share", min_share=0.5)
+    assert thr < -0.2 and iters == 1.0
+
+
+def test_state_text_docs_dedups_and_orders():
+    rounds = [
+        Round("q1", (("d1", "T1", "one  text"), ("d2", "T2", "two")), "think1"),
+        Round("q2", (("d2", "T2", "two"), ("d3", "T3", "x" * 50)), "think2"),
+    ]
+    text = state_text("Who?", rounds, "docs", doc_chars=10)
+    assert text.splitlines() == ["Question: Who?", "Document: T1: one text", "Document: T2: two", "Document: T3: " + "x" * 10]
+    trace = state_text("Who?", rounds, "trace")
+    assert "Query: q2" in trace and "Reasoning: think1" in trace and trace.count("Document: T2") == 1
+
+
+def _rows(f1s):
+    rows = []
+    for i, f1 in enumerate(f1s):
+        rows.append(
+            {"iteration": i, "query": None if i == 0 else f"q{i}", "doc_ids": [f"d{i}", "dx", "dz"],
+             "reasoning": f"r{i}", "probe_f1": f1}
+        )
+    return rows
+
+
+DOCS = {**{f"d{i}": (f"T{i}", f"text {i}") for i in range(5)}, "dx": ("X", "x"), "dz": ("Z", "z")}
+
+
+def test_build_episode_from_iterations():
+    ep = build_episode("q", "Q?", list(reversed(_rows([0.0, 0.2, 0.7]))), DOCS, docs_per_iteration=2)
+    assert ep.iterations == (1, 2) and ep.rewards == (0.2, 0.7)
+    assert "Document: T1" in ep.texts[0] and "Document: T2" not in ep.texts[0]
+    assert ep.texts[1].count("Document: X") == 1 and "Document: Z" not in ep.texts[1]
+    ep0 = build_episode("q", "Q?", _rows([0.0, 0.2]), DOCS, docs_per_iteration=2, first_decision=0)
+    assert ep0.iterations == (0, 1) and ep0.texts[0] == "Question: Q?"
+    # a trajectory that answered before any retrieval keeps its only (terminal) state
+    assert build_episode("q", "Q?", _rows([0.4]), DOCS, docs_per_iteration=2).iterations == (0,)
+
+
+def test_build_episode_bad_input():
+    with pytest.raises(ValueError, match="without gaps"):
+        build_episode("q", "Q?", [_rows([0.1, 0.2, 0.3])[i] for i in (0, 2)], DOCS, docs_per_iteration=2)
+    with pytest.raises(KeyError, match="not in the corpus"):
+        build_episode("q", "Q?", _rows([0.1, 0.2]), {}, docs_per_iteration=2)
+    rows = _rows([0.1, 0.2])
+    rows[1]["probe_f1"] = None
+    with pytest.raises(ValueError, match="probe_f1 is null"):
+        build_episode("q", "Q?", rows, DOCS, docs_per_iteration=2)
+
+
+def test_training_samples_indices_and_filter():
+    eps = [
+        Episode("a", (1, 2, 3), ("a1", "a2", "a3"), (0.2, 0.5, 1.0)),
+        Episode("z", (1, 2), ("z1", "z2"), (0.0, 0.0)),  # no signal: dropped from samples, kept in table
+        Episode("b", (1,), ("b1",), (0.3,)),  # terminal only: no sample
+    ]
+    texts, samples = training_samples(eps)
+    assert texts == ["a1", "a2", "a3", "z1", "z2", "b1"]
+    assert samples == [
+        Sample(0, 0.2, (0.5, 1.0), (1,)),
+        Sample(1, 0.5, (1.0,), ()),
+    ]
+    assert len(training_samples(eps, drop_no_signal=False)[1]) == 3
+
+
+def test_split_is_stable_and_covers():
+    splits = [split_of(f"q{i}", 0, (0.6, 0.2, 0.2)) for i in range(500)]
+    assert splits == [split_of(f"q{i}", 0, (0.6, 0.2, 0.2)) for i in range(500)]
+    assert 0.5 < splits.count("train") / 500 < 0.7 and splits.count("val") > 50 and splits.count("test") > 50
