@@ -83,11 +83,50 @@ PREDICTIONS = pa.schema(
     ]
 )
 
+# Trajectory signals (jobs/features.py), one row per qid x iteration. Definitions: raypipe/features/.
+# Every signal is null where it is undefined: at iteration 0 (no query, no list), with no previous
+# iteration, an empty retrieval list, missing text, or too few probe tokens.
+# RBO columns: rbo_* = PyTerrier-alpha's truncated RBO (the seed paper's), rbo_ext_* = Webber's
+# extrapolated RBO; _3 / _20 = depth; prev = vs the previous iteration's list, prevmax = max over all
+# earlier lists, question = vs the original question's own retrieval list (topic drift).
+RBO_DEPTHS = (3, 20)
+RBO_COLUMNS = tuple(
+    f"{variant}_{relation}_{depth}"
+    for variant in ("rbo", "rbo_ext")
+    for relation in ("prev", "prevmax", "question")
+    for depth in RBO_DEPTHS
+)
+FEATURE_COLUMNS = (
+    "nqc_seed",  # var(top-100 scores) x max_t log(N/df_t): the seed paper's "NQC"
+    "nqc_shtok",  # std(top-k scores) / |mean score of the deep list|: textbook NQC, corpus score surrogate
+    "a_pair_ratio",  # pairwise document coherence over the top 50, as the seed code computes it
+    "dense_qpp",  # semantic concentration of the query and top-3 document vectors (index encoder)
+    *RBO_COLUMNS,
+    "sim_question_query",  # SBERT cosine(question, q_i)
+    "sim_reasoning_prev",  # SBERT cosine(r_{i-1}, r_i)
+    "sim_reasoning_first",  # SBERT cosine(r_0, r_i), i >= 1
+    "probe_conf",  # mean probe token logprob without the last 4 tokens (seed paper)
+    "probe_conf_full",  # mean over all probe tokens
+    "probe_conf_delta",  # probe_conf_i - probe_conf_{i-1}
+    "probe_conf_full_delta",
+)
+FEATURES = pa.schema(
+    [
+        pa.field("qid", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("iteration", pa.int32(), nullable=False),
+        pa.field("probe_f1", pa.float32()),  # P_i, carried from iterations
+        pa.field("utility", pa.float32()),  # U_i, carried from iterations
+        *(pa.field(name, pa.float64()) for name in FEATURE_COLUMNS),
+    ]
+)
+
 TABLES: dict[str, pa.Schema] = {
     "iterations": ITERATIONS,
     "trajectories": TRAJECTORIES,
     "predictions": PREDICTIONS,
     "prediction_grid": PREDICTIONS,
+    "features": FEATURES,
 }
 
 
