@@ -1,0 +1,233 @@
+"""Replay any stopping controller offline on recorded trajectories, and score it.
+
+The API is generic so that every controller (the 4-state heuristic, caps, Stop-RAG, LLM-Stop) is
+scored the same way:
+
+- a :class:`Trajectory` is one recorded question: its probed answers' F1 per iteration (P_0..P_n),
+  the tokens each iteration cost, and the natural ending's F1 and tokens;
+- an *offline controller* is any callable ``Trajectory -> Decision``; it sees the recorded trajectory
+  (look up your own per-qid inputs, e.g. predictions, by ``trajectory.qid``) and says at which
+  iteration it decided and whose probed answer it returns;
+- :func:`replay` applies a controller to every trajectory and returns one :class:`Outcome` each;
+  :func:`summarise` reduces outcomes to a :class:`Summary` against natural stopping on the same
+  questions; :func:`evaluate` does both.
+
+Cost accounting (the seed paper's): the cost is counted up to the iteration where the decision is
+taken, even when a rollback returns an earlier answer. Iterations are retrieval iterations (iteration
+0 is the probe before any retrieval), so deciding after iteration d costs d iterations, and the tokens
+of iterations 0..d (agent + probe tokens). A decision at or past the last iteration is natural
+termination and costs what the recorded trajectory cost. ``Decision.answer_iteration=None`` returns the
+natural final answer (``final_f1``); otherwise the probed answer of that iteration (``probe_f1``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from raypipe.rundir import RunDir
+from raypipe.schema import STOP_ENGINE_ERROR, STOP_RETRIEVAL_ERROR
+
+log = logging.getLogger(__name__)
+
+# Trajectories that ended in an infrastructure failure have no natural outcome to compare against.
+EXCLUDED_STOP_REASONS = (STOP_ENGINE_ERROR, STOP_RETRIEVAL_ERROR)
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    qid: str
+    dataset: str
+    probe_f1: tuple[float, ...]  # P_i for i = 0..n (index = iteration)
+    iteration_tokens: tuple[int, ...]  # agent + probe tokens of each iteration 0..n
+    final_f1: float  # F1 of the answer at natural termination
+    total_tokens: int  # agent + probe tokens of the whole recorded trajectory
+
+    def __post_init__(self):
+        if not self.probe_f1:
+            raise ValueError(f"trajectory {self.qid}: no iterations")
+        if len(self.iteration_tokens) != len(self.probe_f1):
+            raise ValueError(f"trajectory {self.qid}: {len(self.iteration_tokens)} token counts for {len(self.probe_f1)} iterations")
+
+    @property
+    def n_iterations(self) -> int:
+        """Retrieval iterations performed at natural termination."""
+        return len(self.probe_f1) - 1
+
+
+@dataclass(frozen=True)
+class Decision:
+    decision_iteration: int  # the iteration after which the controller decided (cost counted up to it)
+    answer_iteration: int | None = None  # whose probed answer is returned; None = the natural final answer
+    reason: str = ""
+
+
+OfflineController = Callable[[Trajectory], Decision]
+
+
+def natural_decision(trajectory: Trajectory, reason: str = "natural") -> Decision:
+    return Decision(decision_iteration=trajectory.n_iterations, answer_iteration=None, reason=reason)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    qid: str
+    dataset: str
+    decision_iteration: int
+    answer_iteration: int | None
+    reason: str
+    iterations: int  # cost in retrieval iterations
+    tokens: int  # cost in generated tokens (agent + probes)
+    f1: float  # F1 of the returned answer
+    natural_iterations: int
+    natural_tokens: int
+    natural_f1: float
+
+
+def outcome(trajectory: Trajectory, decision: Decision) -> Outcome:
+    """Score one decision on its trajectory (the cost accounting of the module docstring)."""
+    n = trajectory.n_iterations
+    d, a = decision.decision_iteration, decision.answer_iteration
+    if d < 0:
+        raise ValueError(f"{trajectory.qid}: decision iteration {d} < 0")
+    if a is not None and not 0 <= a <= min(d, n):
+        raise ValueError(f"{trajectory.qid}: answer iteration {a} outside 0..{min(d, n)} (decision at {d}, n={n})")
+    natural = d >= n
+    return Outcome(
+        qid=trajectory.qid,
+        dataset=trajectory.dataset,
+        decision_iteration=min(d, n),
+        answer_iteration=a,
+        reason=decision.reason,
+        iterations=min(d, n),
+        tokens=trajectory.total_tokens if natural else sum(trajectory.iteration_tokens[: d + 1]),
+        f1=trajectory.final_f1 if a is None else trajectory.probe_f1[a],
+        natural_iterations=n,
+        natural_tokens=trajectory.total_tokens,
+        natural_f1=trajectory.final_f1,
+    )
+
+
+def replay(trajectories: Iterable[Trajectory], controller: OfflineController) -> list[Outcome]:
+    return [outcome(t, controller(t)) for t in trajectories]
+
+
+@dataclass(frozen=True)
+class Summary:
+    name: str
+    questions: int
+    mean_iterations: float
+    mean_f1: float
+    natural_iterations: float
+    natural_f1: float
+    mean_tokens: float
+    natural_tokens: float
+
+    @property
+    def iterations_change(self) -> float:
+        """Relative change of mean iterations against natural stopping (the paper's -10.89%)."""
+        return self.mean_iterations / self.natural_iterations - 1 if self.natural_iterations else 0.0
+
+    @property
+    def f1_share(self) -> float:
+        """Mean F1 as a share of natural stopping's (the paper's 97.60%)."""
+        return self.mean_f1 / self.natural_f1 if self.natural_f1 else float("nan")
+
+    @property
+    def tokens_saved(self) -> float:
+        """Share of natural stopping's generated tokens that were not spent."""
+        return 1 - self.mean_tokens / self.natural_tokens if self.natural_tokens else 0.0
+
+    def row(self) -> dict:
+        return {
+            "controller": self.name,
+            "questions": self.questions,
+            "mean_iterations": self.mean_iterations,
+            "iterations_change": self.iterations_change,
+            "mean_f1": self.mean_f1,
+            "f1_share": self.f1_share,
+            "mean_tokens": self.mean_tokens,
+            "tokens_saved": self.tokens_saved,
+        }
+
+
+def summarise(name: str, outcomes: Sequence[Outcome]) -> Summary:
+    if not outcomes:
+        raise ValueError(f"{name}: no outcomes to summarise")
+    k = len(outcomes)
+    return Summary(
+        name=name,
+        questions=k,
+        mean_iterations=sum(o.iterations for o in outcomes) / k,
+        mean_f1=sum(o.f1 for o in outcomes) / k,
+        natural_iterations=sum(o.natural_iterations for o in outcomes) / k,
+        natural_f1=sum(o.natural_f1 for o in outcomes) / k,
+        mean_tokens=sum(o.tokens for o in outcomes) / k,
+        natural_tokens=sum(o.natural_tokens for o in outcomes) / k,
+    )
+
+
+def evaluate(name: str, trajectories: Sequence[Trajectory], controller: OfflineController) -> Summary:
+    return summarise(name, replay(trajectories, controller))
+
+
+def split_qids(qids: Iterable[str], val_fraction: float, seed: int = 0) -> tuple[set[str], set[str]]:
+    """Deterministic (validation, test) split by question, from a hash of ``seed`` and the qid."""
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    val, test = set(), set()
+    for qid in qids:
+        h = int.from_bytes(hashlib.sha256(f"{seed}:{qid}".encode()).digest()[:8], "big") / 2**64
+        (val if h < val_fraction else test).add(qid)
+    return val, test
+
+
+def trajectories_from_tables(iterations: pa.Table, trajectories: pa.Table) -> tuple[list[Trajectory], dict[str, int]]:
+    """Build :class:`Trajectory` records from the ITERATIONS and TRAJECTORIES tables.
+
+    Returns the records and counts of the trajectories left out (by reason). A missing probe F1 (a
+    probe that produced nothing) counts as 0.
+    """
+    its = iterations.select(["qid", "iteration", "probe_f1", "tokens_generated", "probe_tokens"]).to_pylist()
+    by_qid: dict[str, dict[int, dict]] = {}
+    for row in its:
+        by_qid.setdefault(row["qid"], {})[row["iteration"]] = row
+    records, excluded = [], {}
+    for t in trajectories.to_pylist():
+        qid = t["qid"]
+        if t["stop_reason"] in EXCLUDED_STOP_REASONS:
+            excluded[t["stop_reason"]] = excluded.get(t["stop_reason"], 0) + 1
+            continue
+        rows = by_qid.get(qid, {})
+        if not rows:
+            excluded["no_iterations"] = excluded.get("no_iterations", 0) + 1
+            continue
+        n = max(rows)
+        if sorted(rows) != list(range(n + 1)):
+            raise ValueError(f"trajectory {qid}: iterations {sorted(rows)} are not 0..{n}")
+        ordered = [rows[i] for i in range(n + 1)]
+        iteration_tokens = tuple((r["tokens_generated"] or 0) + (r["probe_tokens"] or 0) for r in ordered)
+        total = (t["tokens_generated"] or 0) + (t["probe_tokens"] or 0)
+        final_f1 = t["final_f1"] if t["final_f1"] is not None else 0.0
+        records.append(
+            Trajectory(
+                qid=qid,
+                dataset=t["dataset"],
+                probe_f1=tuple(float(r["probe_f1"] or 0.0) for r in ordered),
+                iteration_tokens=iteration_tokens,
+                final_f1=float(final_f1),
+                total_tokens=max(total, sum(iteration_tokens)),
+            )
+        )
+    if excluded:
+        log.warning("left out of stopping evaluation: %s", excluded)
+    return records, excluded
+
+
+def load_trajectories(run_dir: str | RunDir) -> tuple[list[Trajectory], dict[str, int]]:
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    return trajectories_from_tables(run.read("iterations"), run.read("trajectories"))
