@@ -111,6 +111,56 @@ class ReportConfig(StrictModel):
     max_table_rows: int = Field(default=50, ge=1, description="Rows shown of each CSV table found in a stage folder.")
 
 
+class StopRagConfig(StrictModel):
+    """Stop-RAG (value-based stopping with Q(lambda)) and the LLM-Stop baseline (``jobs/stoprag.py``)."""
+
+    encoder: str = Field(default="minilm", description="Q-network encoder: embedded name or a local HF folder.")
+    pooling: Literal["cls", "mean"] = Field(default="cls", description="cls: the public code's encoder-only pooling.")
+    dropout: float = Field(default=0.1, ge=0, lt=1)
+    max_length: int = Field(default=256, ge=16, description="Encoder tokens per state (truncated at the end).")
+    state_input: Literal["docs", "trace"] = Field(
+        default="docs", description="docs: question + documents so far (paper); trace: + queries and reasoning."
+    )
+    doc_chars: int = Field(default=300, ge=1, description="Characters kept of each document in a state.")
+    docs_per_iteration: int | None = Field(
+        default=None, ge=1, description="Documents per iteration in a state; None = retrieval.top_k or the protocol's."
+    )
+    first_decision: int = Field(default=1, ge=0, le=1, description="First iteration that may stop (0 = before retrieval).")
+    target: Literal["qlambda", "mc", "q0", "binary"] = "qlambda"
+    lambda_start: float = Field(default=1.0, ge=0, le=1)
+    lambda_end: float = Field(default=0.1, ge=0, le=1)
+    drop_no_signal: bool = Field(default=True, description="Drop training states whose rewards are all zero.")
+    epochs: int = Field(default=3, ge=1)
+    batch_size: int = Field(default=16, ge=1, description="Per worker.")
+    learning_rate: float = Field(default=5e-5, gt=0)
+    weight_decay: float = Field(default=0.01, ge=0)
+    warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
+    max_grad_norm: float = Field(default=30.0, gt=0)
+    workers: int = Field(default=2, ge=1, description="Ray Train workers.")
+    worker_num_cpus: float = Field(default=1.0, gt=0)
+    use_gpu: bool = False
+    split: tuple[float, float, float] = Field(default=(0.6, 0.2, 0.2), description="train/val/test shares by qid.")
+    split_seed: int = 0
+    threshold_objective: Literal["reward", "share"] = Field(
+        default="reward", description="reward: best validation F1 (paper); share: fewest iterations at min_share."
+    )
+    min_share: float = Field(default=0.976, gt=0, le=1.5)
+    llm_stop: bool = Field(default=True, description="Evaluate the LLM-Stop baseline (runs the engine).")
+    llm_stop_max_questions: int | None = Field(default=40, ge=1, description="Test questions LLM-Stop is run on.")
+    llm_stop_max_tokens: int = Field(default=200, ge=1)
+    llm_stop_temperature: float = Field(default=0.0, ge=0)
+    llm_stop_docs: int = Field(default=1, ge=1, description="Top documents shown per round (the public prompt: one).")
+    llm_stop_default: Literal["stop", "continue"] = Field(
+        default="continue", description="Decision when the output names both tokens or neither (public parser: continue)."
+    )
+
+    @model_validator(mode="after")
+    def _check_split(self) -> "StopRagConfig":
+        if any(f < 0 for f in self.split) or abs(sum(self.split) - 1.0) > 1e-6 or min(self.split) == 0:
+            raise ValueError(f"split must be three positive shares summing to 1, got {self.split}")
+        return self
+
+
 class RunConfig(StrictModel):
     name: str = "embedded"
     seed: int = 0
@@ -121,6 +171,7 @@ class RunConfig(StrictModel):
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
+    stoprag: StopRagConfig = Field(default_factory=StopRagConfig)
 
     @model_validator(mode="after")
     def _check_backend(self) -> "RunConfig":
