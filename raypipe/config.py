@@ -161,6 +161,20 @@ class StopRagConfig(StrictModel):
         return self
 
 
+class FeaturesConfig(StrictModel):
+    """Trajectory signals (jobs/features.py); depths and constants default to the seed paper's."""
+
+    sentence_model: str = Field(default="minilm", description="SBERT model for the similarity signals (embedded name or folder).")
+    actors: int = Field(default=1, ge=1, description="Actor pool size; each actor holds the sentence encoder and the index.")
+    actor_num_cpus: float = Field(default=0.5, ge=0, description="Per actor (0.5: see ENVIRONMENT.md).")
+    rbo_p: float = Field(default=0.99, gt=0, lt=1, description="RBO persistence, both variants.")
+    nqc_depth: int = Field(default=100, ge=1, description="Scores in the seed paper's NQC variance.")
+    nqc_k: int = Field(default=100, ge=1, description="Top-k of textbook NQC (corpus score: mean of the deep list).")
+    a_pair_depth: int = Field(default=50, ge=1)
+    dense_qpp_k: int = Field(default=3, ge=1)
+    confidence_drop_last: int = Field(default=4, ge=0, description="Probe tokens dropped before the mean (seed: 4).")
+
+
 class RunConfig(StrictModel):
     name: str = "embedded"
     seed: int = 0
@@ -170,6 +184,7 @@ class RunConfig(StrictModel):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    features: FeaturesConfig = Field(default_factory=FeaturesConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
     stoprag: StopRagConfig = Field(default_factory=StopRagConfig)
 
