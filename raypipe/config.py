@@ -175,6 +175,65 @@ class FeaturesConfig(StrictModel):
     confidence_drop_last: int = Field(default=4, ge=0, description="Probe tokens dropped before the mean (seed: 4).")
 
 
+class TrainConfig(StrictModel):
+    """Predictors of P_i and U_i (``jobs/train.py``). Defaults are the seed paper's; presets shrink them."""
+
+    base_model: str = Field(default="minilm", description="Cross-encoder base: embedded name or a local HF folder.")
+    relations: list[Literal["adjacent_think", "long_distance", "intra_iteration"]] = Field(
+        default_factory=lambda: ["adjacent_think", "long_distance", "intra_iteration"]
+    )
+    field_chars: int = Field(default=256, ge=1, description="Characters kept of each text field (seed: 256).")
+    title_chars: int = Field(default=128, ge=1, description="Characters kept of the document title (seed: 128).")
+    max_tokens: int = Field(default=512, ge=16, description="Cross-encoder input tokens (truncated at the end).")
+    learning_rate: float = Field(default=2e-5, gt=0)
+    epochs: int = Field(default=3, ge=1)
+    effective_batch_size: int = Field(default=256, ge=1, description="batch_size x workers x accumulation steps.")
+    batch_size: int = Field(default=16, ge=1, description="Per worker and micro-step.")
+    num_workers: int = Field(default=2, ge=1, description="Ray Train data-parallel workers.")
+    use_gpu: bool = False
+    cpus_per_worker: float = Field(default=1.0, gt=0)
+    folds: int = Field(default=5, ge=2, description="k-fold by question: every row predicted by models that never saw it.")
+    refit_full: bool = Field(
+        default=False, description="Bundle cross-encoders refit on all questions (6 more trainings); else fold 0's."
+    )
+    unsup_columns: Literal["seed", "all"] = Field(
+        default="seed", description="seed: the seed paper's nine unsupervised signals; all: every FEATURES signal."
+    )
+    groups: list[str] = Field(
+        default_factory=lambda: ["unsup", "sup", "prob", "unsup+sup", "unsup+prob", "sup+prob", "unsup+sup+prob"],
+        description="Table 3 rows: '+'-joined signal families (unsup, sup, prob).",
+    )
+    windows: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5], description="Head windows w (w=1 is the baseline).")
+    ablation_group: str = Field(default="unsup", description="Table 4: this group with each unsupervised source alone.")
+    chosen_group: str = Field(default="unsup+sup+prob", description="Head configuration written to predictions/ and the bundle.")
+    chosen_window: int = Field(default=3, ge=1)
+    head_hidden: list[int] = Field(default_factory=lambda: [16, 8])
+    head_alpha: float = Field(default=1e-3, ge=0, description="L2 penalty (the seed's Adam weight decay).")
+    head_learning_rate: float = Field(default=1e-3, gt=0)
+    head_batch_size: int = Field(default=256, ge=1)
+    head_max_iter: int = Field(default=300, ge=1)
+    head_patience: int = Field(default=15, ge=1)
+    head_validation_fraction: float = Field(default=0.1, gt=0, lt=1)
+    fisher_alternative: Literal["greater", "two-sided"] = Field(
+        default="greater", description="Fisher z test of each window vs w=1: a gain (one-sided) or any difference."
+    )
+    significance: float = Field(default=0.05, gt=0, lt=1)
+    bootstrap_samples: int = Field(default=1000, ge=1, description="Resamples of the questions for the intervals.")
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainConfig":
+        for group in [*self.groups, self.ablation_group, self.chosen_group]:
+            unknown = set(group.split("+")) - {"unsup", "sup", "prob"}
+            if unknown or not group:
+                raise ValueError(f"feature group {group!r}: families are unsup, sup, prob joined by '+'")
+        if 1 not in self.windows:
+            raise ValueError("windows must include 1 (the baseline of the Fisher z test)")
+        if self.chosen_window not in self.windows:
+            raise ValueError(f"chosen_window {self.chosen_window} is not among windows {self.windows}")
+        return self
+
+
 class RunConfig(StrictModel):
     name: str = "embedded"
     seed: int = 0
@@ -187,6 +246,7 @@ class RunConfig(StrictModel):
     features: FeaturesConfig = Field(default_factory=FeaturesConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
     stoprag: StopRagConfig = Field(default_factory=StopRagConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
 
     @model_validator(mode="after")
     def _check_backend(self) -> "RunConfig":
