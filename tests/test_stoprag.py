@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from raypipe.control.evaluate import Trajectory, evaluate
 from raypipe.control.stoprag import (
     Episode,
     Round,
@@ -18,8 +19,7 @@ from raypipe.control.stoprag import (
     nstep_returns,
     q0_target,
     qlambda_target,
-    replay,
-    split_of,
+    margin_controller,
     state_text,
     training_samples,
     tune_threshold,
@@ -104,25 +104,32 @@ def test_first_stop(margins, threshold, expected):
     assert first_stop(margins, threshold) == expected
 
 
-def _episodes():
-    return [
-        Episode("a", (1, 2, 3), ("a1", "a2", "a3"), (1.0, 1.0, 0.0)),  # should stop at once
-        Episode("b", (1, 2), ("b1", "b2"), (0.0, 1.0)),  # should continue
-    ]
+def _trajectory(qid, f1s, final=None):
+    return Trajectory(qid, "d", tuple(f1s), (1,) * len(f1s), f1s[-1] if final is None else final, len(f1s))
 
 
-def test_replay_and_tuning():
-    eps = _episodes()
-    margins = {"a": [0.4, 0.4, 0.0], "b": [-0.2, 0.0]}
-    outs = replay(eps, margins, 0.0)
-    assert [(o.iteration, o.reward) for o in outs] == [(1, 1.0), (2, 1.0)]
-    thr, reward, iters = tune_threshold(eps, margins)
-    assert -0.2 <= thr < 0.4 and reward == 1.0 and iters == 1.5
+def test_margin_controller_first_crossing():
+    traj = _trajectory("a", [0.0, 1.0, 0.5, 0.0])
+    margins = {"a": {1: 0.1, 2: 0.5, 3: 9.0}}  # the terminal iteration's margin is never consulted
+    decide = margin_controller(margins, 0.3)
+    d = decide(traj)
+    assert (d.decision_iteration, d.answer_iteration) == (2, 2)
+    d = margin_controller(margins, 0.5)(traj)  # equal to the threshold does not stop
+    assert d.answer_iteration is None and d.decision_iteration == 3
+    with pytest.raises(ValueError, match="no Stop-RAG margins"):
+        decide(_trajectory("zz", [0.0, 1.0]))
+
+
+def test_tuning_on_validation():
+    trajs = [_trajectory("a", [0.0, 1.0, 1.0, 0.0]), _trajectory("b", [0.0, 0.0, 1.0])]
+    margins = {"a": {1: 0.4, 2: 0.4}, "b": {1: -0.2}}
     assert candidate_thresholds(margins) == [-1.2, 0.1, 0.4]
-    # "share": fewest iterations keeping 50% of natural (natural mean reward 0.5): stopping both at once
-    # gives 0.5, enough
-    thr, reward, iters = tune_threshold(eps, margins, objective="share", min_share=0.5)
-    assert thr < -0.2 and iters == 1.0
+    thr, summary = tune_threshold(trajs, margins)
+    assert -0.2 <= thr < 0.4 and summary.mean_f1 == 1.0 and summary.mean_iterations == 1.5
+    assert evaluate("stoprag", trajs, margin_controller(margins, thr)) == summary
+    # "share": fewest iterations keeping 50% of natural F1 (natural 0.5): stopping both at once gives 0.5
+    thr, summary = tune_threshold(trajs, margins, objective="share", min_share=0.5)
+    assert thr < -0.2 and summary.mean_iterations == 1.0
 
 
 def test_state_text_docs_dedups_and_orders():
@@ -166,9 +173,8 @@ def test_build_episode_bad_input():
     with pytest.raises(KeyError, match="not in the corpus"):
         build_episode("q", "Q?", _rows([0.1, 0.2]), {}, docs_per_iteration=2)
     rows = _rows([0.1, 0.2])
-    rows[1]["probe_f1"] = None
-    with pytest.raises(ValueError, match="probe_f1 is null"):
-        build_episode("q", "Q?", rows, DOCS, docs_per_iteration=2)
+    rows[1]["probe_f1"] = None  # a probe that produced nothing scores 0, as in the shared evaluator
+    assert build_episode("q", "Q?", rows, DOCS, docs_per_iteration=2).rewards == (0.0,)
 
 
 def test_training_samples_indices_and_filter():
@@ -184,9 +190,3 @@ def test_training_samples_indices_and_filter():
         Sample(1, 0.5, (1.0,), ()),
     ]
     assert len(training_samples(eps, drop_no_signal=False)[1]) == 3
-
-
-def test_split_is_stable_and_covers():
-    splits = [split_of(f"q{i}", 0, (0.6, 0.2, 0.2)) for i in range(500)]
-    assert splits == [split_of(f"q{i}", 0, (0.6, 0.2, 0.2)) for i in range(500)]
-    assert 0.5 < splits.count("train") / 500 < 0.7 and splits.count("val") > 50 and splits.count("test") > 50

@@ -22,11 +22,12 @@ Q_stop - Q_cont > threshold, the threshold tuned on validation questions.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from raypipe.control.evaluate import Decision, OfflineController, Summary, Trajectory, evaluate, natural_decision
 
 TargetType = Literal["qlambda", "mc", "q0", "binary"]
 TARGET_TYPES: tuple[TargetType, ...] = ("qlambda", "mc", "q0", "binary")
@@ -117,11 +118,9 @@ def build_episode(
             rounds.append(Round(row.get("query"), tuple((d, *docs[d]) for d in ids), row.get("reasoning")))
         if row["iteration"] < first_decision and row is not ordered[-1]:
             continue
-        if row.get("probe_f1") is None:
-            raise ValueError(f"qid {qid!r} iteration {row['iteration']}: probe_f1 is null (run the probe job with agent.probe=true)")
         iterations.append(row["iteration"])
         texts.append(state_text(question, rounds, mode, doc_chars))
-        rewards.append(float(row["probe_f1"]))
+        rewards.append(float(row.get("probe_f1") or 0.0))  # a probe that produced nothing scores 0, as in evaluate
     return Episode(qid, tuple(iterations), tuple(texts), tuple(rewards))
 
 
@@ -237,28 +236,31 @@ def first_stop(margins: Sequence[float], threshold: float) -> int:
     return len(margins) - 1
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """Where a controller left one episode: the iteration it stopped at and the reward it got there."""
-
-    qid: str
-    iteration: int
-    reward: float
+Margins = dict[str, dict[int, float]]  # qid -> iteration -> Q_stop - Q_cont
 
 
-def replay(episodes: Sequence[Episode], margins: dict[str, Sequence[float]], threshold: float) -> list[Outcome]:
-    """Stop every episode at its first crossing."""
-    out = []
-    for ep in episodes:
-        pos = first_stop(margins[ep.qid], threshold)
-        out.append(Outcome(ep.qid, ep.iterations[pos], ep.rewards[pos]))
-    return out
+def margin_controller(margins: Margins, threshold: float) -> OfflineController:
+    """Stop-RAG as an offline controller (:mod:`raypipe.control.evaluate`): stop after the first iteration
+    whose margin exceeds ``threshold`` and return that iteration's probed answer; otherwise natural.
+    Iterations without a margin (before ``first_decision``, or the terminal one) never stop."""
+
+    def controller(trajectory: Trajectory) -> Decision:
+        per_it = margins.get(trajectory.qid)
+        if per_it is None:
+            raise ValueError(f"no Stop-RAG margins for question {trajectory.qid}")
+        its = sorted(i for i in per_it if i < trajectory.n_iterations)
+        pos = first_stop([per_it[i] for i in its] + [math.inf], threshold)  # the terminal never counts
+        if pos < len(its):
+            return Decision(decision_iteration=its[pos], answer_iteration=its[pos], reason="stoprag")
+        return natural_decision(trajectory)
+
+    return controller
 
 
-def candidate_thresholds(margins: dict[str, Sequence[float]]) -> list[float]:
+def candidate_thresholds(margins: Margins) -> list[float]:
     """Every threshold that changes some decision: below all margins (stop at once), midpoints between
     sorted distinct margins, and the largest margin (never stop early)."""
-    values = sorted({float(m) for ms in margins.values() for m in ms[:-1]})
+    values = sorted({float(m) for per_it in margins.values() for m in per_it.values()})
     if not values:
         return [0.0]
     mids = [(a + b) / 2 for a, b in zip(values, values[1:])]
@@ -266,38 +268,28 @@ def candidate_thresholds(margins: dict[str, Sequence[float]]) -> list[float]:
 
 
 def tune_threshold(
-    episodes: Sequence[Episode],
-    margins: dict[str, Sequence[float]],
+    trajectories: Sequence[Trajectory],
+    margins: Margins,
     objective: Literal["reward", "share"] = "reward",
     min_share: float = 0.976,
-) -> tuple[float, float, float]:
-    """Pick the threshold on validation episodes: (threshold, mean reward, mean iterations).
+) -> tuple[float, Summary]:
+    """Pick the threshold on validation trajectories; returns it and its validation summary.
 
-    ``reward``: the highest mean reward (ties: fewer iterations), the paper's accuracy criterion.
-    ``share``: the fewest iterations keeping at least ``min_share`` of natural stopping's mean reward.
+    ``reward``: the highest mean F1 (ties: fewer iterations), the paper's accuracy criterion.
+    ``share``: the fewest iterations keeping at least ``min_share`` of natural stopping's mean F1
+    (when no threshold does, the best F1).
     """
-    if not episodes:
-        raise ValueError("no validation episodes to tune the threshold on")
-    natural = sum(ep.rewards[-1] for ep in episodes) / len(episodes)
-    best: tuple[tuple[float, ...], float, float, float] | None = None
+    if not trajectories:
+        raise ValueError("no validation trajectories to tune the threshold on")
+    best: tuple[tuple[float, ...], float, Summary] | None = None
     for thr in candidate_thresholds(margins):
-        outs = replay(episodes, margins, thr)
-        reward = sum(o.reward for o in outs) / len(outs)
-        iters = sum(o.iteration for o in outs) / len(outs)
+        summary = evaluate("stoprag", trajectories, margin_controller(margins, thr))
         if objective == "reward":
-            key = (reward, -iters, thr)
+            key = (summary.mean_f1, -summary.mean_iterations, thr)
         else:
-            ok = reward >= min_share * natural - 1e-12
-            key = (float(ok), -iters if ok else reward, reward, thr)
+            ok = summary.mean_f1 >= min_share * summary.natural_f1 - 1e-12
+            key = (float(ok), -summary.mean_iterations if ok else summary.mean_f1, summary.mean_f1, thr)
         if best is None or key > best[0]:
-            best = (key, thr, reward, iters)
+            best = (key, thr, summary)
     assert best is not None
-    return best[1], best[2], best[3]
-
-
-def split_of(qid: str, seed: int, fractions: tuple[float, float, float]) -> str:
-    """``train``, ``val`` or ``test`` for a qid: a stable hash, so splits never leak across runs."""
-    digest = hashlib.sha256(f"{seed}:{qid}".encode()).digest()
-    u = int.from_bytes(digest[:8], "big") / 2**64
-    train, val, _ = fractions
-    return "train" if u < train else "val" if u < train + val else "test"
+    return best[1], best[2]
