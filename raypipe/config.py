@@ -234,6 +234,39 @@ class TrainConfig(StrictModel):
         return self
 
 
+class StoppingConfig(StrictModel):
+    """Prediction-guided early stopping: the online controller and the sweep (jobs/sweep.py)."""
+
+    theta_p: float = Field(default=0.3, description="θ_P of the online controller (default: the paper's operating point).")
+    theta_u: float = Field(default=0.2, description="θ_U of the online controller.")
+    variant: Literal["paper", "delta_p", "mean_utility", "best_rollback", "quality_floor"] = Field(
+        default="paper", description="Heuristic variant of the online controller (raypipe.control.sweep.VARIANTS)."
+    )
+    theta_p_grid: list[float] = Field(
+        default_factory=lambda: [round(0.05 * i, 2) for i in range(21)], description="θ_P values swept."
+    )
+    theta_u_grid: list[float] = Field(
+        default_factory=lambda: [round(-0.3 + 0.05 * i, 2) for i in range(17)], description="θ_U values swept."
+    )
+    quantile_points: int = Field(
+        default=9, ge=0, description="Also sweep this many quantiles of the validation P̂ / Û (weak models predict in a narrow range)."
+    )
+    variants: list[Literal["paper", "delta_p", "mean_utility", "best_rollback", "quality_floor"]] = Field(
+        default_factory=lambda: ["paper", "delta_p", "mean_utility", "best_rollback", "quality_floor"],
+        description="Heuristic variants swept; 'paper' is the faithful one.",
+    )
+    heads: Literal["chosen", "windows", "all"] = Field(
+        default="windows",
+        description="Predictions swept: the chosen head only, every window of its feature group, or every "
+        "feature group x window of prediction_grid.",
+    )
+    val_fraction: float = Field(default=0.5, gt=0, lt=1, description="Share of questions (by qid hash) for choosing thresholds.")
+    split_seed: int = 0
+    min_f1_share: float = Field(default=0.976, gt=0, description="Selection: least share of natural F1 kept on validation (the paper's 97.6%).")
+    max_concurrent_trials: int = Field(default=2, ge=1)
+    trial_num_cpus: float = Field(default=0.5, gt=0, description="CPUs per Tune trial (0.5: see ENVIRONMENT.md).")
+
+
 class RunConfig(StrictModel):
     name: str = "embedded"
     seed: int = 0
@@ -247,6 +280,7 @@ class RunConfig(StrictModel):
     report: ReportConfig = Field(default_factory=ReportConfig)
     stoprag: StopRagConfig = Field(default_factory=StopRagConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    stopping: StoppingConfig = Field(default_factory=StoppingConfig)
 
     @model_validator(mode="after")
     def _check_backend(self) -> "RunConfig":
