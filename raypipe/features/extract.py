@@ -1,0 +1,176 @@
+"""Turn one trajectory's iteration rows into feature rows (the pure core of the features stage).
+
+A trajectory is processed as a whole because the inter-iteration signals look backwards: iteration i
+needs the lists, reasoning and probes of iterations < i. Texts and vectors are fetched once per
+trajectory (one call per kind), so a caller that batches can also pre-warm its encoders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from raypipe.features import confidence, overlap, qpp
+from raypipe.features.resources import CorpusResources, SentenceEncoder
+from raypipe.features.similarity import cosine
+from raypipe.schema import RBO_DEPTHS
+
+RBO_VARIANTS = {"rbo": overlap.rbo_truncated, "rbo_ext": overlap.rbo_extrapolated}
+
+
+@dataclass(frozen=True)
+class SignalSettings:
+    """Depths and constants of the signals (defaults: the seed paper's)."""
+
+    rbo_p: float = 0.99
+    nqc_depth: int = qpp.SEED_NQC_DEPTH
+    nqc_k: int = 100
+    a_pair_depth: int = qpp.SEED_A_PAIR_DEPTH
+    dense_qpp_k: int = qpp.SEED_DENSE_QPP_K
+    confidence_drop_last: int = confidence.SEED_DROP_LAST
+
+
+class TrajectoryError(ValueError):
+    """Rows that do not form one well-formed trajectory."""
+
+
+@dataclass
+class _Iteration:
+    row: Mapping[str, Any]
+    index: int
+    doc_ids: list[str]
+    scores: list[float]
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def _prepare(rows: Sequence[Mapping[str, Any]]) -> list[_Iteration]:
+    if not rows:
+        raise TrajectoryError("a trajectory needs at least one iteration row")
+    qids = {row["qid"] for row in rows}
+    if len(qids) != 1:
+        raise TrajectoryError(f"rows of several trajectories mixed: {sorted(qids)[:5]}")
+    qid = rows[0]["qid"]
+    ordered = sorted(rows, key=lambda r: r["iteration"])
+    indices = [int(r["iteration"]) for r in ordered]
+    if len(set(indices)) != len(indices):
+        raise TrajectoryError(f"qid {qid!r}: duplicate iterations {indices}")
+    out = []
+    for row, index in zip(ordered, indices):
+        doc_ids = list(row.get("doc_ids") or [])
+        scores = [float(s) for s in (row.get("doc_scores") or [])]
+        if len(doc_ids) != len(scores):
+            raise TrajectoryError(
+                f"qid {qid!r} iteration {index}: {len(doc_ids)} doc_ids but {len(scores)} doc_scores"
+            )
+        out.append(_Iteration(row, index, doc_ids, scores))
+    return out
+
+
+def extract_trajectory(
+    rows: Sequence[Mapping[str, Any]],
+    question: str | None,
+    corpus: CorpusResources,
+    sentences: SentenceEncoder,
+    settings: SignalSettings = SignalSettings(),
+) -> list[dict[str, Any]]:
+    """Feature rows (FEATURES schema, ordered by iteration) for one trajectory's ITERATIONS rows."""
+    its = _prepare(rows)
+    by_index = {it.index: it for it in its}
+    retrieved = [it for it in its if it.doc_ids]
+    question = _text(question)
+
+    # Sentence embeddings: question, queries, reasoning — one encode call.
+    texts = [question, *(_text(it.row.get("query")) for it in its), *(_text(it.row.get("reasoning")) for it in its)]
+    unique = list(dict.fromkeys(t for t in texts if t is not None))
+    sent = dict(zip(unique, sentences.encode(unique))) if unique else {}
+
+    def embed(value: Any) -> np.ndarray | None:
+        text = _text(value)
+        return None if text is None else sent[text]
+
+    # Index-side vectors: the documents the dense signals look at, the queries, the question's own list.
+    doc_depth = max(settings.a_pair_depth, settings.dense_qpp_k)
+    needed = list(dict.fromkeys(d for it in retrieved for d in it.doc_ids[:doc_depth]))
+    doc_vec = dict(zip(needed, corpus.doc_vectors(needed))) if needed else {}
+    queries = [_text(it.row.get("query")) for it in retrieved]
+    encodable = [q for q in dict.fromkeys(queries) if q is not None]
+    query_vec = dict(zip(encodable, corpus.encode_queries(encodable))) if encodable else {}
+    question_list = corpus.search([question], max(RBO_DEPTHS))[0] if question and retrieved else None
+
+    out = []
+    confs: dict[int, dict[str, float | None]] = {}
+    first = by_index.get(0)
+    for it in its:
+        row = it.row
+        previous = by_index.get(it.index - 1)  # a gap in the numbering leaves no previous iteration
+        earlier = [e for e in its if e.index < it.index and e.doc_ids]
+        feats: dict[str, Any] = {
+            "qid": row["qid"],
+            "dataset": row["dataset"],
+            "iteration": it.index,
+            "probe_f1": row.get("probe_f1"),
+            "utility": row.get("utility"),
+        }
+        feats.update(_qpp(it, corpus, doc_vec, query_vec, settings))
+        for depth in RBO_DEPTHS:
+            for name, fn in RBO_VARIANTS.items():
+
+                def rbo(other: list[str] | None) -> float | None:
+                    if not it.doc_ids or not other:
+                        return None
+                    return fn(it.doc_ids, other, depth, settings.rbo_p)
+
+                feats[f"{name}_prev_{depth}"] = rbo(previous.doc_ids if previous else None)
+                values = [v for v in (rbo(e.doc_ids) for e in earlier) if v is not None]
+                feats[f"{name}_prevmax_{depth}"] = max(values) if values else None
+                feats[f"{name}_question_{depth}"] = rbo(question_list)
+
+        reasoning = embed(row.get("reasoning"))
+        feats["sim_question_query"] = cosine(embed(question), embed(row.get("query")))
+        feats["sim_reasoning_prev"] = cosine(embed(previous.row.get("reasoning")), reasoning) if previous else None
+        feats["sim_reasoning_first"] = (
+            cosine(embed(first.row.get("reasoning")), reasoning) if first is not None and it.index > 0 else None
+        )
+
+        logprobs = row.get("probe_token_logprobs")
+        confs[it.index] = {
+            "probe_conf": confidence.mean_logprob(logprobs, settings.confidence_drop_last),
+            "probe_conf_full": confidence.mean_logprob(logprobs),
+        }
+        feats.update(confs[it.index])
+        for name, value in confs[it.index].items():
+            feats[f"{name}_delta"] = confidence.delta(value, confs[previous.index][name]) if previous else None
+        out.append(feats)
+    return out
+
+
+def _qpp(
+    it: _Iteration,
+    corpus: CorpusResources,
+    doc_vec: Mapping[str, np.ndarray],
+    query_vec: Mapping[str, np.ndarray],
+    settings: SignalSettings,
+) -> dict[str, float | None]:
+    if not it.doc_ids:
+        return {"nqc_seed": None, "nqc_shtok": None, "a_pair_ratio": None, "dense_qpp": None}
+    query = _text(it.row.get("query"))
+    dfs = [corpus.document_frequency(t) for t in corpus.terms(query or "")]
+    ids = it.doc_ids
+    a_pair_n = min(settings.a_pair_depth, len(ids))
+    dense_n = min(settings.dense_qpp_k, len(ids))
+    return {
+        "nqc_seed": qpp.nqc_seed(it.scores, qpp.max_idf(dfs, corpus.num_docs), settings.nqc_depth),
+        "nqc_shtok": qpp.nqc_shtok(it.scores, settings.nqc_k),
+        "a_pair_ratio": qpp.a_pair_ratio(np.vstack([doc_vec[d] for d in ids[:a_pair_n]]), it.scores, a_pair_n),
+        "dense_qpp": (
+            qpp.dense_qpp(query_vec[query], np.vstack([doc_vec[d] for d in ids[:dense_n]]), dense_n)
+            if query is not None
+            else None
+        ),
+    }
