@@ -72,15 +72,29 @@ class EngineConfig(StrictModel):
 class AgentConfig(StrictModel):
     protocol: Literal["search_r1", "r1_searcher"] = "search_r1"
     prompt_version: Literal["v0", "v1", "v2", "v3"] = Field(default="v1", description="R1-Searcher prompt version.")
-    observation_format: Literal["search_r1", "pyterrier"] = "pyterrier"
-    max_turns: int = Field(default=10, ge=1)
+    observation_format: Literal["original", "pyterrier"] = Field(
+        default="pyterrier",
+        description="'original': the agent's own reference code; 'pyterrier': pyterrier-rag (the seed paper's setup).",
+    )
+    max_turns: int | None = Field(default=None, ge=1, description="Agent turns; None = the protocol's default (4 / 10).")
     max_new_tokens: int = Field(default=1024, ge=1)
     temperature: float = Field(default=0.0, ge=0)
     enforcement: Literal["none", "first_search", "free"] = Field(
-        default="none", description="Structured-output grammar over the protocol's tags (named option)."
+        default="none",
+        description="Structured-output regex over the protocol's tags: 'free' = think then search or answer; "
+        "'first_search' = the first turn must search, later turns free. The prompt text never changes.",
     )
-    probe: bool = True
+    enforce_think_chars: int = Field(default=398, ge=1, description="Enforcement regex bound on the reasoning.")
+    enforce_query_chars: int = Field(default=98, ge=1, description="Enforcement regex bound on a query.")
+    enforce_answer_chars: int = Field(default=58, ge=1, description="Enforcement regex bound on an answer.")
+    probe: bool = Field(default=True, description="Force an answer after every turn (the seed paper's probing).")
     probe_max_tokens: int = Field(default=64, ge=1)
+    at_limit: Literal["forced", "none"] = Field(
+        default="forced",
+        description="Final answer when the turn limit ends a trajectory: the forced answer read from the last "
+        "documents, or none (pyterrier-rag / R1-Searcher evaluation).",
+    )
+    metric: Literal["squad", "hotpotqa", "r1searcher"] = Field(default="hotpotqa", description="F1 rule for P_i.")
 
 
 class GenerationConfig(StrictModel):
@@ -88,7 +102,10 @@ class GenerationConfig(StrictModel):
     actor_num_cpus: float = Field(default=0.5, ge=0)
     actor_num_gpus: float = Field(default=0.0, ge=0)
     max_concurrent_trajectories: int = Field(default=64, ge=1, description="Trajectories in flight per engine.")
-    batch_size: int = Field(default=32, ge=1, description="Questions per map_batches batch.")
+    batch_size: int = Field(default=32, ge=1, description="Questions per map_batches batch (one output part each).")
+    batches_per_actor: int = Field(
+        default=2, ge=1, description="Batches an actor works on at once, so its engine stays busy at a batch's tail."
+    )
 
 
 class RayConfig(StrictModel):

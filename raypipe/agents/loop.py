@@ -1,0 +1,292 @@
+"""The agent loop with in-trajectory probing: one question in, one trajectory row and its iteration rows out.
+
+Turn t generates from the context; then (probing on) the probe forces an answer from the same context
+plus the turn's reasoning (greedy, stop at the closing answer tag, token log-probs kept); then an
+online controller, if given, may stop the trajectory; then the turn's action runs: an answer ends the
+trajectory, a search retrieves ``deep_k`` documents (the agent reads ``top_k``) and the next turn reads
+them. Rows are numbered by turn: row 0 is the probe after r_0 before any retrieval, row i (i >= 1)
+holds the query of turn i-1, its documents, the reasoning r_i and probe i, with P_i = F1 of probe i
+and U_i = P_i - P_{i-1}.
+
+When the turn limit is reached after a search, the last documents are read by one forced answer
+(the protocol's probe prompt with no reasoning, greedy): its row's probe, and the final answer when
+``at_limit="forced"`` (``"none"``: no final answer, as pyterrier-rag and R1-Searcher's evaluation do).
+
+A failure on one question (context overflow, engine error, retrieval error, no valid action) ends
+that trajectory with its ``stop_reason`` and message; the rows produced so far are kept.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from raypipe.agents.protocol import ANSWER, INVALID, AgentProtocol, Enforcement, EnforcementBounds
+from raypipe.control.base import StopController
+from raypipe.data import Question
+from raypipe.llm.base import ContextOverflowError, Engine, EngineError, Generation, GenerationRequest
+from raypipe.metrics import DEFAULT_RULE, Rule, f1_score
+from raypipe.retrieval.types import Retriever, SearchResult
+from raypipe.schema import (
+    STOP_ANSWER,
+    STOP_CONTEXT,
+    STOP_CONTROLLER,
+    STOP_ENGINE_ERROR,
+    STOP_MAX_TURNS,
+    STOP_NO_ACTION,
+    STOP_RETRIEVAL_ERROR,
+)
+
+AtLimit = Literal["forced", "none"]
+# Columns an online controller may see (never the gold-based probe_f1 / utility).
+ONLINE_COLUMNS = (
+    "qid", "dataset", "iteration", "query", "doc_ids", "doc_scores", "reasoning",
+    "probe_answer", "probe_token_logprobs", "tokens_generated", "probe_tokens",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    max_turns: int
+    top_k: int
+    deep_k: int = 100
+    max_new_tokens: int = 1024
+    temperature: float = 0.0
+    enforcement: Enforcement = "none"
+    bounds: EnforcementBounds = field(default_factory=EnforcementBounds)
+    probe: bool = True
+    probe_max_tokens: int = 64
+    at_limit: AtLimit = "forced"
+    metric_rule: Rule = DEFAULT_RULE
+    seed: int = 0
+
+
+@dataclass
+class TrajectoryOutput:
+    trajectory: dict[str, Any]  # a TRAJECTORIES row
+    iterations: list[dict[str, Any]]  # ITERATIONS rows
+
+
+class _Stop(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class _Retrieval:
+    query: str
+    result: SearchResult
+    visible: int
+
+
+class AgentLoop:
+    """Runs trajectories of one protocol against one engine and one retriever (many may run concurrently)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        retriever: Retriever,
+        protocol: AgentProtocol,
+        settings: LoopSettings,
+        controller: StopController | None = None,
+    ):
+        self.engine = engine
+        self.retriever = retriever
+        self.protocol = protocol
+        self.settings = settings
+        self.controller = controller
+
+    async def run(self, question: Question) -> TrajectoryOutput:
+        started = time.monotonic()
+        run = _Run(self, question)
+        try:
+            await run.steps()
+        except _Stop as stop:
+            run.stop_reason, run.error = stop.reason, str(stop)
+        except Exception as exc:  # one bad row never kills the job: record it
+            run.stop_reason, run.error = STOP_ENGINE_ERROR, f"{type(exc).__name__}: {exc}"
+        return run.output(time.monotonic() - started)
+
+
+class _Run:
+    """The state of one trajectory."""
+
+    def __init__(self, loop: AgentLoop, question: Question):
+        self.loop, self.question = loop, question
+        self.protocol, self.settings = loop.protocol, loop.settings
+        self.rows: list[dict[str, Any]] = []
+        self.prompt = ""
+        self.context = ""
+        self.tail = ""  # text after the context that belongs to the transcript (the forced answer)
+        self.final_answer: str | None = None
+        self.stop_reason = STOP_MAX_TURNS
+        self.error: str | None = None
+        self.retrievals = 0
+
+    async def steps(self) -> None:
+        s, protocol = self.settings, self.protocol
+        try:
+            self.prompt = protocol.prompt(self.question.question, self.loop.engine.apply_chat_template)
+        except Exception as exc:
+            raise _Stop(STOP_ENGINE_ERROR, f"prompt: {type(exc).__name__}: {exc}") from exc
+        self.context = self.prompt
+        pending: _Retrieval | None = None
+        for turn in range(s.max_turns):
+            regex = protocol.enforcement_regex(s.enforcement, turn, s.bounds)
+            gen = await self._generate(self.context, s.max_new_tokens, s.temperature, protocol.stop, regex, turn)
+            output = protocol.restore_stop(protocol.clean_output(gen.text), gen.stop_string)
+            row = self._row(turn, pending, output, len(gen.token_ids))
+            if s.probe:
+                await self._probe(row, protocol.probe_prompt(self.context, output))
+            self.rows.append(row)
+            action = protocol.parse_action(output)
+            self.context += protocol.joiner + output + protocol.close_action(output, action)
+            if await self._controller_stops():
+                return
+            if action.kind == ANSWER:
+                self.final_answer, self.stop_reason = action.content, STOP_ANSWER
+                return
+            if action.kind == INVALID:
+                correction = protocol.correction()
+                if correction is None:
+                    raise _Stop(STOP_NO_ACTION, f"turn {turn}: neither a search nor an answer")
+                self.context += correction
+                pending = None
+                continue
+            pending = await self._search(action.content)
+        if pending is not None:
+            await self._forced_answer(pending)
+
+    async def _search(self, query: str) -> _Retrieval:
+        try:
+            result = (await self.loop.retriever.search([query], self.settings.deep_k))[0]
+        except Exception as exc:
+            raise _Stop(STOP_RETRIEVAL_ERROR, f"query {query!r}: {type(exc).__name__}: {exc}") from exc
+        self.retrievals += 1
+        visible = min(self.settings.top_k, len(result.hits))
+        self.context += self.protocol.observation(result.hits[:visible])
+        return _Retrieval(query, result, visible)
+
+    async def _forced_answer(self, pending: _Retrieval) -> None:
+        """The turn budget is spent after a search: one forced answer reads the last documents."""
+        prompt = self.protocol.forced_answer_prompt(self.context)
+        row = self._row(len(self.rows), pending, "", 0)
+        if self.settings.probe:
+            gen = await self._probe(row, prompt)
+        else:
+            gen = await self._generate(prompt, self.settings.probe_max_tokens, 0.0, (self.protocol.answer_close,))
+            row["tokens_generated"] = len(gen.token_ids)
+        answer = self.protocol.parse_probe(gen.text)
+        self.rows.append(row)
+        self.tail = prompt[len(self.context):] + gen.text + self.protocol.answer_close
+        if not await self._controller_stops() and self.settings.at_limit == "forced":
+            self.final_answer = answer
+
+    async def _probe(self, row: dict[str, Any], prompt: str) -> Generation:
+        gen = await self._generate(prompt, self.settings.probe_max_tokens, 0.0, (self.protocol.answer_close,), logprobs=True)
+        answer = self.protocol.parse_probe(gen.text)
+        golds = self.question.golden_answers
+        row["probe_answer"] = answer
+        row["probe_token_logprobs"] = list(gen.token_logprobs or [])
+        row["probe_tokens"] = len(gen.token_ids)
+        row["probe_f1"] = f1_score(answer, golds, self.settings.metric_rule)
+        if self.rows and self.rows[-1]["probe_f1"] is not None:
+            row["utility"] = row["probe_f1"] - self.rows[-1]["probe_f1"]
+        return gen
+
+    async def _controller_stops(self) -> bool:
+        controller = self.loop.controller
+        if controller is None:
+            return False
+        decision = await controller.decide(self.question.question, self._history())
+        if not decision.stop:
+            return False
+        current = len(self.rows) - 1
+        chosen = current if decision.answer_iteration is None else decision.answer_iteration
+        if not 0 <= chosen <= current:
+            raise ValueError(f"controller named iteration {chosen}; the trajectory has 0..{current}")
+        self.final_answer, self.stop_reason = self.rows[chosen]["probe_answer"], STOP_CONTROLLER
+        return True
+
+    def _history(self) -> list[dict[str, Any]]:
+        history = []
+        for row in self.rows:
+            item = {key: row[key] for key in ONLINE_COLUMNS}
+            item["doc_titles"], item["doc_texts"] = row["_titles"], row["_texts"]
+            history.append(item)
+        return history
+
+    async def _generate(
+        self,
+        prompt: str,
+        max_tokens: int,
+        temperature: float,
+        stop: tuple[str, ...],
+        regex: str | None = None,
+        turn: int = 0,
+        logprobs: bool = False,
+    ) -> Generation:
+        engine = self.loop.engine
+        try:
+            room = engine.max_model_len - engine.count_tokens(prompt)
+            if room < 1:
+                raise ContextOverflowError(f"prompt of {engine.max_model_len - room} tokens fills the {engine.max_model_len}-token window")
+            seed = None if temperature == 0 else (zlib.crc32(self.question.qid.encode()) + self.settings.seed + turn) % 2**31
+            request = GenerationRequest(
+                prompt=prompt,
+                max_tokens=min(max_tokens, room),
+                temperature=temperature,
+                stop=stop,
+                logprobs=logprobs,
+                regex=regex,
+                seed=seed,
+            )
+            return await engine.generate(request)
+        except ContextOverflowError as exc:
+            raise _Stop(STOP_CONTEXT, str(exc)) from exc
+        except EngineError as exc:
+            raise _Stop(STOP_ENGINE_ERROR, str(exc)) from exc
+
+    def _row(self, turn: int, retrieval: _Retrieval | None, reasoning: str, tokens: int) -> dict[str, Any]:
+        hits = retrieval.result.hits if retrieval else []
+        visible = hits[: retrieval.visible] if retrieval else []
+        return {
+            "qid": self.question.qid,
+            "dataset": self.question.dataset,
+            "iteration": turn,
+            "query": retrieval.query if retrieval else None,
+            "doc_ids": [h.doc_id for h in hits] if retrieval else None,
+            "doc_scores": [float(h.score) for h in hits] if retrieval else None,
+            "reasoning": reasoning,
+            "probe_answer": None,
+            "probe_token_logprobs": None,
+            "probe_f1": None,
+            "utility": None,
+            "tokens_generated": tokens,
+            "probe_tokens": 0,
+            "_titles": [h.title for h in visible],
+            "_texts": [h.text for h in visible],
+        }
+
+    def output(self, wall_s: float) -> TrajectoryOutput:
+        iterations = [{k: v for k, v in row.items() if not k.startswith("_")} for row in self.rows]
+        golds = self.question.golden_answers
+        trajectory = {
+            "qid": self.question.qid,
+            "dataset": self.question.dataset,
+            "question": self.question.question,
+            "golden_answers": list(golds),
+            "final_answer": self.final_answer,
+            "final_f1": f1_score(self.final_answer, golds, self.settings.metric_rule),
+            "n_iterations": self.retrievals,
+            "stop_reason": self.stop_reason,
+            "error": self.error,
+            "tokens_generated": sum(r["tokens_generated"] for r in iterations),
+            "probe_tokens": sum(r["probe_tokens"] for r in iterations),
+            "wall_s": wall_s,
+            "transcript": self.context[len(self.prompt):] + self.tail,
+        }
+        return TrajectoryOutput(trajectory, iterations)

@@ -1,0 +1,165 @@
+"""What every agent protocol provides to the loop: prompt, actions, observations, probe prompts.
+
+A protocol is plain text manipulation (no engine, no retrieval), so each one is tested with golden
+strings. Two observation formats reproduce the two public implementations of each agent:
+
+- ``original``: the agent's own reference code (Search-R1 ``search_r1/llm_agent/generation.py``,
+  R1-Searcher ``evaluation/eval_search_loacl.py``). Model outputs are appended as they are
+  (R1-Searcher strips them), an action needs its closing tag, and Search-R1 answers an invalid action
+  with a correction message and goes on; R1-Searcher stops.
+- ``pyterrier``: pyterrier-rag's agentic framework (the seed paper's setup): ``"\\n\\n"`` is inserted
+  before every model output, an open tag is enough for an action, an invalid action stops the agent.
+
+The context the loop keeps is exactly the text the model is fed next, so every turn (and every probe)
+extends the previous prompt and the engine's prefix cache serves it.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from raypipe.retrieval.types import SearchHit
+
+ObservationFormat = Literal["original", "pyterrier"]
+Enforcement = Literal["none", "first_search", "free"]
+OBSERVATION_FORMATS: tuple[ObservationFormat, ...] = ("original", "pyterrier")
+
+SEARCH, ANSWER, INVALID = "search", "answer", "invalid"
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # SEARCH, ANSWER or INVALID
+    content: str = ""  # the query or the answer
+
+
+@dataclass(frozen=True)
+class EnforcementBounds:
+    """Upper bounds of the enforcement regex repeats (characters after the first one)."""
+
+    think: int = 398
+    query: int = 98
+    answer: int = 58
+
+
+class AgentProtocol(ABC):
+    """One agent's text protocol. Subclasses set the tags and implement the protocol-specific parts."""
+
+    name: str
+    search_open: str
+    search_close: str
+    answer_open: str = "<answer>"
+    answer_close: str = "</answer>"
+    default_top_k: int
+    default_max_turns: int
+
+    def __init__(self, observation_format: ObservationFormat = "pyterrier"):
+        if observation_format not in OBSERVATION_FORMATS:
+            raise ValueError(f"unknown observation format {observation_format!r}; choose one of {OBSERVATION_FORMATS}")
+        self.observation_format = observation_format
+
+    # --- prompt -------------------------------------------------------------------------------
+    @abstractmethod
+    def prompt(self, question: str, chat_template) -> str:
+        """The first context. ``chat_template(messages)`` renders chat messages with the generation prompt."""
+
+    @property
+    @abstractmethod
+    def stop(self) -> tuple[str, ...]:
+        """Stop strings of the agent's turns."""
+
+    # --- turns --------------------------------------------------------------------------------
+    @property
+    def joiner(self) -> str:
+        """Text inserted before every model output in the context."""
+        return "\n\n" if self.observation_format == "pyterrier" else ""
+
+    def clean_output(self, text: str) -> str:
+        """The model's output as it enters the context (R1-Searcher's reference code strips it)."""
+        return text
+
+    def restore_stop(self, text: str, stop_string: str | None) -> str:
+        """Put back the stop string the engine cut off, so the context holds the closing tag."""
+        return text + stop_string if stop_string in (self.search_close, self.answer_close) else text
+
+    def parse_action(self, output: str) -> Action:
+        """The action in one turn's output (its stop string restored)."""
+        if self.observation_format == "original":
+            return self._parse_strict(output)
+        if self.answer_open in output:  # pyterrier checks the answer first
+            return Action(ANSWER, self._answer_text(output))
+        query = self.parse_query(output)
+        return Action(SEARCH, query) if query else Action(INVALID)
+
+    def _answer_text(self, output: str) -> str:
+        return output.split(self.answer_open, 1)[1].split(self.answer_close, 1)[0].strip()
+
+    def _parse_strict(self, output: str) -> Action:
+        """The first complete action; the closing tag is required (the reference implementations)."""
+        tags = ((SEARCH, self.search_open, self.search_close), (ANSWER, self.answer_open, self.answer_close))
+        found = []
+        for kind, open_tag, close_tag in tags:
+            match = re.search(re.escape(open_tag) + "(.*?)" + re.escape(close_tag), output, re.DOTALL)
+            if match:
+                found.append((match.start(), kind))
+        if not found:
+            return Action(INVALID)
+        kind = min(found)[1]
+        if kind == ANSWER:
+            return Action(ANSWER, self._answer_text(output))
+        query = self.parse_query(output)
+        return Action(SEARCH, query) if query else Action(INVALID)
+
+    def parse_query(self, output: str) -> str:
+        """The text after the last search tag up to its closing tag (or the end), stripped."""
+        if self.search_open not in output:
+            return ""
+        return output.rsplit(self.search_open, 1)[1].split(self.search_close, 1)[0].strip()
+
+    def close_action(self, output: str, action: Action) -> str:
+        """Text appended after an output whose closing tag is missing (pyterrier restores it)."""
+        close = self.answer_close if action.kind == ANSWER else self.search_close
+        return "" if action.kind == INVALID or output.endswith(close) else close
+
+    def correction(self) -> str | None:
+        """Text appended after an invalid action; None stops the agent."""
+        return None
+
+    # --- observations -------------------------------------------------------------------------
+    @abstractmethod
+    def observation(self, hits: Sequence[SearchHit]) -> str:
+        """The text appended after a search: the top documents in the protocol's format."""
+
+    # --- probes -------------------------------------------------------------------------------
+    @abstractmethod
+    def probe_prompt(self, context: str, output: str) -> str:
+        """The forced-answer prompt after one turn (the seed paper's ``_build_probe_prompt``).
+
+        ``context`` is the context the turn was generated from, ``output`` the turn's text.
+        """
+
+    def forced_answer_prompt(self, context: str) -> str:
+        """The forced-answer prompt on a context that ends with an observation (no output yet)."""
+        return self.probe_prompt(context, "")
+
+    def parse_probe(self, text: str) -> str | None:
+        """The answer in a probe's continuation (generation stopped at the closing answer tag)."""
+        if not text:
+            return None
+        tail = text.split(self.answer_open, 1)[1] if self.answer_open in text else text
+        return tail.split(self.answer_close, 1)[0].strip()
+
+    # --- format enforcement -------------------------------------------------------------------
+    @abstractmethod
+    def enforcement_regex(self, enforcement: Enforcement, turn: int, bounds: EnforcementBounds) -> str | None:
+        """The structured-output regex for one turn; None when the turn is unconstrained."""
+
+    def enforcement_regexes(self, enforcement: Enforcement, bounds: EnforcementBounds) -> list[str]:
+        """Every distinct regex a run may use (to warm the grammar compiler up when the engine starts)."""
+        regexes = [self.enforcement_regex(enforcement, turn, bounds) for turn in (0, 1)]
+        return list(dict.fromkeys(r for r in regexes if r))
+

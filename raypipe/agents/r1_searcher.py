@@ -1,0 +1,108 @@
+"""R1-Searcher (RUCAIBox/R1-Searcher ``evaluation/eval_search_loacl.py``; pyterrier-rag ``_r1searcher.py``).
+
+A raw prompt (no chat template) in four versions that ends inside ``<think>``; queries between
+``<|begin_of_query|>`` and ``<|end_of_query|>``; the top-5 documents as ``(i)text`` lines.
+Wikipedia-2018 passages (the published setup) begin with their title; for corpora whose text does
+not, the title is put in front so the model sees the same thing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from raypipe.agents.protocol import AgentProtocol, Enforcement, EnforcementBounds, ObservationFormat
+from raypipe.retrieval.types import SearchHit
+
+_FORMAT = (
+    'The output format of reasoning process and final answer are enclosed within <think> </think> and <answer> '
+    '</answer> tags, respectively, i.e., "<think> reasoning process here </think>\n\n<answer> final answer here '
+)
+_HEAD = "The User asks a question, and the Assistant solves it.\n"
+_THINKS = "The Assistant first thinks about the reasoning process in the mind and then provides the User with the final answer.\n"
+_TAIL = "\n\nUser:{question}\nAssistant: <think>"
+
+PROMPTS = {
+    "v0": _HEAD + _THINKS + _FORMAT + '</answer>".\n'
+    'During the thinking process, the Assistant can perform searching for uncertain knowledge if necessary with the '
+    'format of "<|begin_of_query|> search query (only keywords) here <|end_of_query|>". **A query must involve only a '
+    'single triple**.\n'
+    'Then, the system will provide the Assistant with helpful information with the format of "<|begin_of_documents|> '
+    '...search results... <|end_of_documents|>".' + _TAIL,
+    "v1": _HEAD + _THINKS + _FORMAT + '</answer>".\n'
+    "During the reasoning process, the Assistant will break down the original question into sub-questions and address "
+    "them step by step.\n"
+    'For each sub-question, **the Assistant can perform searching** for uncertain knowledge using the format: '
+    '"<|begin_of_query|> keyword1\tkeyword2\t... <|end_of_query|>".\n'
+    '**The query must consist of straightforward and essential keywords separated by "\t"**. Furthermore, **the query '
+    "must involve only a single triple to address a sub-question**.\n"
+    'Then, the search system will provide the Assistant with relevant information with the format of '
+    '"<|begin_of_documents|> ...search results... <|end_of_documents|>".' + _TAIL,
+    "v2": _HEAD + _THINKS + _FORMAT + '</answer>".\n'
+    "During the thinking process, **the Assistant can perform searching** for uncertain knowledge if necessary with the "
+    'format of "<|begin_of_query|> search query (only list keywords separated by "\t" instead of the complete sentence '
+    ', such as **"keyword_1 \t keyword_2 \t..."**)<|end_of_query|>". **A query must involve only a single triple**.\n'
+    'Then, the search system will provide the Assistant with the retrieval information with the format of '
+    '"<|begin_of_documents|> ...search results... <|end_of_documents|>".' + _TAIL,
+    "v3": "The User asks a **Judgment question**, and the Assistant solves it. "
+    "The Assistant first thinks about the reasoning process in the mind and then provides the User with the final "
+    "answer. " + _FORMAT + '(yes or no) </answer>". '
+    "During the thinking process, the Assistant can perform searching for uncertain knowledge if necessary with the "
+    'format of "<|begin_of_query|> search query (only keywords) here <|end_of_query|>". '
+    'Then, the system will provide the Assistant with helpful information with the format of "<|begin_of_documents|> '
+    '...search results... <|end_of_documents|>". The final answer **must be yes or no**.' + _TAIL,
+}
+
+_QUERY_JUNK = re.compile(r"[\"']|\.\.\.")
+
+
+class R1Searcher(AgentProtocol):
+    name = "r1_searcher"
+    search_open, search_close = "<|begin_of_query|>", "<|end_of_query|>"
+    default_top_k = 5
+    default_max_turns = 10
+
+    def __init__(self, observation_format: ObservationFormat = "pyterrier", prompt_version: str = "v1"):
+        super().__init__(observation_format)
+        if prompt_version not in PROMPTS:
+            raise ValueError(f"unknown R1-Searcher prompt version {prompt_version!r}; choose one of {sorted(PROMPTS)}")
+        self.prompt_version = prompt_version
+
+    def prompt(self, question: str, chat_template) -> str:
+        return PROMPTS[self.prompt_version].format(question=question)
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        return ("<|im_end|>", "<|endoftext|>", self.search_close, self.answer_close)
+
+    def clean_output(self, text: str) -> str:
+        return text.strip() if self.observation_format == "original" else text
+
+    def parse_query(self, output: str) -> str:
+        """After the last query tag; quotes, tabs and ``...`` removed as both implementations do."""
+        raw = super().parse_query(output).replace("\t", " ")
+        return " ".join(_QUERY_JUNK.sub("", raw).split())
+
+    def observation(self, hits: Sequence[SearchHit]) -> str:
+        docs = "".join(f"({i}){_with_title(h)}\n" for i, h in enumerate(hits, start=1)) or "None"
+        return f"\n\n<|begin_of_documents|>\n{docs}<|end_of_documents|>\n\n"
+
+    def probe_prompt(self, context: str, output: str) -> str:
+        if self.answer_open in output:
+            return context + self.joiner + output.split(self.answer_open, 1)[0] + self.answer_open
+        reasoning = output.split(self.search_open, 1)[0].rstrip()
+        return context + self.joiner + reasoning + "</think>\n\n" + self.answer_open
+
+    def enforcement_regex(self, enforcement: Enforcement, turn: int, bounds: EnforcementBounds) -> str | None:
+        if enforcement == "none":
+            return None
+        think = rf" ?[^\s<>][^<>]{{0,{bounds.think}}}"
+        search = rf"<\|begin_of_query\|> ?[^\s<>][^<>\n]{{0,{bounds.query}}}<\|end_of_query\|>"
+        answer = rf"</think>\n\n<answer> ?[^\s<>][^<>\n]{{0,{bounds.answer}}}</answer>"
+        if enforcement == "first_search" and turn == 0:
+            return think + search
+        return f"{think}({search}|{answer})"
+
+
+def _with_title(hit: SearchHit) -> str:
+    return hit.text if hit.text.startswith(hit.title) else f"{hit.title} {hit.text}"

@@ -1,0 +1,105 @@
+"""Scripted fakes for the agent loop: an engine that answers from a script, a retriever over a dict."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from raypipe.control.base import CONTINUE, StopDecision
+from raypipe.llm.base import EngineError, Generation, GenerationRequest
+from raypipe.retrieval.types import SearchHit, SearchResult
+
+TEMPLATE = "<|user|>{content}<|assistant|>\n"
+
+
+class FakeEngine:
+    """``script(request)`` returns the continuation text (or raises); stop strings are applied like vLLM.
+
+    Tokens are whitespace-separated words; every generated token has log-prob -0.5.
+    """
+
+    def __init__(self, script: Callable[[GenerationRequest], str], max_model_len: int = 10_000):
+        self.script = script
+        self.max_model_len = max_model_len
+        self.requests: list[GenerationRequest] = []
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        self.requests.append(request)
+        text = self.script(request)
+        stop_string = None
+        cuts = [(text.find(s), s) for s in request.stop if s in text]
+        if cuts:
+            at, stop_string = min(cuts)
+            text = text[:at]
+        words = text.split()[: request.max_tokens]
+        n = len(words)
+        return Generation(
+            text=text,
+            token_ids=list(range(n)),
+            token_logprobs=[-0.5] * n if request.logprobs else None,
+            stop_string=stop_string,
+            prompt_tokens=self.count_tokens(request.prompt),
+        )
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+        return "".join(TEMPLATE.format(content=m["content"]) for m in messages)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    async def close(self) -> None:
+        pass
+
+
+def agent_turns(turns: Sequence[str], probe: Callable[[str], str] | str = " yes </answer>") -> Callable:
+    """A script: agent requests get ``turns`` in order; probe requests (prompt ends with ``<answer>``) get ``probe``."""
+    queue = list(turns)
+
+    def script(request: GenerationRequest) -> str:
+        if request.prompt.endswith("<answer>"):
+            return probe(request.prompt) if callable(probe) else probe
+        if not queue:
+            raise AssertionError("the agent asked for more turns than scripted")
+        item = queue.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    return script
+
+
+def hit(doc_id: str, title: str = "T", text: str = "text", score: float = 1.0) -> SearchHit:
+    return SearchHit(doc_id=doc_id, score=score, title=title, text=text)
+
+
+class FakeRetriever:
+    """Each query gets ``n`` hits ``<query>-0 .. <query>-(n-1)``; ``fail_on`` queries raise."""
+
+    def __init__(self, n: int = 5, fail_on: Sequence[str] = ()):
+        self.n, self.fail_on = n, set(fail_on)
+        self.calls: list[tuple[list[str], int]] = []
+
+    async def search(self, queries: Sequence[str], k: int) -> list[SearchResult]:
+        self.calls.append((list(queries), k))
+        if self.fail_on & set(queries):
+            raise ConnectionError("retrieval service down")
+        return [
+            SearchResult(query=q, hits=[hit(f"{q}-{i}", f"Title {i}", f"passage {i} about {q}", 1.0 - i / 10) for i in range(min(k, self.n))])
+            for q in queries
+        ]
+
+
+class ScriptedController:
+    """Stops at iteration ``at`` returning iteration ``answer_iteration``'s probe; records what it saw."""
+
+    def __init__(self, at: int, answer_iteration: int | None = None):
+        self.at, self.answer_iteration = at, answer_iteration
+        self.histories: list[list[dict]] = []
+
+    async def decide(self, question: str, history: list[dict]) -> StopDecision:
+        self.histories.append(history)
+        if history[-1]["iteration"] == self.at:
+            return StopDecision(stop=True, answer_iteration=self.answer_iteration, reason="scripted")
+        return CONTINUE
+
+
+__all__ = ["EngineError", "FakeEngine", "FakeRetriever", "ScriptedController", "agent_turns", "hit"]

@@ -1,0 +1,204 @@
+"""Protocols: golden prompts, observations (both formats), probe prompts, action parsing, enforcement."""
+
+import re
+
+import pytest
+
+from raypipe.agents import EnforcementBounds, R1Searcher, SearchR1, build_protocol
+from raypipe.agents.protocol import ANSWER, INVALID, SEARCH, Action
+from raypipe.config import load_config
+from tests.agent_fakes import FakeEngine, hit
+
+SEARCH_R1_USER = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get new "
+    "information. After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query "
+    "</search> and it will return the top searched results between <information> and </information>. You can search "
+    "as many times as your want. If you find no further external knowledge needed, you can directly provide the "
+    "answer inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
+    "Question: Who wrote Hamlet?\n"
+)
+
+R1_V1 = (
+    "The User asks a question, and the Assistant solves it.\n"
+    "The Assistant first thinks about the reasoning process in the mind and then provides the User with the final answer.\n"
+    'The output format of reasoning process and final answer are enclosed within <think> </think> and <answer> </answer> '
+    'tags, respectively, i.e., "<think> reasoning process here </think>\n\n<answer> final answer here </answer>".\n'
+    "During the reasoning process, the Assistant will break down the original question into sub-questions and address "
+    "them step by step.\n"
+    'For each sub-question, **the Assistant can perform searching** for uncertain knowledge using the format: '
+    '"<|begin_of_query|> keyword1\tkeyword2\t... <|end_of_query|>".\n'
+    '**The query must consist of straightforward and essential keywords separated by "\t"**. Furthermore, **the query '
+    "must involve only a single triple to address a sub-question**.\n"
+    'Then, the search system will provide the Assistant with relevant information with the format of '
+    '"<|begin_of_documents|> ...search results... <|end_of_documents|>".\n\n'
+    "User:Who wrote Hamlet\nAssistant: <think>"
+)
+
+HITS = [hit("d1", "Hamlet", "A tragedy by Shakespeare."), hit("d2", "Shakespeare", "Shakespeare was a poet.")]
+ENGINE = FakeEngine(lambda r: "")
+
+
+def test_search_r1_prompt_is_the_published_one_through_the_chat_template():
+    prompt = SearchR1().prompt("  Who wrote Hamlet ", ENGINE.apply_chat_template)
+    assert prompt == f"<|user|>{SEARCH_R1_USER}<|assistant|>\n"
+    assert SearchR1().prompt("Who wrote Hamlet?", ENGINE.apply_chat_template) == prompt  # '?' not doubled
+
+
+def test_r1_searcher_prompts_are_raw_and_versioned():
+    assert R1Searcher(prompt_version="v1").prompt("Who wrote Hamlet", ENGINE.apply_chat_template) == R1_V1
+    v3 = R1Searcher(prompt_version="v3").prompt("Is it?", ENGINE.apply_chat_template)
+    assert v3.startswith("The User asks a **Judgment question**, and the Assistant solves it. The Assistant first")
+    assert v3.endswith("The final answer **must be yes or no**.\n\nUser:Is it?\nAssistant: <think>")
+    for version in ("v0", "v2"):
+        text = R1Searcher(prompt_version=version).prompt("Q", ENGINE.apply_chat_template)
+        assert text.endswith("<|end_of_documents|>\".\n\nUser:Q\nAssistant: <think>")
+    with pytest.raises(ValueError, match="prompt version"):
+        R1Searcher(prompt_version="v9")
+
+
+def test_search_r1_observations_in_both_formats():
+    assert SearchR1("original").observation(HITS) == (
+        '\n\n<information>Doc 1(Title: "Hamlet") A tragedy by Shakespeare.\n'
+        'Doc 2(Title: "Shakespeare") Shakespeare was a poet.</information>\n\n'
+    )
+    # pyterrier-rag removes the title from the start of the text
+    assert SearchR1("pyterrier").observation(HITS) == (
+        '\n\n<information>Doc 1(Title: "Hamlet") A tragedy by Shakespeare.\n'
+        'Doc 2(Title: "Shakespeare") was a poet.</information>\n\n'
+    )
+    assert SearchR1("pyterrier").observation([]) == "<information></information>"
+    assert SearchR1("original").observation([]) == "\n\n<information></information>\n\n"
+
+
+def test_r1_searcher_observation():
+    expected = (
+        "\n\n<|begin_of_documents|>\n(1)Hamlet A tragedy by Shakespeare.\n"
+        "(2)Shakespeare was a poet.\n<|end_of_documents|>\n\n"
+    )
+    assert R1Searcher("pyterrier").observation(HITS) == expected
+    assert R1Searcher("original").observation(HITS) == expected
+    assert R1Searcher().observation([]) == "\n\n<|begin_of_documents|>\nNone<|end_of_documents|>\n\n"
+
+
+@pytest.mark.parametrize(
+    "output, fmt, expected",
+    [
+        ("<think> a </think>\n<answer> x", "pyterrier", "C\n\n<think> a </think>\n<answer>"),
+        ("<think> a </think>\n<search> q </search>", "pyterrier", "C\n\n<think> a </think>\n\n<answer>"),
+        ("no tags at all", "pyterrier", "C\n\n<answer>"),
+        ("<think> a </think><think> b </think>", "pyterrier", "C\n\n<think> a </think>\n\n<answer>"),
+        ("<think> a </think>\n<search> q </search>", "original", "C<think> a </think>\n\n<answer>"),
+        ("", "original", "C\n\n<answer>"),
+    ],
+)
+def test_search_r1_probe_prompts(output, fmt, expected):
+    assert SearchR1(fmt).probe_prompt("C", output) == expected
+
+
+@pytest.mark.parametrize(
+    "output, fmt, expected",
+    [
+        (" a b  <|begin_of_query|> q <|end_of_query|>", "pyterrier", "C\n\n a b</think>\n\n<answer>"),
+        (" reason </think>\n\n<answer> x", "pyterrier", "C\n\n reason </think>\n\n<answer>"),
+        ("", "pyterrier", "C\n\n</think>\n\n<answer>"),
+        ("a <|begin_of_query|> q", "original", "Ca</think>\n\n<answer>"),
+    ],
+)
+def test_r1_searcher_probe_prompts(output, fmt, expected):
+    assert R1Searcher(fmt).probe_prompt("C", output) == expected
+
+
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        ("<think> x </think>\n<search> first </search>", Action(SEARCH, "first")),
+        ("<search> a <search> last one </search>", Action(SEARCH, "last one")),  # after the LAST <search>
+        ("<think>x</think><search> no close", Action(SEARCH, "no close")),  # pyterrier: open tag is enough
+        ("<search>   </search>", Action(INVALID)),  # empty query
+        ("<think> x </think>\n<answer> Paris </answer>", Action(ANSWER, "Paris")),
+        ("<search> q </search> <answer> a </answer>", Action(ANSWER, "a")),  # pyterrier checks the answer first
+        ("<answer> open only", Action(ANSWER, "open only")),
+        ("<think> just thinking </think>", Action(INVALID)),
+        ("", Action(INVALID)),
+    ],
+)
+def test_search_r1_action_parsing_pyterrier(output, expected):
+    assert SearchR1("pyterrier").parse_action(output) == expected
+
+
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        ("<think>x</think><search> no close", Action(INVALID)),  # the reference regex needs the closing tag
+        ("<search> q </search> <answer> a </answer>", Action(SEARCH, "q")),  # first complete action
+        ("<answer> a </answer>", Action(ANSWER, "a")),
+    ],
+)
+def test_search_r1_action_parsing_original(output, expected):
+    assert SearchR1("original").parse_action(output) == expected
+
+
+def test_r1_searcher_query_cleaning_and_answers():
+    p = R1Searcher()
+    assert p.parse_action(' x <|begin_of_query|> "Hamlet"\tauthor ... <|end_of_query|>') == Action(SEARCH, "Hamlet author")
+    assert p.parse_action("x </think>\n\n<answer> Shakespeare </answer>") == Action(ANSWER, "Shakespeare")
+    assert p.parse_action("just text") == Action(INVALID)
+
+
+def test_stop_strings_and_restoring_them():
+    assert SearchR1().stop == ("</search>", "</answer>")
+    assert R1Searcher().stop == ("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>")
+    p = SearchR1()
+    assert p.restore_stop("<search> q ", "</search>") == "<search> q </search>"
+    assert p.restore_stop("abc", None) == "abc"
+    assert R1Searcher().restore_stop("abc", "<|im_end|>") == "abc"  # end-of-text markers are not restored
+    assert p.close_action("<search> q", Action(SEARCH, "q")) == "</search>"
+    assert p.close_action("<search> q </search>", Action(SEARCH, "q")) == ""
+
+
+def test_joiner_and_correction_by_format():
+    assert SearchR1("pyterrier").joiner == "\n\n" and SearchR1("original").joiner == ""
+    assert SearchR1("pyterrier").correction() is None
+    assert SearchR1("original").correction().startswith("\nMy previous action is invalid. If I want to search,")
+    assert R1Searcher("original").correction() is None
+    assert R1Searcher("original").clean_output("  a  ") == "a"
+    assert R1Searcher("pyterrier").clean_output("  a  ") == "  a  "
+
+
+def test_probe_answer_parsing():
+    p = SearchR1()
+    assert p.parse_probe(" Paris ") == "Paris"
+    assert p.parse_probe("<answer> Lyon") == "Lyon"
+    assert p.parse_probe("") is None
+
+
+def test_enforcement_regexes_match_valid_turns_and_force_a_first_search():
+    bounds = EnforcementBounds()
+    p = SearchR1()
+    free = p.enforcement_regex("free", 0, bounds)
+    assert free == (
+        r"<think> ?[^\s<>][^<>]{0,398}</think>\n(<search> ?[^\s<>][^<>\n]{0,98}</search>|"
+        r"<answer> ?[^\s<>][^<>\n]{0,58}</answer>)"
+    )  # ENVIRONMENT.md's regex
+    first = p.enforcement_regex("first_search", 0, bounds)
+    assert re.fullmatch(first, "<think> x </think>\n<search> who </search>")
+    assert not re.fullmatch(first, "<think> x </think>\n<answer> y </answer>")
+    assert p.enforcement_regex("first_search", 1, bounds) == free
+    assert p.enforcement_regex("none", 0, bounds) is None
+    # whatever the regex lets through parses as the action it encodes, closing tag cut by the stop string or not
+    for text, stop in (("<think> x </think>\n<search> who ", "</search>"), ("<think> x </think>\n<search> who </search>", None)):
+        assert p.parse_action(p.restore_stop(text, stop)) == Action(SEARCH, "who")
+    r1 = R1Searcher()
+    r1_first = r1.enforcement_regex("first_search", 0, bounds)
+    assert re.fullmatch(r1_first, " I should look. <|begin_of_query|> Hamlet author<|end_of_query|>")
+    r1_free = r1.enforcement_regex("free", 0, bounds)
+    assert re.fullmatch(r1_free, " known. </think>\n\n<answer> yes </answer>")
+    assert r1.enforcement_regexes("first_search", bounds) == [r1_first, r1_free]
+
+
+def test_build_protocol_from_config():
+    config = load_config("embedded", ["agent.protocol=r1_searcher", "agent.prompt_version=v2", "agent.observation_format=original"])
+    p = build_protocol(config.agent)
+    assert isinstance(p, R1Searcher) and p.prompt_version == "v2" and p.observation_format == "original"
+    with pytest.raises(ValueError, match="observation format"):
+        SearchR1("search_r1")

@@ -1,0 +1,188 @@
+"""The agent loop with a scripted engine and retriever: probes, utilities, limits, failures, controllers."""
+
+import asyncio
+
+import pytest
+
+from raypipe.agents import AgentLoop, LoopSettings, R1Searcher, SearchR1
+from raypipe.data import Question
+from raypipe.llm.base import EngineError
+from raypipe.schema import conform
+from tests.agent_fakes import FakeEngine, FakeRetriever, ScriptedController, agent_turns
+
+Q = Question(qid="q1", dataset="toy", question="Who wrote Hamlet", golden_answers=["William Shakespeare"])
+SEARCH_1 = "<think> I need the author. </think>\n<search> Hamlet author </search>"
+SEARCH_2 = "<think> Check again. </think>\n<search> Shakespeare </search>"
+ANSWER = "<think> Found it. </think>\n<answer> William Shakespeare </answer>"
+
+
+def probe_by_evidence(prompt: str) -> str:
+    """Probe answers improve with what the context holds: nothing, one search, two searches."""
+    if "passage 0 about Shakespeare" in prompt:
+        return " William Shakespeare </answer>"
+    if "passage 0 about Hamlet author" in prompt:
+        return " Shakespeare </answer>"
+    return " Marlowe </answer>"
+
+
+def run(turns, settings=None, protocol=None, retriever=None, controller=None, probe=probe_by_evidence, engine=None):
+    engine = engine or FakeEngine(agent_turns(turns, probe))
+    loop = AgentLoop(
+        engine,
+        retriever or FakeRetriever(n=5),
+        protocol or SearchR1("pyterrier"),
+        settings or LoopSettings(max_turns=4, top_k=3, deep_k=5),
+        controller,
+    )
+    return asyncio.run(loop.run(Q)), engine
+
+
+def test_probe_at_every_iteration_including_zero_with_p_and_u():
+    out, engine = run([SEARCH_1, SEARCH_2, ANSWER])
+    rows, traj = out.iterations, out.trajectory
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    assert rows[0]["query"] is None and rows[0]["doc_ids"] is None and rows[0]["doc_scores"] is None
+    assert rows[1]["query"] == "Hamlet author" and rows[2]["query"] == "Shakespeare"
+    assert rows[1]["doc_ids"] == [f"Hamlet author-{i}" for i in range(5)]  # the deep list, not only the top 3
+    assert [r["probe_answer"] for r in rows] == ["Marlowe", "Shakespeare", "William Shakespeare"]
+    assert [round(r["probe_f1"], 3) for r in rows] == [0.0, 0.667, 1.0]
+    assert rows[0]["utility"] is None
+    assert [round(r["utility"], 3) for r in rows[1:]] == [0.667, 0.333]
+    assert all(r["probe_token_logprobs"] == [-0.5] * r["probe_tokens"] for r in rows)
+    assert rows[2]["reasoning"] == ANSWER
+    assert traj["stop_reason"] == "answer" and traj["final_answer"] == "William Shakespeare"
+    assert traj["final_f1"] == 1.0 and traj["n_iterations"] == 2 and traj["error"] is None
+    assert traj["tokens_generated"] == sum(r["tokens_generated"] for r in rows) > 0
+    conform(rows, "iterations")
+    conform([traj], "trajectories")
+
+
+def test_contexts_and_probes_share_the_trajectory_prefix():
+    out, engine = run([SEARCH_1, SEARCH_2, ANSWER])
+    agent = [r for r in engine.requests if not r.prompt.endswith("<answer>")]
+    probes = [r for r in engine.requests if r.prompt.endswith("<answer>")]
+    assert len(agent) == 3 and len(probes) == 3
+    for turn, probe in zip(agent, probes):
+        assert probe.prompt.startswith(turn.prompt)  # a probe only extends the context it follows
+        assert probe.temperature == 0.0 and probe.stop == ("</answer>",) and probe.logprobs
+    for before, after in zip(agent, agent[1:]):
+        assert after.prompt.startswith(before.prompt)
+    prompt = agent[0].prompt
+    assert agent[1].prompt == (
+        prompt + "\n\n" + SEARCH_1 + '\n\n<information>Doc 1(Title: "Title 0") passage 0 about Hamlet author\n'
+        'Doc 2(Title: "Title 1") passage 1 about Hamlet author\nDoc 3(Title: "Title 2") passage 2 about Hamlet author'
+        "</information>\n\n"
+    )
+    assert probes[1].prompt == agent[1].prompt + "\n\n<think> Check again. </think>\n\n<answer>"
+    assert out.trajectory["transcript"] == agent[2].prompt[len(prompt):] + "\n\n" + ANSWER
+
+
+def test_turn_limit_forces_an_answer_from_the_last_documents():
+    settings = LoopSettings(max_turns=2, top_k=3, deep_k=5)
+    out, engine = run([SEARCH_1, SEARCH_2], settings)
+    rows, traj = out.iterations, out.trajectory
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    assert rows[2]["query"] == "Shakespeare" and rows[2]["reasoning"] == "" and rows[2]["tokens_generated"] == 0
+    assert rows[2]["probe_answer"] == "William Shakespeare"
+    assert traj["stop_reason"] == "max_turns" and traj["final_answer"] == "William Shakespeare"
+    assert traj["n_iterations"] == 2
+    assert traj["transcript"].endswith("</information>\n\n\n\n<answer> William Shakespeare </answer>")
+    out_none, _ = run([SEARCH_1, SEARCH_2], LoopSettings(max_turns=2, top_k=3, deep_k=5, at_limit="none"))
+    assert out_none.trajectory["final_answer"] is None and out_none.trajectory["final_f1"] == 0.0
+    assert out_none.iterations[2]["probe_answer"] == "William Shakespeare"
+
+
+def test_invalid_action_stops_pyterrier_and_is_corrected_in_search_r1_original():
+    out, _ = run(["<think> hmm </think> I am not sure"])
+    assert out.trajectory["stop_reason"] == "no_valid_action" and "neither" in out.trajectory["error"]
+    assert len(out.iterations) == 1 and out.iterations[0]["probe_answer"] == "Marlowe"  # the probe still ran
+
+    out, engine = run(["<think> hmm </think>", SEARCH_1, ANSWER], protocol=SearchR1("original"))
+    assert out.trajectory["stop_reason"] == "answer"
+    agent = [r for r in engine.requests if not r.prompt.endswith("<answer>")]
+    assert agent[1].prompt.endswith("<think> hmm </think>\nMy previous action is invalid. If I want to search, I should "
+        "put the query between <search> and </search>. If I want to give the final answer, I should put the answer "
+        "between <answer> and </answer>. Let me try again.\n")  # fmt: skip
+    assert out.iterations[1]["query"] is None  # no retrieval before turn 1
+    assert out.iterations[2]["query"] == "Hamlet author" and out.trajectory["n_iterations"] == 1
+
+
+def test_engine_error_is_recorded_on_the_row():
+    out, _ = run([SEARCH_1, EngineError("GPU fell over")])
+    traj = out.trajectory
+    assert traj["stop_reason"] == "engine_error" and traj["error"] == "GPU fell over"
+    assert traj["final_answer"] is None and traj["final_f1"] == 0.0
+    assert [r["iteration"] for r in out.iterations] == [0]
+    conform([traj], "trajectories")
+
+
+def test_unexpected_exception_is_an_engine_error_not_a_crash():
+    out, _ = run([SEARCH_1, RuntimeError("boom")])
+    assert out.trajectory["stop_reason"] == "engine_error" and out.trajectory["error"] == "RuntimeError: boom"
+
+
+def test_context_overflow_row():
+    first_prompt = SearchR1().prompt(Q.question, FakeEngine(None).apply_chat_template)
+    window = FakeEngine(None).count_tokens(first_prompt) + 40  # room for turn 0, not for the documents after it
+    engine = FakeEngine(agent_turns([SEARCH_1, SEARCH_2, ANSWER], probe_by_evidence), max_model_len=window)
+    out, _ = run(None, engine=engine)
+    traj = out.trajectory
+    assert traj["stop_reason"] == "context_overflow" and "window" in traj["error"]
+    assert len(out.iterations) >= 1
+    assert all(r.max_tokens <= 40 for r in engine.requests)  # asks never exceed the window
+
+
+def test_retrieval_error_row():
+    out, _ = run([SEARCH_1], retriever=FakeRetriever(fail_on=["Hamlet author"]))
+    assert out.trajectory["stop_reason"] == "retrieval_error" and "retrieval service down" in out.trajectory["error"]
+
+
+def test_controller_stop_rolls_back_to_the_named_iteration():
+    controller = ScriptedController(at=2, answer_iteration=1)
+    out, engine = run([SEARCH_1, SEARCH_2, ANSWER], controller=controller)
+    traj = out.trajectory
+    assert traj["stop_reason"] == "controller" and traj["final_answer"] == "Shakespeare"
+    assert len(out.iterations) == 3 and traj["n_iterations"] == 2
+    assert [len(h) for h in controller.histories] == [1, 2, 3]  # called after every probe
+    seen = controller.histories[-1][1]
+    assert "probe_f1" not in seen and "utility" not in seen  # never the gold-based columns
+    assert seen["probe_answer"] == "Shakespeare" and seen["doc_titles"] == ["Title 0", "Title 1", "Title 2"]
+    assert seen["doc_texts"][0] == "passage 0 about Hamlet author"
+    current, _ = run([SEARCH_1, SEARCH_2, ANSWER], controller=ScriptedController(at=1))
+    assert current.trajectory["final_answer"] == "Shakespeare" and len(current.iterations) == 2
+
+
+def test_probing_off():
+    settings = LoopSettings(max_turns=2, top_k=3, deep_k=5, probe=False)
+    out, engine = run([SEARCH_1, SEARCH_2], settings)
+    assert all(r["probe_answer"] is None and r["probe_f1"] is None and r["probe_tokens"] == 0 for r in out.iterations[:2])
+    # only the forced final answer is generated with an answer trigger
+    assert sum(r.prompt.endswith("<answer>") for r in engine.requests) == 1
+    assert out.trajectory["final_answer"] == "William Shakespeare" and out.trajectory["probe_tokens"] == 0
+    conform(out.iterations, "iterations")
+
+
+def test_enforcement_regex_per_turn():
+    settings = LoopSettings(max_turns=4, top_k=3, deep_k=5, enforcement="first_search")
+    _, engine = run([SEARCH_1, ANSWER], settings)
+    agent = [r for r in engine.requests if not r.prompt.endswith("<answer>")]
+    assert "<answer>" not in agent[0].regex and "<answer>" in agent[1].regex
+    assert all(r.regex is None for r in engine.requests if r.prompt.endswith("<answer>"))
+
+
+def test_r1_searcher_trajectory():
+    turns = [" I need the author. <|begin_of_query|> Hamlet\tauthor <|end_of_query|>",
+             " It is Shakespeare. </think>\n\n<answer> William Shakespeare </answer>"]  # fmt: skip
+    settings = LoopSettings(max_turns=10, top_k=5, deep_k=5)
+    out, engine = run(turns, settings, protocol=R1Searcher("pyterrier"), probe=" Shakespeare </answer>")
+    assert out.trajectory["stop_reason"] == "answer" and out.iterations[1]["query"] == "Hamlet author"
+    agent = [r for r in engine.requests if not r.prompt.endswith("<answer>")]
+    assert agent[1].prompt.endswith(
+        "Assistant: <think>\n\n I need the author. <|begin_of_query|> Hamlet\tauthor <|end_of_query|>\n\n"
+        "<|begin_of_documents|>\n(1)Title 0 passage 0 about Hamlet author\n(2)Title 1 passage 1 about Hamlet author\n"
+        "(3)Title 2 passage 2 about Hamlet author\n(4)Title 3 passage 3 about Hamlet author\n"
+        "(5)Title 4 passage 4 about Hamlet author\n<|end_of_documents|>\n\n"
+    )
+    probes = [r for r in engine.requests if r.prompt.endswith("<answer>")]
+    assert probes[0].prompt.endswith("Assistant: <think>\n\n I need the author.</think>\n\n<answer>")
+    assert engine.requests[0].stop == ("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>")
