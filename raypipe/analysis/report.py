@@ -1,0 +1,376 @@
+"""Assemble ``RUN_DIR/report/``: ``index.html`` (self-contained: CSS inline, plots embedded), ``report.md``
+(the same tables in Markdown), ``plots/*.png`` and ``tables/*.csv`` (the numbers behind the tables).
+
+The report is a list of *sections*. A section is ``(key, title, requires, render)``: ``requires`` are
+paths relative to RUN_DIR (a folder counts when it holds at least one file); when one is missing the
+section says so (and which job produces it) instead of failing; otherwise ``render(ctx)`` returns blocks
+(:class:`~raypipe.analysis.blocks.Table`, ``Figure``, ``Text``). A render that raises becomes an error
+box in its section and the job exits non-zero after writing the page.
+
+Conventions for later stages (features, predictions, stopping sweeps, Stop-RAG), so that their results
+appear without touching this module:
+
+1. Generic rendering, nothing to register. Write report-ready files at the top level of your stage
+   folder ``RUN_DIR/<stage>/`` (subfolders are ignored, so checkpoints stay out of the page):
+   ``*.csv`` (a header row; shown as tables, first ``report.max_table_rows`` rows), ``*.md`` (pipe
+   tables become tables, the rest is shown as text), ``*.png`` (plots). Parquet parts there are
+   summarised (rows, columns, numeric ranges). Files appear in name order, so prefix them
+   (``01_pearson.csv``) to choose the order. Stages known here: ``features``, ``predictions``,
+   ``tables`` (cross-stage tables such as ``RUN_DIR/tables/*.csv``), ``stopping``, ``stoprag``.
+2. A custom section. Put a module ``raypipe/<your package>/report_section.py`` that calls
+   :func:`register_section` at import; :func:`build_report` imports every such module. A section with
+   the key of a stage (e.g. ``"stopping"``) replaces that stage's generic rendering and keeps its place::
+
+       from raypipe.analysis.report import Section, register_section
+       from raypipe.analysis.blocks import Table, Figure
+
+       def render(ctx):
+           frame = pandas.read_csv(ctx.run.path / "stopping" / "tradeoff.csv")
+           return [Table("Stopping trade-off", frame), Figure(ctx.run.path / "stopping" / "curve.png", "F1 vs cost")]
+
+       register_section(Section("stopping", "Early stopping", ("stopping/tradeoff.csv",), render,
+                                producer="jobs/sweep.py"))
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+import pyarrow.parquet as pq
+import yaml
+
+from raypipe.analysis import plots
+from raypipe.analysis.blocks import Block, Figure, RenderedSection, Table, Text, document_html, document_markdown
+from raypipe.analysis.blocks import markdown_blocks
+from raypipe.analysis.bootstrap import headline_intervals
+from raypipe.analysis.stats import (
+    net_utility_groups,
+    oracle_table,
+    quality_by_iteration,
+    stop_reasons,
+    table2,
+    trajectory_summary,
+    utility_distribution,
+)
+from raypipe.config import ReportConfig
+from raypipe.rundir import RunDir
+
+log = logging.getLogger(__name__)
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class RunMeta:
+    """What the report says about the run, read leniently from RUN_DIR/config.yaml."""
+
+    name: str = "unknown"
+    agent: str = "unknown-agent"
+    model: str = "unknown"
+    backend: str = "unknown"
+    config_found: bool = False
+
+    @classmethod
+    def read(cls, run: RunDir) -> "RunMeta":
+        path = run.path / "config.yaml"
+        if not path.exists():
+            return cls()
+        tree = yaml.safe_load(path.read_text()) or {}
+        get = lambda section, key, default: (tree.get(section) or {}).get(key, default)  # noqa: E731
+        return cls(
+            name=str(tree.get("name", "unknown")),
+            agent=str(get("agent", "protocol", "unknown-agent")),
+            model=str(get("engine", "model", "unknown")),
+            backend=str(get("engine", "backend", "unknown")),
+            config_found=True,
+        )
+
+
+@dataclass
+class ReportContext:
+    run: RunDir
+    out: Path
+    options: ReportConfig
+    meta: RunMeta
+    _frames: dict = field(default_factory=dict)
+
+    def plot_path(self, name: str) -> Path:
+        return self.out / "plots" / name
+
+    def write_csv(self, name: str, frame: pd.DataFrame) -> Path:
+        path = self.out / "tables" / f"{name}.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(path, index=False)
+        return path
+
+    def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(iterations, trajectories) as pandas with an ``agent`` column; read once."""
+        if not self._frames:
+            its = self.run.read("iterations", ["qid", "dataset", "iteration", "probe_f1", "utility"]).to_pandas()
+            traj = self.run.read(
+                "trajectories", ["qid", "dataset", "final_f1", "n_iterations", "stop_reason"]
+            ).to_pandas()
+            self._frames["iterations"] = its.assign(agent=self.meta.agent)
+            self._frames["trajectories"] = traj.assign(agent=self.meta.agent)
+        return self._frames["iterations"], self._frames["trajectories"]
+
+
+@dataclass(frozen=True)
+class Section:
+    key: str
+    title: str
+    requires: tuple[str, ...]
+    render: Callable[[ReportContext], list[Block]]
+    producer: str = ""  # the job that writes the required inputs, named in the 'missing' message
+    order: float | None = None  # None: the place of the section it replaces, else after the others
+
+
+SECTIONS: dict[str, Section] = {}
+
+
+def register_section(section: Section) -> None:
+    """Add a section, or replace the one with the same key (keeping its place unless ``order`` is set)."""
+    old = SECTIONS.get(section.key)
+    if section.order is None:
+        order = old.order if old else max((s.order for s in SECTIONS.values()), default=0) + 10
+        section = Section(section.key, section.title, section.requires, section.render, section.producer, order)
+    SECTIONS[section.key] = section
+
+
+def _present(run: RunDir, rel: str) -> bool:
+    path = run.path / rel
+    return path.is_dir() and any(p.is_file() for p in path.iterdir()) if path.is_dir() else path.is_file()
+
+
+def missing_requirements(section: Section, run: RunDir) -> list[str]:
+    return [rel for rel in section.requires if not _present(run, rel)]
+
+
+def discover_plugins() -> list[str]:
+    """Import every ``raypipe/<package>/report_section.py``; returns the module names imported."""
+    names = []
+    for path in sorted(PACKAGE_ROOT.glob("*/report_section.py")):
+        name = f"raypipe.{path.parent.name}.report_section"
+        importlib.import_module(name)
+        names.append(name)
+    return names
+
+
+# ---------------------------------------------------------------- built-in sections
+
+
+def _ci_cell(est: float, low: float, high: float, percent: bool = False) -> str:
+    if pd.isna(est):
+        return "–"
+    fmt = (lambda x: f"{x:.1%}") if percent else (lambda x: f"{x:.3f}")
+    return f"{fmt(est)} [{fmt(low)}, {fmt(high)}]" if pd.notna(low) else fmt(est)
+
+
+def _with_ci(frame: pd.DataFrame, cis: pd.DataFrame, columns: dict[str, str], percent: tuple[str, ...] = ()):
+    """Replace ``frame[col]`` by 'estimate [low, high]' cells from ``cis`` (figure name per column)."""
+    out = frame.copy()
+    lookup = cis.set_index(["agent", "dataset", "figure"])
+    for col, figure in columns.items():
+        out[col] = [
+            _ci_cell(*lookup.loc[(a, d, figure), ["estimate", "low", "high"]], percent=col in percent)
+            for a, d in zip(out["agent"], out["dataset"])
+        ]
+    return out
+
+
+def render_trajectories(ctx: ReportContext) -> list[Block]:
+    opt = ctx.options
+    eps = opt.epsilon
+    iterations, trajectories = ctx.frames()
+    summary = trajectory_summary(iterations, trajectories, eps)
+    cis = headline_intervals(summary, opt.bootstrap_samples, opt.bootstrap_seed, opt.confidence)
+    t2, udist, groups, oracle = table2(summary), utility_distribution(summary), net_utility_groups(summary), oracle_table(summary)
+    curves = quality_by_iteration(iterations, summary, pooled=False)
+    pooled = quality_by_iteration(iterations, summary, pooled=True)
+    for name, frame in {"trajectory_summary": summary, "table2": t2, "bootstrap": cis, "utility_distribution": udist,
+                        "net_utility_groups": groups, "quality_by_iteration": pd.concat([curves, pooled]),
+                        "oracle": oracle, "stop_reasons": stop_reasons(summary)}.items():
+        ctx.write_csv(name, frame)
+
+    level = f"{opt.confidence:.0%}"
+    ci_note = (f"[low, high]: {level} percentile bootstrap interval, {opt.bootstrap_samples} resamples of the "
+               f"questions, seed {opt.bootstrap_seed}.")
+    figs = {
+        "hist": plots.utility_histogram(iterations, eps, ctx.plot_path("utility_histogram.png")),
+        "curves": plots.quality_curves(pd.concat([curves, pooled]), ctx.plot_path("quality_by_net_utility.png")),
+        "oracle": plots.oracle_savings(summary, ctx.plot_path("oracle_savings.png")),
+    }
+    pivot = pooled.assign(cell=[f"{m:.3f} ({n})" for m, n in zip(pooled["mean_p"], pooled["trajectories"])])
+    pivot = pivot.pivot(index=["agent", "net_group"], columns="iteration", values="cell").reset_index()
+    pivot.columns = ["agent", "net utility"] + [f"i={c}" for c in pivot.columns[2:]]
+    group_order = {"positive": 0, "zero": 1, "negative": 2}
+    pivot = pivot.sort_values(["agent", "net utility"], key=lambda c: c.map(group_order) if c.name == "net utility" else c)
+    return [
+        Table("Answer quality per dataset and agent (the seed paper's Table 2)",
+              _with_ci(t2, cis, {c: c for c in ("final F1", "ΔF1", "mean U_i", "mean iterations")}),
+              note=f"P_0: F1 of the probe before any retrieval; final F1: the agent's own final answer; "
+                   f"ΔF1 = final F1 − P_0; mean U_i over iterations i ≥ 1. {ci_note}"),
+        Table("Distribution of per-iteration utility U_i",
+              _with_ci(udist, cis, {"zero": "zero-utility share"}, percent=("zero",)),
+              percent=("positive", "negative"),
+              note=f"zero: |U_i| < ε = {eps:g}; positive: U_i ≥ ε; negative: U_i ≤ −ε (iterations i ≥ 1)."),
+        Figure(figs["hist"], "Figure 3 analogue: share of iterations per utility bin (bins of 0.1; the middle bin "
+                             "holds |U_i| < 0.05)."),
+        Table("Trajectories by net utility P_last − P_0", groups,
+              percent=("positive share", "zero share", "negative share"),
+              note=f"P_last: the probe at the trajectory's last iteration; zero: |net| < ε = {eps:g}."),
+        Table("Mean P_i by iteration and net-utility group (all datasets)", pivot,
+              note="Cell: mean probe F1 (trajectories still running at that iteration)."),
+        Figure(figs["curves"], "Figure 4 analogue: mean P_i by iteration for trajectories of positive, zero and "
+                               "negative net utility (n at iteration 0; later points average the trajectories "
+                               "still running)."),
+        Table("Final quality reached before natural termination; an oracle stop", 
+              _with_ci(oracle, cis, {"iter. saved": "oracle iterations saved"}, percent=("iter. saved",)),
+              percent=("early share",),
+              note="early: the first iteration with P_i ≥ P_last − ε comes before the last one; the agent "
+                   "then kept going 'extra iter.' more iterations (mean over those trajectories). The oracle stops at that first iteration and returns "
+                   "its probed answer (oracle P ≥ final P). Only naturally terminated trajectories. " + ci_note),
+        Figure(figs["oracle"], "Mean iterations with natural stopping vs the oracle stop, and how long "
+                               "trajectories kept going after first reaching their final quality."),
+        Table("Stop reasons", stop_reasons(summary)),
+    ]
+
+
+def render_overview(ctx: ReportContext) -> list[Block]:
+    meta = ctx.meta
+    rows = [("run directory", str(ctx.run.path.resolve())), ("run name", meta.name), ("agent protocol", meta.agent),
+            ("model", meta.model), ("engine backend", meta.backend)]
+    blocks: list[Block] = []
+    if not meta.config_found:
+        blocks.append(Text("No config.yaml in the run directory: the agent is labelled 'unknown-agent'.", "missing"))
+    for name in ("trajectories", "iterations"):
+        if ctx.run.has(name):
+            rows.append((f"{name} rows", str(pq.ParquetDataset(ctx.run.table_dir(name)).read(columns=["qid"]).num_rows)))
+    blocks.insert(0, Table("Run", pd.DataFrame(rows, columns=["", "value"])))
+    stages = []
+    for section in ordered_sections():
+        if section.key == "overview":
+            continue
+        missing = missing_requirements(section, ctx.run)
+        status = "present" if not missing else "missing: " + ", ".join(missing)
+        stages.append((section.title, ", ".join(section.requires), status, section.producer or "–"))
+    blocks.append(Table("Stages", pd.DataFrame(stages, columns=["section", "needs", "status", "produced by"])))
+    return blocks
+
+
+def render_stage_folder(stage: str) -> Callable[[ReportContext], list[Block]]:
+    """The generic rendering of ``RUN_DIR/<stage>/``: CSV and Markdown tables, PNG plots, Parquet summaries."""
+
+    def render(ctx: ReportContext) -> list[Block]:
+        folder = ctx.run.path / stage
+        blocks: list[Block] = []
+        files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+        for path in files:
+            if path.suffix == ".csv":
+                frame = pd.read_csv(path)
+                limit = ctx.options.max_table_rows
+                note = f"{path.name}" + (f": first {limit} of {len(frame)} rows" if len(frame) > limit else "")
+                blocks.append(Table(path.stem, frame.head(limit), note=note))
+            elif path.suffix == ".md":
+                blocks += markdown_blocks(path.read_text(), title=path.stem)
+            elif path.suffix == ".png":
+                blocks.append(Figure(path, path.name))
+        parquet = [p for p in files if p.suffix == ".parquet"]
+        if parquet:
+            blocks.append(_parquet_summary(stage, parquet))
+        if not blocks:
+            blocks.append(Text(f"{folder} holds no *.csv, *.md, *.png or *.parquet files to show.", "missing"))
+        return blocks
+
+    return render
+
+
+def _parquet_summary(stage: str, parts: list[Path]) -> Table:
+    table = pq.ParquetDataset(parts).read()
+    frame = table.to_pandas()
+    numeric = frame.select_dtypes("number")
+    rows = [(c, str(table.schema.field(c).type), frame[c].notna().sum(),
+             numeric[c].mean() if c in numeric else float("nan"),
+             numeric[c].min() if c in numeric else float("nan"),
+             numeric[c].max() if c in numeric else float("nan")) for c in frame.columns]
+    return Table(f"{stage} table: {table.num_rows} rows in {len(parts)} part(s)",
+                 pd.DataFrame(rows, columns=["column", "type", "non-null", "mean", "min", "max"]))
+
+
+STAGES = {  # stage folder -> (title, producing job)
+    "features": ("Trajectory signals (features)", "jobs/features.py"),
+    "predictions": ("Predictors of P_i and U_i", "jobs/train.py"),
+    "tables": ("Tables", "the training and sweep jobs"),
+    "stopping": ("Early stopping (offline sweeps)", "jobs/sweep.py"),
+    "stoprag": ("Stop-RAG comparison", "jobs/stoprag.py"),
+}
+
+register_section(Section("overview", "Run and stages", (), render_overview, order=0))
+register_section(Section("trajectories", "How answer quality evolves (RQ-1)", ("trajectories", "iterations"),
+                         render_trajectories, producer="jobs/probe.py", order=10))
+for _i, (_stage, (_title, _producer)) in enumerate(STAGES.items()):
+    register_section(Section(_stage, _title, (_stage,), render_stage_folder(_stage), _producer, order=20 + 10 * _i))
+
+
+def ordered_sections() -> list[Section]:
+    return sorted(SECTIONS.values(), key=lambda s: s.order)
+
+
+# ---------------------------------------------------------------- assembly
+
+
+@dataclass
+class ReportResult:
+    html: Path
+    markdown: Path
+    sections: list[RenderedSection]
+
+    @property
+    def errors(self) -> list[RenderedSection]:
+        return [s for s in self.sections if s.status == "error"]
+
+
+def build_report(run_dir: str | Path, options: ReportConfig | None = None, out: str | Path | None = None) -> ReportResult:
+    """Render every registered section of ``run_dir`` into ``out`` (default RUN_DIR/report)."""
+    run = RunDir(run_dir)
+    if not run.path.is_dir():
+        raise FileNotFoundError(f"run directory {run.path} does not exist")
+    plugin_error = None
+    try:
+        discover_plugins()
+    except Exception as exc:  # a broken plugin must not hide the rest of the report
+        log.exception("a report_section plugin failed to import")
+        plugin_error = f"a report_section plugin failed to import: {exc!r}"
+    ctx = ReportContext(run, Path(out) if out else run.path / "report", options or ReportConfig(), RunMeta.read(run))
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    rendered = []
+    for section in ordered_sections():
+        missing = missing_requirements(section, run)
+        if missing:
+            paths = ", ".join(f"{run.path / m}" for m in missing)
+            hint = f"; run {section.producer} on {run.path}" if section.producer else ""
+            rendered.append(RenderedSection(section.key, section.title,
+                                            [Text(f"Not run yet: {paths} missing{hint}.", "missing")], "missing"))
+            continue
+        try:
+            blocks = section.render(ctx)
+            rendered.append(RenderedSection(section.key, section.title, blocks))
+        except Exception as exc:
+            log.exception("section %s failed", section.key)
+            rendered.append(RenderedSection(section.key, section.title,
+                                            [Text(f"This section failed: {type(exc).__name__}: {exc}", "error")],
+                                            "error"))
+    if plugin_error:
+        rendered.append(RenderedSection("plugins", "Report plugins", [Text(plugin_error, "error")], "error"))
+    title = f"raypipe report: {ctx.meta.name}"
+    stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    subtitle = f"{run.path.resolve()} · agent {ctx.meta.agent} · model {ctx.meta.model} · generated {stamp}"
+    html_path, md_path = ctx.out / "index.html", ctx.out / "report.md"
+    html_path.write_text(document_html(title, subtitle, rendered, ctx.out))
+    md_path.write_text(document_markdown(title, rendered, ctx.out))
+    return ReportResult(html_path, md_path, rendered)

@@ -1,0 +1,148 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pytest  # noqa: E402
+from test_analysis_fixture import build_run_dir  # noqa: E402
+
+from raypipe.analysis import report  # noqa: E402
+from raypipe.analysis.blocks import Table, Text  # noqa: E402
+from raypipe.analysis.screenshot import assert_not_blank, blankness  # noqa: E402
+from raypipe.config import ReportConfig  # noqa: E402
+from raypipe.rundir import RunDir  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ReportConfig(bootstrap_samples=200)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    run = build_run_dir(tmp_path_factory.mktemp("report") / "run")
+    return report.build_report(run.path, FAST)
+
+
+def test_page_has_the_tables_and_embedded_plots(built):
+    html = built.html.read_text()
+    for title in ("seed paper", "Distribution of per-iteration utility", "Trajectories by net utility",
+                  "Mean P_i by iteration", "oracle stop", "Stop reasons"):
+        assert title in html
+    assert "0.750 [" in html  # hotpotqa final F1 with its interval
+    assert "66.7% [" in html  # hotpotqa oracle iterations saved
+    assert "55.6% [" in html  # hotpotqa zero-utility share
+    assert html.count('src="data:image/png;base64,') == 3
+    assert [s.status for s in built.sections if s.key in ("overview", "trajectories")] == ["ok", "ok"]
+    assert not built.errors
+
+
+def test_plots_exist_and_are_not_trivial(built):
+    plots = sorted((built.html.parent / "plots").glob("*.png"))
+    assert [p.name for p in plots] == ["oracle_savings.png", "quality_by_net_utility.png", "utility_histogram.png"]
+    for png in plots:
+        assert png.stat().st_size > 10_000
+        measures = assert_not_blank(png)
+        assert measures["width"] > 500
+
+
+def test_markdown_and_csv_copies(built):
+    md = built.markdown.read_text()
+    assert "| search_r1 | hotpotqa | 4 | 0.375 | 0.750 [" in md
+    assert "![" in md and "plots/utility_histogram.png" in md
+    table2 = pd.read_csv(built.html.parent / "tables" / "table2.csv")
+    assert table2.loc[table2["dataset"] == "hotpotqa", "final F1"].item() == pytest.approx(0.75)
+
+
+def test_missing_stages_are_named_with_their_producers(built):
+    status = {s.key: s.status for s in built.sections}
+    assert {status[k] for k in ("features", "predictions", "stopping", "stoprag")} == {"missing"}
+    html = built.html.read_text()
+    assert "Not run yet" in html and "jobs/train.py" in html and "jobs/stoprag.py" in html
+
+
+def test_empty_run_dir_still_gives_a_page(tmp_path):
+    result = report.build_report(tmp_path, FAST)
+    html = result.html.read_text()
+    assert "jobs/probe.py" in html and "No config.yaml" in html
+    assert {s.key: s.status for s in result.sections}["trajectories"] == "missing"
+    assert not result.errors
+
+
+def test_missing_run_dir_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        report.build_report(tmp_path / "nope")
+
+
+def test_generic_stage_folders_show_csv_markdown_png_and_parquet(tmp_path):
+    run = RunDir(tmp_path / "run")  # no probe tables: this test is about the stage folders
+    stopping = run.path / "stopping"
+    stopping.mkdir(parents=True)
+    pd.DataFrame({"theta_P": [0.3, 0.5], "F1 kept": [0.976, 0.95]}).to_csv(stopping / "01_tradeoff.csv", index=False)
+    (stopping / "02_summary.md").write_text("Best setting below.\n\n| setting | iterations |\n|---|---|\n| θ=0.3 | 2.86 |\n")
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    fig.savefig(stopping / "curve.png")
+    plt.close(fig)
+    (stopping / "checkpoints").mkdir()  # subfolders are ignored
+    run.write_part("features", pa.table({"qid": ["A", "B"], "nqc": [0.5, 1.5]}), "part-0")
+    result = report.build_report(run.path, FAST)
+    status = {s.key: s.status for s in result.sections}
+    assert status["stopping"] == status["features"] == "ok"
+    html = result.html.read_text()
+    assert "01_tradeoff" in html and "0.976" in html and "2.86" in html and "Best setting below." in html
+    assert html.count('src="data:image/png;base64,') == 1  # curve.png (no probe tables, so no RQ-1 plots)
+    assert "features table: 2 rows" in html and "nqc" in html
+
+
+def test_registered_sections_replace_stages_and_failures_are_contained(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "SECTIONS", dict(report.SECTIONS))
+    run = RunDir(tmp_path / "run")
+    (run.path / "stoprag").mkdir(parents=True)
+    (run.path / "stoprag" / "q.csv").write_text("lam,f1\n0.5,0.4\n")
+
+    def custom(ctx):
+        frame = pd.read_csv(ctx.run.path / "stoprag" / "q.csv")
+        return [Text("custom Stop-RAG section", "note"), Table("Q(λ)", frame)]
+
+    def broken(ctx):
+        raise RuntimeError("kaputt")
+
+    report.register_section(report.Section("stoprag", "Stop-RAG", ("stoprag/q.csv",), custom, "jobs/stoprag.py"))
+    report.register_section(report.Section("extra", "Broken section", (), broken))
+    keys = [s.key for s in report.ordered_sections()]
+    assert keys.index("stoprag") < keys.index("extra") and keys[-1] == "extra"
+    result = report.build_report(run.path, FAST)
+    html = result.html.read_text()
+    assert "custom Stop-RAG section" in html and "Q(λ)" in html
+    assert [s.key for s in result.errors] == ["extra"]
+    assert "RuntimeError: kaputt" in html
+    assert "Stages" in html and "jobs/probe.py" in html  # the other sections still render
+
+
+@pytest.mark.slow
+def test_report_job(tmp_path):
+    run = build_run_dir(tmp_path / "run")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "report.py"), str(run.path), "--set", "report.bootstrap_samples=100",
+         "--set", "report.epsilon=0.01"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "| search_r1 | hotpotqa | 4 |" in proc.stdout
+    assert "100 resamples" in (run.path / "report" / "index.html").read_text()
+    assert "ε = 0.01" in (run.path / "report" / "index.html").read_text()
+
+
+def test_blankness_tells_blank_from_drawn(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (200, 100), "white").save(tmp_path / "blank.png")
+    assert blankness(tmp_path / "blank.png")["non_white"] == 0
+    with pytest.raises(Exception, match="looks blank"):
+        assert_not_blank(tmp_path / "blank.png")
