@@ -1,0 +1,135 @@
+"""The generation stage Ray Data's ``map_batches`` runs: one engine, the retrieval client, many trajectories.
+
+Each actor holds one engine (and so one prefix cache) and an asyncio loop in a background thread on
+which up to ``generation.max_concurrent_trajectories`` trajectories run at once, from every batch the
+actor is working on (``generation.batches_per_actor``), so a batch's slow tail does not idle the engine.
+
+Input batch columns: qid, dataset, question, golden_answers. Output: one row per question with the
+trajectory row (struct of the TRAJECTORIES columns) and its iteration rows (list of ITERATIONS
+structs); :func:`split_output` turns an output batch into the two tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import pyarrow as pa
+
+from raypipe.agents import AgentLoop, TrajectoryOutput, build_protocol, loop_settings
+from raypipe.config import EngineConfig, RunConfig
+from raypipe.control.base import StopController
+from raypipe.data import Question
+from raypipe.llm.base import Engine
+from raypipe.retrieval.types import Retriever
+from raypipe.schema import ITERATIONS, TRAJECTORIES
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+INPUT_COLUMNS = ("qid", "dataset", "question", "golden_answers")
+OUTPUT = pa.schema(
+    [
+        pa.field("qid", pa.string(), nullable=False),
+        pa.field("trajectory", pa.struct(list(TRAJECTORIES))),
+        pa.field("iterations", pa.list_(pa.struct(list(ITERATIONS)))),
+    ]
+)
+
+
+def question_items(questions: list[Question]) -> list[dict[str, Any]]:
+    """Rows of the stage's input dataset."""
+    return [{"qid": q.qid, "dataset": q.dataset, "question": q.question, "golden_answers": list(q.golden_answers)} for q in questions]
+
+
+def default_engine_factory(config: EngineConfig) -> Engine:
+    from raypipe.llm.factory import build_engine
+
+    return build_engine(config)
+
+
+class GenerateStage:
+    """Callable class for ``map_batches``: runs the agent loop over a batch of questions."""
+
+    def __init__(
+        self,
+        config: dict[str, Any] | RunConfig,
+        retriever: Retriever,
+        controller: StopController | None = None,
+        engine_factory: Callable[[EngineConfig], Engine] | None = None,
+    ):
+        self.config = config if isinstance(config, RunConfig) else RunConfig.model_validate(config)
+        agent = self.config.agent
+        self.protocol = build_protocol(agent)
+        self.settings = loop_settings(self.config, self.protocol)
+        self._thread = _LoopThread("raypipe-trajectories")
+        started = time.perf_counter()
+        engine = (engine_factory or default_engine_factory)(self.config.engine)
+        self.engine: Engine = self._thread.run(engine) if inspect.isawaitable(engine) else engine
+        warmup = getattr(self.engine, "warmup", None)
+        if warmup is not None:  # compile the enforcement grammars before real requests (vLLM gives up after a timeout)
+            self._thread.run(warmup(self.protocol.enforcement_regexes(agent.enforcement, self.settings.bounds)))
+        self.engine_start_s = time.perf_counter() - started
+        self.loop = AgentLoop(self.engine, retriever, self.protocol, self.settings, controller)
+        self._slots = self._thread.run(_make_semaphore(self.config.generation.max_concurrent_trajectories))
+        log.info("generation actor ready in %.1f s (%s, %s)", self.engine_start_s, self.protocol.name, agent.enforcement)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        missing = [c for c in INPUT_COLUMNS if c not in batch.column_names]
+        if missing:
+            raise ValueError(f"generation stage input lacks columns {missing}")
+        questions = [
+            Question(qid=str(r["qid"]), dataset=r["dataset"], question=r["question"], golden_answers=list(r["golden_answers"]))
+            for r in batch.select(list(INPUT_COLUMNS)).to_pylist()
+        ]
+        outputs = self._thread.run(self.run_questions(questions))
+        return to_table(outputs)
+
+    async def run_questions(self, questions: list[Question]) -> list[TrajectoryOutput]:
+        async def one(question: Question) -> TrajectoryOutput:
+            async with self._slots:
+                return await self.loop.run(question)
+
+        return list(await asyncio.gather(*(one(q) for q in questions)))
+
+    def close(self) -> None:
+        self._thread.run(self.engine.close())
+        self._thread.stop()
+
+
+def to_table(outputs: list[TrajectoryOutput]) -> pa.Table:
+    rows = [{"qid": o.trajectory["qid"], "trajectory": o.trajectory, "iterations": o.iterations} for o in outputs]
+    return pa.Table.from_pylist(rows, schema=OUTPUT)
+
+
+def split_output(table: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """(trajectories, iterations) tables of the run directory from a stage output batch."""
+    trajectories = pa.Table.from_struct_array(table.column("trajectory").combine_chunks()).cast(TRAJECTORIES)
+    nested = table.column("iterations").combine_chunks()
+    iterations = pa.Table.from_struct_array(nested.flatten()).cast(ITERATIONS)
+    return trajectories, iterations
+
+
+async def _make_semaphore(n: int) -> asyncio.Semaphore:
+    return asyncio.Semaphore(n)
+
+
+class _LoopThread:
+    """An event loop in a daemon thread; Ray Data's worker threads submit coroutines to it."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)

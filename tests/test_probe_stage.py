@@ -1,0 +1,112 @@
+"""The generation stage and the probe run on Ray with fakes: output tables, per-row failures, resume."""
+
+import sys
+
+import pyarrow as pa
+import pytest
+
+from raypipe.config import load_config
+from raypipe.data import Question
+from raypipe.llm.base import EngineError
+from raypipe.rundir import RunDir
+from raypipe.schema import ITERATIONS, TRAJECTORIES
+from raypipe.stages.generate import GenerateStage, question_items, split_output
+from raypipe.stages.probe import check_resumable, done_qids, format_summary, run_probe, summarize
+from tests import agent_fakes
+from tests.agent_fakes import FakeEngine, FakeRetriever
+
+SEARCH = "<think> look it up </think>\n<search> {q} </search>"
+ANSWER = "<think> done </think>\n<answer> answer {q} </answer>"
+
+
+def scripted_engine(config):
+    """Per question: search once, then answer; question 'q-bad' breaks the engine at turn 1."""
+
+    def script(request):
+        q = request.prompt.split("Question: ")[1].split("?")[0]
+        if request.prompt.endswith("<answer>"):
+            return f" answer {q} </answer>" if "Doc 1(" in request.prompt else " no idea </answer>"
+        if q == "q-bad" and "Doc 1(" in request.prompt:
+            raise EngineError("engine fell over")
+        return ANSWER.format(q=q) if "Doc 1(" in request.prompt else SEARCH.format(q=q)
+
+    return FakeEngine(script)
+
+
+def questions(n, bad=False):
+    qs = [Question(qid=f"id{i}", dataset="toy" if i % 2 else "other", question=f"q{i}", golden_answers=[f"answer q{i}"]) for i in range(n)]
+    if bad:
+        qs.append(Question(qid="bad", dataset="toy", question="q-bad", golden_answers=["x"]))
+    return qs
+
+
+CONFIG = load_config("embedded", ["generation.batch_size=3", "generation.max_concurrent_trajectories=4"])
+
+
+def test_stage_turns_a_batch_into_both_tables():
+    stage = GenerateStage(CONFIG.model_dump(mode="json"), FakeRetriever(), engine_factory=scripted_engine)
+    batch = pa.Table.from_pylist(question_items(questions(3, bad=True)))
+    out = stage(batch)
+    trajectories, iterations = split_output(out)
+    assert trajectories.schema == TRAJECTORIES and iterations.schema == ITERATIONS
+    assert trajectories.column("qid").to_pylist() == ["id0", "id1", "id2", "bad"]  # rows out = questions in
+    rows = {t["qid"]: t for t in trajectories.to_pylist()}
+    assert rows["id1"]["stop_reason"] == "answer" and rows["id1"]["final_f1"] == 1.0
+    assert rows["bad"]["stop_reason"] == "engine_error" and rows["bad"]["error"] == "engine fell over"
+    assert iterations.num_rows == 3 * 2 + 1
+    assert stage.engine_start_s >= 0
+    with pytest.raises(ValueError, match="lacks columns"):
+        stage(batch.drop_columns(["question"]))
+    stage.close()
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(agent_fakes)  # the fakes travel to the actors by value
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_run_writes_parts_resumes_and_keeps_bad_rows(ray_local, tmp_path):
+    run = RunDir(tmp_path / "run")
+    qs = questions(7, bad=True)
+    assert run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=scripted_engine) == 8
+    first_t, first_i = run.read("trajectories"), run.read("iterations")
+    assert sorted(first_t.column("qid").to_pylist()) == sorted(q.qid for q in qs)
+    assert len(list(run.table_dir("trajectories").glob("*.parquet"))) == 3  # one part per batch of 3
+    assert (run.path / "config.yaml").exists() and (run.path / "probe_info.yaml").exists()
+    assert load_config(run.path / "config.yaml").agent.max_turns == 4  # resolved and loadable by later stages
+
+    # a crash between the two writes leaves an orphan iterations part: the rerun removes it
+    orphan = run.table_dir("iterations") / "part-crashed.parquet"
+    orphan.write_bytes((run.table_dir("iterations") / sorted(p.name for p in run.table_dir("iterations").glob("*.parquet"))[0]).read_bytes())
+    assert run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=scripted_engine) == 0
+    assert not orphan.exists()
+    assert run.read("trajectories").sort_by("qid").equals(first_t.sort_by("qid"))
+    assert run.read("iterations").num_rows == first_i.num_rows
+
+    # more questions: only the new ones run
+    assert run_probe(CONFIG, run, questions(9), retriever=FakeRetriever(), engine_factory=scripted_engine) == 2
+    summary = summarize(run)
+    assert [r["questions"] for r in summary] == [5, 5]
+    assert "stop reasons" in format_summary(summary) and "P_1" in format_summary(summary)
+
+
+def test_rerun_with_other_settings_is_refused(tmp_path):
+    run = RunDir(tmp_path / "run")
+    stage = GenerateStage(CONFIG, FakeRetriever(), engine_factory=scripted_engine)
+    from raypipe.stages.probe import resolve_config, write_batch
+
+    write_batch(run, stage(pa.Table.from_pylist(question_items(questions(2)))), "part-a")
+    run.write_config(resolve_config(CONFIG))
+    assert done_qids(run) == {"id0", "id1"}
+    check_resumable(load_config("embedded", ["data.limit=3"]), run)  # data changes are fine
+    with pytest.raises(Exception, match="agent.max_new_tokens"):
+        check_resumable(load_config("embedded", ["agent.max_new_tokens=7"]), run)
+    stage.close()
