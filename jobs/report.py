@@ -21,6 +21,8 @@ log = logging.getLogger("report")
 def main() -> None:
     parser = job_parser(__doc__)
     parser.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="the run directory to report on")
+    parser.add_argument("--compare", type=Path, nargs="+", default=[], metavar="OTHER_RUN",
+                        help="more run directories (e.g. the other agent) to put beside this run in the RQ-1 tables")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: RUN_DIR/report)")
     parser.add_argument("--screenshot", action="store_true",
                         help="also render the page in headless Chromium to REPORT/screenshot.png and check it")
@@ -29,7 +31,7 @@ def main() -> None:
     config = config_from_args(args)
     if not args.run_dir.is_dir():
         sys.exit(f"error: run directory {args.run_dir} does not exist")
-    result = build_report(args.run_dir, config.report, args.out)
+    result = build_report(args.run_dir, config.report, args.out, args.compare)
     for section in result.sections:
         log.info("section %-14s %s", section.key, section.status)
     log.info("wrote %s and %s", result.html, result.markdown)

@@ -52,7 +52,7 @@ def test_plots_exist_and_are_not_trivial(built):
 
 def test_markdown_and_csv_copies(built):
     md = built.markdown.read_text()
-    assert "| search_r1 | hotpotqa | 4 | 0.375 | 0.750 [" in md
+    assert "| search_r1 | hotpotqa | 4 | 0.375 [0.000, 0.750] | 0.750 [" in md
     assert "![" in md and "plots/utility_histogram.png" in md
     table2 = pd.read_csv(built.html.parent / "tables" / "table2.csv")
     assert table2.loc[table2["dataset"] == "hotpotqa", "final F1"].item() == pytest.approx(0.75)
@@ -146,3 +146,28 @@ def test_blankness_tells_blank_from_drawn(tmp_path):
     assert blankness(tmp_path / "blank.png")["non_white"] == 0
     with pytest.raises(Exception, match="looks blank"):
         assert_not_blank(tmp_path / "blank.png")
+
+
+def test_compared_runs_are_more_agents(tmp_path):
+    search_r1 = build_run_dir(tmp_path / "s", protocol="search_r1")
+    r1 = build_run_dir(tmp_path / "r", protocol="r1_searcher")
+    result = report.build_report(search_r1.path, FAST, compare=[r1.path])
+    md = result.markdown.read_text()
+    assert "| search_r1 | hotpotqa | 4 |" in md and "| r1_searcher | hotpotqa | 4 |" in md
+    assert "compared run" in md
+    with pytest.raises(FileNotFoundError, match="no trajectories"):
+        report.build_report(search_r1.path, FAST, compare=[tmp_path])
+
+
+def test_run_without_probes_renders_without_errors(tmp_path):
+    run = build_run_dir(tmp_path / "run")
+    its = run.read("iterations")
+    null = pa.nulls(its.num_rows, pa.float32())
+    its = its.set_column(its.schema.get_field_index("probe_f1"), its.schema.field("probe_f1"), null)
+    its = its.set_column(its.schema.get_field_index("utility"), its.schema.field("utility"), null)
+    for part in (run.path / "iterations").glob("*.parquet"):
+        part.unlink()
+    run.write_part("iterations", its, "part-0")
+    result = report.build_report(run.path, FAST)
+    assert not result.errors
+    assert "0.750 [" in result.html.read_text()  # the final answers' F1 is still there

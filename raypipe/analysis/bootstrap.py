@@ -35,6 +35,8 @@ def ratio_ci(
         with np.errstate(invalid="ignore", divide="ignore"):
             stats[start:stop] = num[idx].sum(axis=1) / den[idx].sum(axis=1)
     stats = stats[np.isfinite(stats)]  # a resample with no defined value at all
+    if not len(stats):
+        return float(estimate), float("nan"), float("nan")
     alpha = (1 - confidence) / 2
     low, high = np.quantile(stats, [alpha, 1 - alpha])
     return float(estimate), float(low), float(high)
@@ -45,6 +47,7 @@ def _defined(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
 
 
 HEADLINES = {
+    "P_0": lambda s: _defined(s["p0"]),
     "final F1": lambda s: _defined(s["final_f1"]),
     "ΔF1": lambda s: _defined(s["delta_f1"]),
     "mean U_i": lambda s: (s["u_sum"].to_numpy(float), s["u_count"].to_numpy(float)),

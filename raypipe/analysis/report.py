@@ -97,6 +97,7 @@ class ReportContext:
     out: Path
     options: ReportConfig
     meta: RunMeta
+    compare: list[RunDir] = field(default_factory=list)  # more runs (other agents) in the RQ-1 tables
     _frames: dict = field(default_factory=dict)
 
     def plot_path(self, name: str) -> Path:
@@ -108,16 +109,28 @@ class ReportContext:
         frame.to_csv(path, index=False)
         return path
 
+    def agent_labels(self) -> list[tuple[RunDir, str]]:
+        """(run, agent label) for the run and the compared runs; the run name is added when protocols repeat."""
+        runs = [self.run, *self.compare]
+        metas = [self.meta if r is self.run else RunMeta.read(r) for r in runs]
+        agents = [m.agent for m in metas]
+        return [(r, m.agent if agents.count(m.agent) == 1 else f"{m.agent} ({m.name}: {r.path.name})")
+                for r, m in zip(runs, metas)]
+
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """(iterations, trajectories) as pandas with an ``agent`` column; read once."""
+        """(iterations, trajectories) of every run as pandas with an ``agent`` column; read once."""
         if not self._frames:
-            its = self.run.read("iterations", ["qid", "dataset", "iteration", "probe_f1", "utility"]).to_pandas()
-            traj = self.run.read(
-                "trajectories", ["qid", "dataset", "final_f1", "n_iterations", "stop_reason"]
-            ).to_pandas()
-            self._frames["iterations"] = its.assign(agent=self.meta.agent)
-            self._frames["trajectories"] = traj.assign(agent=self.meta.agent)
+            its, trajs = [], []
+            for run, agent in self.agent_labels():
+                its.append(run.read("iterations", ITERATION_COLUMNS).to_pandas().assign(agent=agent))
+                trajs.append(run.read("trajectories", TRAJECTORY_COLUMNS).to_pandas().assign(agent=agent))
+            self._frames["iterations"] = pd.concat(its, ignore_index=True)
+            self._frames["trajectories"] = pd.concat(trajs, ignore_index=True)
         return self._frames["iterations"], self._frames["trajectories"]
+
+
+ITERATION_COLUMNS = ["qid", "dataset", "iteration", "probe_f1", "utility"]
+TRAJECTORY_COLUMNS = ["qid", "dataset", "final_f1", "n_iterations", "stop_reason"]
 
 
 @dataclass(frozen=True)
@@ -143,8 +156,11 @@ def register_section(section: Section) -> None:
 
 
 def _present(run: RunDir, rel: str) -> bool:
+    """A file exists, or a folder holds at least one file."""
     path = run.path / rel
-    return path.is_dir() and any(p.is_file() for p in path.iterdir()) if path.is_dir() else path.is_file()
+    if path.is_dir():
+        return any(p.is_file() for p in path.iterdir())
+    return path.is_file()
 
 
 def missing_requirements(section: Section, run: RunDir) -> list[str]:
@@ -212,7 +228,7 @@ def render_trajectories(ctx: ReportContext) -> list[Block]:
     pivot = pivot.sort_values(["agent", "net utility"], key=lambda c: c.map(group_order) if c.name == "net utility" else c)
     return [
         Table("Answer quality per dataset and agent (the seed paper's Table 2)",
-              _with_ci(t2, cis, {c: c for c in ("final F1", "ΔF1", "mean U_i", "mean iterations")}),
+              _with_ci(t2, cis, {c: c for c in ("P_0", "final F1", "ΔF1", "mean U_i", "mean iterations")}),
               note=f"P_0: F1 of the probe before any retrieval; final F1: the agent's own final answer; "
                    f"ΔF1 = final F1 − P_0; mean U_i over iterations i ≥ 1. {ci_note}"),
         Table("Distribution of per-iteration utility U_i",
@@ -245,6 +261,7 @@ def render_overview(ctx: ReportContext) -> list[Block]:
     meta = ctx.meta
     rows = [("run directory", str(ctx.run.path.resolve())), ("run name", meta.name), ("agent protocol", meta.agent),
             ("model", meta.model), ("engine backend", meta.backend)]
+    rows += [("compared run", f"{r.path.resolve()} (agent {agent})") for r, agent in ctx.agent_labels()[1:]]
     blocks: list[Block] = []
     if not meta.config_found:
         blocks.append(Text("No config.yaml in the run directory: the agent is labelled 'unknown-agent'.", "missing"))
@@ -335,18 +352,33 @@ class ReportResult:
         return [s for s in self.sections if s.status == "error"]
 
 
-def build_report(run_dir: str | Path, options: ReportConfig | None = None, out: str | Path | None = None) -> ReportResult:
-    """Render every registered section of ``run_dir`` into ``out`` (default RUN_DIR/report)."""
+def build_report(
+    run_dir: str | Path,
+    options: ReportConfig | None = None,
+    out: str | Path | None = None,
+    compare: list[str | Path] = (),
+) -> ReportResult:
+    """Render every registered section of ``run_dir`` into ``out`` (default RUN_DIR/report).
+
+    ``compare``: further run directories (e.g. the other agent) whose trajectories join the RQ-1 tables
+    and plots as more agents; the later-stage sections show ``run_dir`` only.
+    """
     run = RunDir(run_dir)
-    if not run.path.is_dir():
-        raise FileNotFoundError(f"run directory {run.path} does not exist")
+    others = [RunDir(c) for c in compare]
+    for r in (run, *others):
+        if not r.path.is_dir():
+            raise FileNotFoundError(f"run directory {r.path} does not exist")
+    for r in others:
+        if not (r.has("trajectories") and r.has("iterations")):
+            raise FileNotFoundError(f"compared run {r.path} has no trajectories/iterations tables")
     plugin_error = None
     try:
         discover_plugins()
     except Exception as exc:  # a broken plugin must not hide the rest of the report
         log.exception("a report_section plugin failed to import")
         plugin_error = f"a report_section plugin failed to import: {exc!r}"
-    ctx = ReportContext(run, Path(out) if out else run.path / "report", options or ReportConfig(), RunMeta.read(run))
+    ctx = ReportContext(run, Path(out) if out else run.path / "report", options or ReportConfig(), RunMeta.read(run),
+                        others)
     ctx.out.mkdir(parents=True, exist_ok=True)
     rendered = []
     for section in ordered_sections():
