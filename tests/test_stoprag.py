@@ -10,6 +10,8 @@ from raypipe.control.stoprag import (
     Round,
     Sample,
     build_episode,
+    rounds_from_history,
+    with_documents,
     binary_label,
     candidate_thresholds,
     cont_target,
@@ -116,7 +118,7 @@ def test_margin_controller_first_crossing():
     assert (d.decision_iteration, d.answer_iteration) == (2, 2)
     d = margin_controller(margins, 0.5)(traj)  # equal to the threshold does not stop
     assert d.answer_iteration is None and d.decision_iteration == 3
-    with pytest.raises(ValueError, match="no Stop-RAG margins"):
+    with pytest.raises(ValueError, match="no stoprag margins"):
         decide(_trajectory("zz", [0.0, 1.0]))
 
 
@@ -147,8 +149,8 @@ def _rows(f1s):
     rows = []
     for i, f1 in enumerate(f1s):
         rows.append(
-            {"iteration": i, "query": None if i == 0 else f"q{i}", "doc_ids": [f"d{i}", "dx", "dz"],
-             "reasoning": f"r{i}", "probe_f1": f1}
+            {"qid": "q", "iteration": i, "query": None if i == 0 else f"q{i}", "doc_ids": [f"d{i}", "dx", "dz"],
+             "reasoning": f"r{i}", "probe_answer": f"a{i}", "probe_f1": f1}
         )
     return rows
 
@@ -156,25 +158,33 @@ def _rows(f1s):
 DOCS = {**{f"d{i}": (f"T{i}", f"text {i}") for i in range(5)}, "dx": ("X", "x"), "dz": ("Z", "z")}
 
 
+def test_with_documents_and_rounds():
+    rows = with_documents(_rows([0.0, 0.2]), DOCS, top_k=2)
+    assert rows[0]["doc_titles"] == [] and rows[1]["doc_titles"] == ["T1", "X"] and rows[1]["doc_texts"] == ["text 1", "x"]
+    (rnd,) = rounds_from_history(list(reversed(rows)))
+    assert rnd == Round("q1", (("d1", "T1", "text 1"), ("dx", "X", "x")), "r1", "a1")
+    with pytest.raises(KeyError, match="not in the corpus"):
+        with_documents(_rows([0.1, 0.2]), {}, top_k=2)
+
+
 def test_build_episode_from_iterations():
-    ep = build_episode("q", "Q?", list(reversed(_rows([0.0, 0.2, 0.7]))), DOCS, docs_per_iteration=2)
+    rows = with_documents(list(reversed(_rows([0.0, 0.2, 0.7]))), DOCS, top_k=2)
+    ep = build_episode("q", "Q?", rows)
     assert ep.iterations == (1, 2) and ep.rewards == (0.2, 0.7)
     assert "Document: T1" in ep.texts[0] and "Document: T2" not in ep.texts[0]
     assert ep.texts[1].count("Document: X") == 1 and "Document: Z" not in ep.texts[1]
-    ep0 = build_episode("q", "Q?", _rows([0.0, 0.2]), DOCS, docs_per_iteration=2, first_decision=0)
+    ep0 = build_episode("q", "Q?", with_documents(_rows([0.0, 0.2]), DOCS, 2), first_decision=0)
     assert ep0.iterations == (0, 1) and ep0.texts[0] == "Question: Q?"
     # a trajectory that answered before any retrieval keeps its only (terminal) state
-    assert build_episode("q", "Q?", _rows([0.4]), DOCS, docs_per_iteration=2).iterations == (0,)
+    assert build_episode("q", "Q?", with_documents(_rows([0.4]), DOCS, 2)).iterations == (0,)
 
 
 def test_build_episode_bad_input():
+    rows = with_documents(_rows([0.1, 0.2, 0.3]), DOCS, 2)
     with pytest.raises(ValueError, match="without gaps"):
-        build_episode("q", "Q?", [_rows([0.1, 0.2, 0.3])[i] for i in (0, 2)], DOCS, docs_per_iteration=2)
-    with pytest.raises(KeyError, match="not in the corpus"):
-        build_episode("q", "Q?", _rows([0.1, 0.2]), {}, docs_per_iteration=2)
-    rows = _rows([0.1, 0.2])
+        build_episode("q", "Q?", [rows[0], rows[2]])
     rows[1]["probe_f1"] = None  # a probe that produced nothing scores 0, as in the shared evaluator
-    assert build_episode("q", "Q?", rows, DOCS, docs_per_iteration=2).rewards == (0.0,)
+    assert build_episode("q", "Q?", rows).rewards == (0.0, 0.3)
 
 
 def test_training_samples_indices_and_filter():

@@ -39,11 +39,41 @@ StateInput = Literal["docs", "trace"]
 
 @dataclass(frozen=True)
 class Round:
-    """What one retrieval iteration added to the state."""
+    """What one retrieval iteration added: its query, the documents the agent saw, reasoning, probed answer."""
 
     query: str | None
-    docs: tuple[tuple[str, str, str], ...]  # (doc_id, title, text) of the documents the agent saw
+    docs: tuple[tuple[str, str, str], ...]  # (doc_id, title, text)
     reasoning: str | None = None
+    answer: str | None = None
+
+
+def with_documents(rows: Sequence[dict[str, Any]], docs: dict[str, tuple[str, str]], top_k: int) -> list[dict[str, Any]]:
+    """ITERATIONS rows plus ``doc_titles``/``doc_texts`` of their top ``top_k`` documents, as the online
+    history carries them, from a doc_id -> (title, text) lookup."""
+    out = []
+    for row in rows:
+        ids = list(row.get("doc_ids") or [])[:top_k] if row["iteration"] > 0 else []
+        missing = [d for d in ids if d not in docs]
+        if missing:
+            raise KeyError(f"qid {row.get('qid')!r} iteration {row['iteration']}: documents {missing[:3]} not in the corpus")
+        out.append({**row, "doc_titles": [docs[d][0] for d in ids], "doc_texts": [docs[d][1] for d in ids]})
+    return out
+
+
+def rounds_from_history(history: Sequence[dict[str, Any]]) -> list[Round]:
+    """The retrieval rounds (iterations >= 1, in order) of an online history or of rows from
+    :func:`with_documents`."""
+    ordered = sorted(history, key=lambda r: r["iteration"])
+    its = [r["iteration"] for r in ordered]
+    if its != list(range(len(its))):
+        raise ValueError(f"iterations must be 0..n without gaps, got {its}")
+    rounds = []
+    for row in ordered[1:]:
+        titles, texts = row.get("doc_titles") or [], row.get("doc_texts") or []
+        ids = list(row.get("doc_ids") or [])[: len(titles)]
+        ids += [f"{row['iteration']}:{k}" for k in range(len(ids), len(titles))]  # ids only dedupe documents
+        rounds.append(Round(row.get("query"), tuple(zip(ids, titles, texts)), row.get("reasoning"), row.get("probe_answer")))
+    return rounds
 
 
 def state_text(question: str, rounds: Sequence[Round], mode: StateInput = "docs", doc_chars: int = 300) -> str:
@@ -91,37 +121,30 @@ def build_episode(
     qid: str,
     question: str,
     rows: Sequence[dict[str, Any]],
-    docs: dict[str, tuple[str, str]],
     *,
-    docs_per_iteration: int,
     first_decision: int = 1,
     mode: StateInput = "docs",
     doc_chars: int = 300,
 ) -> Episode:
-    """An episode from one question's ITERATIONS rows (any order) and a doc_id -> (title, text) lookup.
+    """An episode from one question's rows (any order) carrying ``doc_titles``/``doc_texts``.
 
     States start at ``first_decision`` (1: after the first retrieval, as in Stop-RAG; 0 adds the
     no-retrieval probe). A trajectory that ended before ``first_decision`` keeps its last state only.
     """
+    try:
+        rounds = rounds_from_history(rows)
+    except ValueError as exc:
+        raise ValueError(f"qid {qid!r}: {exc}") from None
     ordered = sorted(rows, key=lambda r: r["iteration"])
-    its = [r["iteration"] for r in ordered]
-    if its != list(range(len(its))):
-        raise ValueError(f"qid {qid!r}: iterations must be 0..n without gaps, got {its}")
-    rounds: list[Round] = []
-    iterations, texts, rewards = [], [], []
-    for row in ordered:
-        if row["iteration"] > 0:
-            ids = list(row.get("doc_ids") or [])[:docs_per_iteration]
-            missing = [d for d in ids if d not in docs]
-            if missing:
-                raise KeyError(f"qid {qid!r} iteration {row['iteration']}: documents {missing[:3]} not in the corpus")
-            rounds.append(Round(row.get("query"), tuple((d, *docs[d]) for d in ids), row.get("reasoning")))
-        if row["iteration"] < first_decision and row is not ordered[-1]:
-            continue
-        iterations.append(row["iteration"])
-        texts.append(state_text(question, rounds, mode, doc_chars))
-        rewards.append(float(row.get("probe_f1") or 0.0))  # a probe that produced nothing scores 0, as in evaluate
-    return Episode(qid, tuple(iterations), tuple(texts), tuple(rewards))
+    last = len(ordered) - 1
+    keep = [i for i in range(len(ordered)) if i >= first_decision or i == last]
+    return Episode(
+        qid,
+        tuple(keep),
+        tuple(state_text(question, rounds[:i], mode, doc_chars) for i in keep),
+        # a probe that produced nothing scores 0, as in the shared evaluator
+        tuple(float(ordered[i].get("probe_f1") or 0.0) for i in keep),
+    )
 
 
 # ---------------------------------------------------------------- training samples
@@ -239,19 +262,20 @@ def first_stop(margins: Sequence[float], threshold: float) -> int:
 Margins = dict[str, dict[int, float]]  # qid -> iteration -> Q_stop - Q_cont
 
 
-def margin_controller(margins: Margins, threshold: float) -> OfflineController:
+def margin_controller(margins: Margins, threshold: float, reason: str = "stoprag") -> OfflineController:
     """Stop-RAG as an offline controller (:mod:`raypipe.control.evaluate`): stop after the first iteration
     whose margin exceeds ``threshold`` and return that iteration's probed answer; otherwise natural.
-    Iterations without a margin (before ``first_decision``, or the terminal one) never stop."""
+    Iterations without a margin (before ``first_decision``, or the terminal one) never stop. Any per-
+    iteration score works (LLM-Stop replays its decisions as margins 1/0 with threshold 0.5)."""
 
     def controller(trajectory: Trajectory) -> Decision:
         per_it = margins.get(trajectory.qid)
         if per_it is None:
-            raise ValueError(f"no Stop-RAG margins for question {trajectory.qid}")
+            raise ValueError(f"no {reason} margins for question {trajectory.qid}")
         its = sorted(i for i in per_it if i < trajectory.n_iterations)
         pos = first_stop([per_it[i] for i in its] + [math.inf], threshold)  # the terminal never counts
         if pos < len(its):
-            return Decision(decision_iteration=its[pos], answer_iteration=its[pos], reason="stoprag")
+            return Decision(decision_iteration=its[pos], answer_iteration=its[pos], reason=reason)
         return natural_decision(trajectory)
 
     return controller
