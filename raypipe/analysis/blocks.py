@@ -145,8 +145,14 @@ pre { background:#f5f7fa; padding:10px; overflow-x:auto; font-size:12px; }
 """
 
 
+_NUMBER_LIKE = r"^[-−–\d.%\s\[\](),]*$"  # numbers, percentages, 'x [lo, hi]' and 'x (n)' cells
+
+
 def _is_text_column(frame: pd.DataFrame, col) -> bool:
-    return not pd.api.types.is_numeric_dtype(frame[col]) and not frame[col].astype(str).str.match(r"^[-−–\d.%\s\[\],]*$").all()
+    """Left-align text; right-align numbers, also when they arrive as formatted strings."""
+    if pd.api.types.is_numeric_dtype(frame[col]):
+        return False
+    return not frame[col].dropna().astype(str).str.match(_NUMBER_LIKE).all()
 
 
 def table_html(table: Table) -> str:

@@ -56,10 +56,10 @@ def utility_histogram(iterations: pd.DataFrame, epsilon: float, path: Path) -> P
             zero = float((np.abs(values) < epsilon).mean())
             offset = (k - (len(datasets) - 1) / 2) * width
             ax.bar(centres + offset, 100 * counts / len(values), width=width,
-                   label=f"{dataset} (n={len(values)}, |U|<ε: {zero:.0%})")
+                   label=f"{dataset} (n={len(values)}, |U| < ε: {zero:.0%})")
         ax.set_xlim(-1.1, 1.1)
         ax.set_xticks(np.round(np.arange(-1, 1.01, 0.2), 1))
-        ax.set_xlabel("utility U_i = P_i − P_{i−1}")
+        ax.set_xlabel(r"utility $U_i = P_i - P_{i-1}$")
         ax.set_ylabel("share of iterations (%)")
         ax.set_title(f"{agent}: distribution of per-iteration utility (ε = {epsilon:g})")
         ax.grid(axis="y", alpha=0.3)
@@ -95,13 +95,13 @@ def quality_curves(curves: pd.DataFrame, path: Path) -> Path:
                 ax.plot(line["iteration"], line["mean_p"], marker="o", color=GROUP_COLORS[group],
                         label=f"{group} (n={n0})")
             ax.set_title(f"{agent} · {dataset}", fontsize=10)
-            ax.set_xlabel("iteration i")
+            ax.set_xlabel(r"iteration $i$")
             ax.set_ylim(-0.03, 1.03)
             ax.grid(alpha=0.3)
             if not panel.empty:
                 ax.set_xticks(range(0, int(panel["iteration"].max()) + 1))
             ax.legend(fontsize=7, frameon=False, title="net utility", title_fontsize=7)
-        axes[r, 0].set_ylabel("mean P_i (probe F1)")
+        axes[r, 0].set_ylabel(r"mean $P_i$ (probe F1)")
     fig.tight_layout()
     return _save(fig, path)
 

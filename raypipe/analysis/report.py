@@ -50,6 +50,8 @@ from raypipe.analysis.blocks import Block, Figure, RenderedSection, Table, Text,
 from raypipe.analysis.blocks import markdown_blocks
 from raypipe.analysis.bootstrap import headline_intervals
 from raypipe.analysis.stats import (
+    ALL,
+    GROUPS,
     net_utility_groups,
     oracle_table,
     quality_by_iteration,
@@ -199,61 +201,68 @@ def _with_ci(frame: pd.DataFrame, cis: pd.DataFrame, columns: dict[str, str], pe
     return out
 
 
+def _curve_table(pooled: pd.DataFrame) -> pd.DataFrame:
+    """Pooled P_i curves as one row per (agent, group), one 'mean (n)' column per iteration."""
+    cells = pooled.assign(
+        cell=[f"{m:.3f} ({n})" for m, n in zip(pooled["mean_p"], pooled["trajectories"])],
+        net_group=pd.Categorical(pooled["net_group"], categories=list(GROUPS), ordered=True),
+    )
+    wide = cells.pivot(index=["agent", "net_group"], columns="iteration", values="cell")
+    wide = wide.dropna(how="all").reset_index()
+    wide.columns = ["agent", "net utility"] + [f"i={c}" for c in wide.columns[2:]]
+    wide["net utility"] = wide["net utility"].astype(str)
+    return wide
+
+
 def render_trajectories(ctx: ReportContext) -> list[Block]:
-    opt = ctx.options
-    eps = opt.epsilon
+    opt, eps = ctx.options, ctx.options.epsilon
     iterations, trajectories = ctx.frames()
     summary = trajectory_summary(iterations, trajectories, eps)
     cis = headline_intervals(summary, opt.bootstrap_samples, opt.bootstrap_seed, opt.confidence)
-    t2, udist, groups, oracle = table2(summary), utility_distribution(summary), net_utility_groups(summary), oracle_table(summary)
-    curves = quality_by_iteration(iterations, summary, pooled=False)
-    pooled = quality_by_iteration(iterations, summary, pooled=True)
+    t2, udist, groups = table2(summary), utility_distribution(summary), net_utility_groups(summary)
+    oracle, reasons = oracle_table(summary), stop_reasons(summary)
+    curves = pd.concat([quality_by_iteration(iterations, summary, pooled=False),
+                        quality_by_iteration(iterations, summary, pooled=True)], ignore_index=True)
     for name, frame in {"trajectory_summary": summary, "table2": t2, "bootstrap": cis, "utility_distribution": udist,
-                        "net_utility_groups": groups, "quality_by_iteration": pd.concat([curves, pooled]),
-                        "oracle": oracle, "stop_reasons": stop_reasons(summary)}.items():
+                        "net_utility_groups": groups, "quality_by_iteration": curves, "oracle": oracle,
+                        "stop_reasons": reasons}.items():
         ctx.write_csv(name, frame)
 
-    level = f"{opt.confidence:.0%}"
-    ci_note = (f"[low, high]: {level} percentile bootstrap interval, {opt.bootstrap_samples} resamples of the "
-               f"questions, seed {opt.bootstrap_seed}.")
-    figs = {
-        "hist": plots.utility_histogram(iterations, eps, ctx.plot_path("utility_histogram.png")),
-        "curves": plots.quality_curves(pd.concat([curves, pooled]), ctx.plot_path("quality_by_net_utility.png")),
-        "oracle": plots.oracle_savings(summary, ctx.plot_path("oracle_savings.png")),
-    }
-    pivot = pooled.assign(cell=[f"{m:.3f} ({n})" for m, n in zip(pooled["mean_p"], pooled["trajectories"])])
-    pivot = pivot.pivot(index=["agent", "net_group"], columns="iteration", values="cell").reset_index()
-    pivot.columns = ["agent", "net utility"] + [f"i={c}" for c in pivot.columns[2:]]
-    group_order = {"positive": 0, "zero": 1, "negative": 2}
-    pivot = pivot.sort_values(["agent", "net utility"], key=lambda c: c.map(group_order) if c.name == "net utility" else c)
+    ci_note = (f"[low, high]: {opt.confidence:.0%} percentile bootstrap interval, {opt.bootstrap_samples} "
+               f"resamples of the questions, seed {opt.bootstrap_seed}.")
+    hist = plots.utility_histogram(iterations, eps, ctx.plot_path("utility_histogram.png"))
+    curve_plot = plots.quality_curves(curves, ctx.plot_path("quality_by_net_utility.png"))
+    oracle_plot = plots.oracle_savings(summary, ctx.plot_path("oracle_savings.png"))
     return [
         Table("Answer quality per dataset and agent (the seed paper's Table 2)",
               _with_ci(t2, cis, {c: c for c in ("P_0", "final F1", "ΔF1", "mean U_i", "mean iterations")}),
-              note=f"P_0: F1 of the probe before any retrieval; final F1: the agent's own final answer; "
+              note="P_0: F1 of the probe before any retrieval; final F1: the agent's own final answer; "
                    f"ΔF1 = final F1 − P_0; mean U_i over iterations i ≥ 1. {ci_note}"),
         Table("Distribution of per-iteration utility U_i",
               _with_ci(udist, cis, {"zero": "zero-utility share"}, percent=("zero",)),
               percent=("positive", "negative"),
               note=f"zero: |U_i| < ε = {eps:g}; positive: U_i ≥ ε; negative: U_i ≤ −ε (iterations i ≥ 1)."),
-        Figure(figs["hist"], "Figure 3 analogue: share of iterations per utility bin (bins of 0.1; the middle bin "
-                             "holds |U_i| < 0.05)."),
+        Figure(hist, "Figure 3 analogue: share of iterations per utility bin (bins of 0.1; the middle bin holds "
+                     "|U_i| < 0.05)."),
         Table("Trajectories by net utility P_last − P_0", groups,
               percent=("positive share", "zero share", "negative share"),
               note=f"P_last: the probe at the trajectory's last iteration; zero: |net| < ε = {eps:g}."),
-        Table("Mean P_i by iteration and net-utility group (all datasets)", pivot,
-              note="Cell: mean probe F1 (trajectories still running at that iteration)."),
-        Figure(figs["curves"], "Figure 4 analogue: mean P_i by iteration for trajectories of positive, zero and "
-                               "negative net utility (n at iteration 0; later points average the trajectories "
-                               "still running)."),
-        Table("Final quality reached before natural termination; an oracle stop", 
+        Table("Mean P_i by iteration and net-utility group (all datasets)",
+              _curve_table(curves[curves["dataset"] == ALL]),
+              note="Cell: mean probe F1 (number of trajectories still running at that iteration)."),
+        Figure(curve_plot, "Figure 4 analogue: mean P_i by iteration for trajectories of positive, zero and "
+                           "negative net utility (n at iteration 0; later points average the trajectories still "
+                           "running)."),
+        Table("Final quality reached before natural termination; an oracle stop",
               _with_ci(oracle, cis, {"iter. saved": "oracle iterations saved"}, percent=("iter. saved",)),
               percent=("early share",),
-              note="early: the first iteration with P_i ≥ P_last − ε comes before the last one; the agent "
-                   "then kept going 'extra iter.' more iterations (mean over those trajectories). The oracle stops at that first iteration and returns "
-                   "its probed answer (oracle P ≥ final P). Only naturally terminated trajectories. " + ci_note),
-        Figure(figs["oracle"], "Mean iterations with natural stopping vs the oracle stop, and how long "
-                               "trajectories kept going after first reaching their final quality."),
-        Table("Stop reasons", stop_reasons(summary)),
+              note="early: the first iteration with P_i ≥ P_last − ε comes before the last one; the agent then "
+                   "kept going 'extra iter.' more iterations (mean over those trajectories). The oracle stops at "
+                   "that first iteration and returns its probed answer (oracle P ≥ final P). Only naturally "
+                   f"terminated trajectories. {ci_note}"),
+        Figure(oracle_plot, "Mean iterations with natural stopping vs the oracle stop, and how long trajectories "
+                            "kept going after first reaching their final quality."),
+        Table("Stop reasons", reasons),
     ]
 
 
