@@ -1,0 +1,314 @@
+"""The Stop-RAG stage (jobs/stoprag.py): train the Q-network, tune its threshold, compare controllers.
+
+Reads ``iterations/`` and ``trajectories/`` (and ``predictions/`` for the 4-state heuristic, when the
+predictors have run) and writes ``RUN_DIR/stoprag/``:
+
+- ``qnet/``: the trained network with its tuned threshold (loadable by :class:`StopRagController`);
+- ``comparison.csv``/``.md``/``.png``: natural, Cap@k, the heuristic, Stop-RAG (and its target
+  ablations) and LLM-Stop on the test questions: mean iterations, F1, share of natural F1, tokens;
+- ``outcomes.parquet``: every controller's decision per test question; ``margins.parquet``: Q_stop,
+  Q_cont and the reward of every scored state; ``llm_stop.parquet``: LLM-Stop's raw outputs;
+- ``training.csv``: per-epoch loss and lambda of each trained network.
+
+Questions are split by qid hash into train/val/test (``stoprag.split``); the threshold is tuned on val.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from raypipe.config import RunConfig, StopRagConfig
+from raypipe.control.caps import cap, natural
+from raypipe.control.evaluate import OfflineController, Summary, Trajectory, load_trajectories, replay, split_qids, summarise
+from raypipe.control.stoprag import (
+    Episode,
+    Margins,
+    build_episode,
+    margin_controller,
+    rounds_from_history,
+    training_samples,
+    tune_threshold,
+    with_documents,
+)
+from raypipe.llm.base import Engine
+from raypipe.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+OUT_DIR = "stoprag"
+
+
+@dataclass(frozen=True)
+class Splits:
+    train: set[str]
+    val: set[str]
+    test: set[str]
+
+
+def split_three(qids: Sequence[str], shares: tuple[float, float, float], seed: int) -> Splits:
+    """train/val/test by qid hash, through the shared evaluator's two-way split applied twice."""
+    rest, train = split_qids(qids, 1.0 - shares[0], seed)
+    val, test = split_qids(sorted(rest), shares[1] / (shares[1] + shares[2]), seed + 1)
+    return Splits(train, val, test)
+
+
+def load_documents(corpus: str, wanted: set[str]) -> dict[str, tuple[str, str]]:
+    """doc_id -> (title, text) for the wanted ids, streamed from the corpus jsonl."""
+    from raypipe.data import BUNDLED_CORPUS, iter_corpus
+
+    docs = {}
+    for passage in iter_corpus(BUNDLED_CORPUS if corpus == "bundled" else corpus):
+        if passage.doc_id in wanted:
+            docs[passage.doc_id] = (passage.title, passage.text)
+            if len(docs) == len(wanted):
+                break
+    return docs
+
+
+def load_histories(run: RunDir, config: RunConfig, qids: set[str]) -> tuple[dict[str, str], dict[str, list[dict]]]:
+    """Questions and per-qid iteration rows with their visible documents' titles and texts."""
+    from raypipe.agents import loop_settings
+
+    top_k = config.stoprag.docs_per_iteration or loop_settings(config).top_k  # what the agent saw
+    questions = dict(zip(*run.read("trajectories", ["qid", "question"]).to_pydict().values()))
+    rows: dict[str, list[dict]] = {}
+    for row in run.read("iterations").to_pylist():
+        if row["qid"] in qids:
+            rows.setdefault(row["qid"], []).append(row)
+    wanted = {d for rs in rows.values() for r in rs if r["iteration"] > 0 for d in (r["doc_ids"] or [])[:top_k]}
+    docs = load_documents(config.data.corpus, wanted)
+    return questions, {qid: with_documents(rs, docs, top_k) for qid, rs in rows.items()}
+
+
+def score_episodes(folder: Path, episodes: Sequence[Episode], max_length: int) -> tuple[Margins, list[dict]]:
+    from raypipe.control.qnet import QNetwork, load_tokenizer, score
+
+    net, _ = QNetwork.load(folder)
+    texts = [t for ep in episodes for t in ep.texts]
+    q_stop, q_cont = score(net, load_tokenizer(folder), texts, max_length)
+    margins: Margins = {}
+    rows, k = [], 0
+    for ep in episodes:
+        for it, reward in zip(ep.iterations, ep.rewards):
+            margins.setdefault(ep.qid, {})[it] = q_stop[k] - q_cont[k]
+            rows.append({"qid": ep.qid, "iteration": it, "reward": reward, "q_stop": q_stop[k], "q_cont": q_cont[k]})
+            k += 1
+    return margins, rows
+
+
+def train_variant(
+    cfg: StopRagConfig, config: RunConfig, episodes: dict[str, Episode], splits: Splits, out: Path, val_t: list[Trajectory]
+) -> tuple[Path, float, Summary, list[dict], list[dict], Margins]:
+    """Train one network, score val+test states, tune the threshold; store it in the network's metadata."""
+    from raypipe.control.stoprag_train import train_qnetwork
+    from raypipe.models import resolve_sentence_model
+
+    texts, samples = training_samples([episodes[q] for q in sorted(splits.train) if q in episodes], cfg.drop_no_signal)
+    log.info("Stop-RAG[%s]: %d training states (%d in the state table)", cfg.target, len(samples), len(texts))
+    meta = {"state_input": cfg.state_input, "doc_chars": cfg.doc_chars, "first_decision": cfg.first_decision,
+            "target": cfg.target, "encoder": cfg.encoder}  # fmt: skip
+    folder, history = train_qnetwork(
+        texts, samples, cfg, resolve_sentence_model(cfg.encoder), out / f"train_{cfg.target}", seed=config.seed, meta=meta
+    )
+    scored = [episodes[q] for q in sorted(splits.val | splits.test) if q in episodes]
+    margins, margin_rows = score_episodes(folder, scored, cfg.max_length)
+    threshold, val_summary = tune_threshold(val_t, margins, cfg.threshold_objective, cfg.min_share)
+    meta_path = folder / "qnet.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "threshold": threshold}, indent=2))
+    log.info("Stop-RAG[%s]: threshold %.4f on val: %.3f iterations, F1 %.3f (natural %.3f)", cfg.target, threshold,
+             val_summary.mean_iterations, val_summary.mean_f1, val_summary.natural_f1)  # fmt: skip
+    for row in margin_rows:
+        row["target"] = cfg.target
+    for row in history:
+        row["target"] = cfg.target
+    return folder, threshold, val_summary, history, margin_rows, margins
+
+
+def vllm_engine(config: RunConfig) -> Engine:
+    from raypipe.llm.vllm_engine import VLLMEngine
+
+    return VLLMEngine(config.engine)
+
+
+def llm_stop_margins(
+    config: RunConfig,
+    questions: dict[str, str],
+    histories: dict[str, list[dict]],
+    test_t: list[Trajectory],
+    engine_factory: Callable[[RunConfig], Engine] = vllm_engine,
+) -> tuple[Margins, list[dict]]:
+    """Run LLM-Stop through the engine on every decision point of the test trajectories (all at
+    once, so the engine batches them); its verdicts become margins 1 (stop) / 0 (continue)."""
+    from raypipe.control.llm_stop import LLMStopController, judge_prefixes
+
+    cfg = config.stoprag
+    items = []
+    for t in test_t:
+        rounds = rounds_from_history(histories[t.qid])
+        for it in range(max(cfg.first_decision, 1), t.n_iterations):
+            items.append((t.qid, it, questions[t.qid], rounds[:it]))
+    log.info("LLM-Stop: %d decision prompts for %d test questions", len(items), len(test_t))
+    engine = engine_factory(config)
+    try:
+        controller = LLMStopController(
+            engine, max_tokens=cfg.llm_stop_max_tokens, temperature=cfg.llm_stop_temperature, docs=cfg.llm_stop_docs,
+            doc_chars=cfg.doc_chars, default=cfg.llm_stop_default, first_decision=cfg.first_decision, seed=config.seed,
+        )  # fmt: skip
+        started = time.perf_counter()
+        judged = asyncio.run(judge_prefixes(controller, items))
+        log.info("LLM-Stop: judged in %.1f s", time.perf_counter() - started)
+    finally:
+        asyncio.run(engine.close())
+    margins: Margins = {t.qid: {} for t in test_t}
+    rows = []
+    for qid, per_it in judged.items():
+        for it, (parsed, raw) in per_it.items():
+            margins[qid][it] = 1.0 if parsed.verdict == "stop" else 0.0
+            rows.append({"qid": qid, "iteration": it, "verdict": parsed.verdict, "source": parsed.source, "output": raw})
+    return margins, rows
+
+
+def heuristic_controller(run: RunDir, config: RunConfig) -> OfflineController | None:
+    """The 4-state heuristic at the online controller's thresholds (``stopping.theta_p/theta_u``, the
+    paper's by default) over the run's predictions, or None when the predictors have not run."""
+    if not run.has("predictions"):
+        return None
+    from raypipe.control.heuristic import Thresholds, replay_controller
+    from raypipe.control.sweep import predictions_by_head
+
+    heads = predictions_by_head(run.read("predictions"))
+    if len(heads) != 1:
+        raise ValueError(f"predictions/ holds {len(heads)} heads; expected the chosen one only")
+    (preds,) = heads.values()
+    return replay_controller(preds, Thresholds(config.stopping.theta_p, config.stopping.theta_u))
+
+
+def comparison_rows(test_t: list[Trajectory], controllers: dict[str, tuple[OfflineController, str]]) -> tuple[list[dict], list[dict]]:
+    rows, outcomes = [], []
+    for name, (controller, note) in controllers.items():
+        outs = replay(test_t, controller)
+        rows.append({**summarise(name, outs).row(), "note": note})
+        outcomes.extend({**asdict(o), "controller": name} for o in outs)
+    return rows, outcomes
+
+
+def markdown(table: pd.DataFrame, title: str) -> str:
+    lines = [f"{title}\n", "| controller | questions | mean iterations | vs natural | mean F1 | share of natural F1 | tokens saved | note |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in table.itertuples(index=False):
+        lines.append(
+            f"| {r.controller} | {r.questions} | {r.mean_iterations:.3f} | {100 * r.iterations_change:+.1f}% | {r.mean_f1:.3f} "
+            f"| {100 * r.f1_share:.1f}% | {100 * r.tokens_saved:+.1f}% | {r.note} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(table: pd.DataFrame, path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    caps = table[table["controller"].str.startswith("cap@")]
+    ax.plot(caps["mean_iterations"], caps["mean_f1"], "s--", c="tab:blue", ms=5, label="Cap@k")
+    for r in caps.itertuples():
+        ax.annotate(r.controller.removeprefix("cap@"), (r.mean_iterations, r.mean_f1), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    markers = iter("*oD^v<>Ph")
+    for r in table[~table["controller"].str.startswith("cap@")].itertuples():
+        ax.scatter(r.mean_iterations, r.mean_f1, marker=next(markers, "o"), s=90, zorder=5, label=f"{r.controller} (n={r.questions})")
+    ax.set_xlabel("mean retrieval iterations (cost counted to the decision)")
+    ax.set_ylabel("mean F1")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+@dataclass(frozen=True)
+class StopRagReport:
+    table: pd.DataFrame
+    out: Path
+    splits: dict[str, int]
+    excluded: dict[str, int]
+    seconds: float
+
+
+def run_stoprag(
+    run: RunDir,
+    config: RunConfig,
+    *,
+    llm_stop: bool | None = None,
+    ablation: Sequence[str] = (),
+    engine_factory: Callable[[RunConfig], Engine] = vllm_engine,
+) -> StopRagReport:
+    """The whole stage (Ray initialised by the caller). ``ablation``: more target types to train;
+    ``llm_stop`` overrides ``stoprag.llm_stop``; ``engine_factory`` builds LLM-Stop's engine."""
+    started = time.monotonic()
+    cfg = config.stoprag
+    out = run.path / OUT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    trajectories, excluded = load_trajectories(run)
+    splits = split_three([t.qid for t in trajectories], cfg.split, cfg.split_seed)
+    if not splits.train or not splits.val or not splits.test:
+        raise ValueError(f"{len(trajectories)} questions are too few for a train/val/test split {cfg.split}")
+    log.info("%d questions: %d train, %d val, %d test", len(trajectories), len(splits.train), len(splits.val), len(splits.test))
+    questions, histories = load_histories(run, config, {t.qid for t in trajectories})
+    episodes = {
+        qid: build_episode(qid, questions[qid], rows, first_decision=cfg.first_decision, mode=cfg.state_input, doc_chars=cfg.doc_chars)
+        for qid, rows in histories.items()
+    }
+    val_t = [t for t in trajectories if t.qid in splits.val]
+    test_t = [t for t in trajectories if t.qid in splits.test]
+
+    controllers: dict[str, tuple[OfflineController, str]] = {"natural": (natural, "")}
+    for k in range(1, max(t.n_iterations for t in test_t) + 1):
+        controllers[f"cap@{k}"] = (cap(k), "")
+    heuristic = heuristic_controller(run, config)
+    if heuristic is not None:
+        th = config.stopping
+        controllers["heuristic"] = (heuristic, f"4-state, θ_P={th.theta_p}, θ_U={th.theta_u}")
+    histories_out, margin_rows = [], []
+    for target in [cfg.target, *[a for a in ablation if a != cfg.target]]:
+        variant = cfg.model_copy(update={"target": target})
+        _, threshold, val_s, history, m_rows, margins = train_variant(variant, config, episodes, splits, out, val_t)
+        name = "stoprag" if target == cfg.target else f"stoprag[{target}]"
+        note = f"target {target}, threshold {threshold:.3f} (val: {val_s.mean_iterations:.2f} it, {100 * val_s.f1_share:.1f}% F1)"
+        controllers[name] = (margin_controller(margins, threshold), note)
+        histories_out += history
+        margin_rows += m_rows
+    pd.DataFrame(histories_out).to_csv(out / "training.csv", index=False)
+    pd.DataFrame(margin_rows).to_parquet(out / "margins.parquet")
+
+    rows, outcomes = comparison_rows(test_t, controllers)
+    if cfg.llm_stop if llm_stop is None else llm_stop:
+        subset = test_t[: cfg.llm_stop_max_questions]
+        margins, llm_rows = llm_stop_margins(config, questions, histories, subset, engine_factory)
+        pd.DataFrame(llm_rows).to_parquet(out / "llm_stop.parquet")
+        sources = pd.Series([r["source"] for r in llm_rows]).value_counts().to_dict() if llm_rows else {}
+        note = f"{config.engine.model}; parsed by: " + ", ".join(f"{k} {v}" for k, v in sorted(sources.items()))
+        more, more_out = comparison_rows(subset, {"llm_stop": (margin_controller(margins, 0.5, "llm_stop"), note)})
+        if len(subset) < len(test_t):
+            nat, _ = comparison_rows(subset, {"natural (LLM-Stop questions)": (natural, "")})
+            more = nat + more
+        rows += more
+        outcomes += more_out
+    table = pd.DataFrame(rows)
+    table.to_csv(out / "comparison.csv", index=False)
+    title = f"Stopping controllers on {len(test_t)} held-out test questions (threshold tuned on {len(splits.val)} validation questions)"
+    (out / "comparison.md").write_text(markdown(table, title))
+    plot(table, out / "comparison.png", title)
+    pd.DataFrame(outcomes).to_parquet(out / "outcomes.parquet")
+    return StopRagReport(table, out, {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
+                         excluded, time.monotonic() - started)  # fmt: skip

@@ -1,0 +1,83 @@
+"""The Stop-RAG stage end to end on a synthetic run directory (tiny encoder, fake LLM-Stop engine)."""
+
+import json
+import random
+
+import pandas as pd
+import pytest
+
+from raypipe.config import load_config
+from raypipe.control.stoprag_stage import run_stoprag, split_three
+from raypipe.data import BUNDLED_CORPUS, iter_corpus, load_questions
+from raypipe.rundir import RunDir
+from raypipe.schema import conform
+
+from test_llm_stop import FakeEngine
+from test_stoprag_train import ray_local, tiny_encoder  # noqa: F401  (fixtures)
+
+
+def write_synthetic_run(path, n_questions=30, seed=0, max_iterations=4):
+    """A run directory with ITERATIONS/TRAJECTORIES tables shaped like the probe job's: real bundled
+    questions and corpus documents, random trajectories whose probe F1 tends to rise and stay."""
+    rng = random.Random(seed)
+    questions = load_questions("hotpotqa", limit=n_questions)
+    doc_ids = [p.doc_id for _, p in zip(range(2000), iter_corpus(BUNDLED_CORPUS))]
+    its, trajs = [], []
+    for q in questions:
+        n = rng.randint(0, max_iterations)
+        f1, rows = 0.0, []
+        for i in range(n + 1):
+            if i and rng.random() < 0.4:
+                f1 = rng.choice([0.5, 1.0]) if f1 < 1.0 or rng.random() < 0.3 else f1
+            rows.append({
+                "qid": q.qid, "dataset": q.dataset, "iteration": i, "query": None if i == 0 else f"query {i} for {q.qid}",
+                "doc_ids": [] if i == 0 else rng.sample(doc_ids, 5), "doc_scores": [] if i == 0 else [0.9, 0.8, 0.7, 0.6, 0.5],
+                "reasoning": f"thinking {i}", "probe_answer": q.golden_answers[0] if f1 == 1.0 else "something",
+                "probe_token_logprobs": [-0.1], "probe_f1": f1, "utility": None if i == 0 else f1 - rows[-1]["probe_f1"],
+                "tokens_generated": 40, "probe_tokens": 5,
+            })  # fmt: skip
+        its += rows
+        trajs.append({
+            "qid": q.qid, "dataset": q.dataset, "question": q.question, "golden_answers": q.golden_answers,
+            "final_answer": rows[-1]["probe_answer"], "final_f1": rows[-1]["probe_f1"], "n_iterations": n,
+            "stop_reason": "answer", "error": None, "tokens_generated": 40 * (n + 1), "probe_tokens": 5 * (n + 1),
+            "wall_s": 1.0, "transcript": "",
+        })  # fmt: skip
+    run = RunDir(path)
+    run.write_part("iterations", conform(its, "iterations"), "part-0")
+    run.write_part("trajectories", conform(trajs, "trajectories"), "part-0")
+    return run
+
+
+def test_split_three_partitions():
+    qids = [f"q{i}" for i in range(300)]
+    s = split_three(qids, (0.6, 0.2, 0.2), 0)
+    assert s.train | s.val | s.test == set(qids)
+    assert not (s.train & s.val or s.train & s.test or s.val & s.test)
+    assert 140 < len(s.train) < 220 and len(s.val) > 30 and len(s.test) > 30
+    assert split_three(qids, (0.6, 0.2, 0.2), 0) == s
+
+
+@pytest.mark.slow
+def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):  # noqa: F811
+    run = write_synthetic_run(tmp_path / "run")
+    config = load_config(overrides=[
+        f"stoprag.encoder={tiny_encoder}", "stoprag.epochs=1", "stoprag.workers=1", "stoprag.max_length=64",
+        "stoprag.batch_size=8", "stoprag.split=[0.5,0.25,0.25]", "stoprag.llm_stop_max_questions=3",
+    ])  # fmt: skip
+    outputs = iter(["Decision: <STOP>", "<CONTINUE>", "gibberish"] * 20)
+    report = run_stoprag(run, config, llm_stop=True, engine_factory=lambda c: FakeEngine(outputs))
+    table = report.table.set_index("controller")
+    assert {"natural", "cap@1", "stoprag", "llm_stop"} <= set(table.index)
+    assert table.loc["natural", "f1_share"] == pytest.approx(1.0)
+    assert table.loc["stoprag", "questions"] == report.splits["test"]
+    assert table.loc["llm_stop", "questions"] == 3
+    assert table.loc["stoprag", "mean_iterations"] <= table.loc["natural", "mean_iterations"] + 1e-9
+    out = report.out
+    for name in ("comparison.csv", "comparison.md", "comparison.png", "outcomes.parquet", "margins.parquet",
+                 "llm_stop.parquet", "training.csv", "qnet/qnet.json"):  # fmt: skip
+        assert (out / name).exists(), name
+    assert "threshold" in json.loads((out / "qnet/qnet.json").read_text())
+    assert pd.read_csv(out / "comparison.csv")["controller"].tolist() == report.table["controller"].tolist()
+    llm = pd.read_parquet(out / "llm_stop.parquet")
+    assert set(llm["source"]) <= {"decision_line", "token", "default_neither", "default_both"} and len(llm) > 0

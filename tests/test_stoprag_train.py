@@ -1,0 +1,82 @@
+"""The Q-network and a small Ray Train run (a tiny random BERT with MiniLM's tokenizer, to stay fast)."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from raypipe.config import StopRagConfig  # noqa: E402
+from raypipe.control.qnet import QNetwork, load_tokenizer, score  # noqa: E402
+from raypipe.control.stoprag import Episode, training_samples  # noqa: E402
+from raypipe.control.stoprag_train import _targets  # noqa: E402
+from raypipe.models import resolve_sentence_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory):
+    from transformers import BertConfig, BertModel
+
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    tokenizer = load_tokenizer(resolve_sentence_model("minilm"))
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_qnetwork_heads_save_load(tiny_encoder, tmp_path):
+    net = QNetwork(tiny_encoder, pooling="mean", dropout=0.0).eval()
+    tok = load_tokenizer(tiny_encoder)
+    s, c = score(net, tok, ["a question", "another one with documents"], max_length=16)
+    assert len(s) == len(c) == 2 and all(math.isfinite(v) for v in s + c)
+    net.save(tmp_path / "q", tok, extra={"threshold": 0.25})
+    again, meta = QNetwork.load(tmp_path / "q")
+    assert meta["threshold"] == 0.25 and meta["pooling"] == "mean"
+    assert score(again, tok, ["a question", "another one with documents"], max_length=16) == (s, c)
+    with pytest.raises(FileNotFoundError, match="not a saved Stop-RAG"):
+        QNetwork.load(tmp_path)
+
+
+def test_targets_bootstrap_from_the_network(tiny_encoder):
+    """Q(0) targets equal max(Q_stop, Q_cont) of the next state as the network scores it."""
+    net = QNetwork(tiny_encoder, dropout=0.5)  # train mode: bootstrap must still be deterministic (eval)
+    tok = load_tokenizer(tiny_encoder)
+    texts, samples = training_samples([Episode("a", (1, 2, 3), ("x", "y", "z"), (0.2, 0.5, 1.0))])
+    cfg = StopRagConfig(target="q0", max_length=16)
+    first = _targets(net, tok, texts, samples, cfg, 0.0, score)
+    assert net.training
+    net.eval()
+    s, c = score(net, tok, ["y"], 16)
+    assert first[0] == pytest.approx(max(s[0], c[0]))
+    assert first[1] == 1.0  # next state terminal: r_T
+    assert _targets(net, tok, texts, samples, cfg.model_copy(update={"target": "mc"}), 0.3, score) == [1.0, 1.0]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_ray_train_run_learns_and_checkpoints(tiny_encoder, tmp_path, ray_local):
+    from raypipe.control.stoprag_train import train_qnetwork
+
+    # "good" states should be stopped at (reward 1 now, 0 later), "bad" ones continued (0 now, 1 later)
+    eps = [Episode(f"g{i}", (1, 2), (f"good evidence {i}", f"noise {i}"), (1.0, 0.0)) for i in range(6)]
+    eps += [Episode(f"b{i}", (1, 2), (f"bad {i}", f"answer found {i}"), (0.0, 1.0)) for i in range(6)]
+    texts, samples = training_samples(eps)
+    cfg = StopRagConfig(workers=2, worker_num_cpus=1, epochs=8, batch_size=4, learning_rate=3e-3,
+                        warmup_ratio=0.0, max_length=16, dropout=0.0)
+    folder, history = train_qnetwork(texts, samples, cfg, tiny_encoder, tmp_path, seed=0, meta={"threshold": 0.1})
+    assert len(history) == 8 and history[-1]["loss"] < history[0]["loss"]
+    assert history[-1]["lambda"] == pytest.approx(0.1)  # annealed to the end value
+    net, meta = QNetwork.load(folder)
+    assert meta["threshold"] == 0.1 and meta["max_length"] == 16
+    s, c = score(net, load_tokenizer(folder), ["good evidence 0", "bad 0"], 16)
+    assert s[0] - c[0] > s[1] - c[1]  # the margin ranks the stop state above the continue state
