@@ -1,0 +1,36 @@
+"""Document texts for the intra-iteration relation: the run's retrieval index, else its corpus file."""
+
+from __future__ import annotations
+
+import logging
+
+from raypipe.config import RunConfig
+from raypipe.predict.relations import DocLookup
+
+log = logging.getLogger(__name__)
+
+
+def doc_lookup_for(config: RunConfig) -> DocLookup:
+    """doc_id -> (title, text) from the index's doc store when it is built, else from the corpus jsonl."""
+    from raypipe.retrieval.build import corpus_path, index_dir_for
+    from raypipe.retrieval.index import DOCSTORE_FILE, load_index_dir
+
+    folder = index_dir_for(config)
+    if (folder / DOCSTORE_FILE).exists():
+        docs = load_index_dir(folder).docs
+        log.info("document texts from the index doc store %s", folder)
+
+        def from_store(doc_id: str) -> tuple[str, str] | None:
+            try:
+                passage = docs.get([docs.row_of(doc_id)])[0]
+            except KeyError:
+                return None
+            return passage.title, passage.text
+
+        return from_store
+    from raypipe.data import iter_corpus
+
+    path = corpus_path(config.data)
+    log.info("document texts from the corpus file %s (no index doc store at %s)", path, folder)
+    table = {p.doc_id: (p.title, p.text) for p in iter_corpus(path)}
+    return table.get

@@ -1,0 +1,276 @@
+"""The train stage: out-of-fold cross-encoder signals, the windowed head grid, evaluation, the bundle.
+
+Everything is k-fold by question with one fold assignment: the cross-encoders of fold f and the heads
+of fold f are trained on the other folds' questions and predict fold f's rows, so every row gets
+predictions from models that never saw its question. (The heads' training rows carry cross-encoder
+predictions from models that did see fold f's questions; that is ordinary stacking.)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from raypipe.config import TrainConfig
+from raypipe.predict import evaluate, groups
+from raypipe.predict.head import fit_head, out_of_fold
+from raypipe.predict.relations import TARGETS, DocLookup, relation_frame
+from raypipe.predict.splits import assign_folds, fold_column
+from raypipe.predict.tables import write_tables
+from raypipe.predict.window import build_window
+from raypipe.rundir import RunDir
+from raypipe.schema import PREDICTIONS
+
+log = logging.getLogger(__name__)
+KEYS = ["qid", "dataset", "iteration"]
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class SupervisedResult:
+    signals: pd.DataFrame  # qid, iteration, fold, sup_* (out of fold)
+    models: pd.DataFrame  # one row per relation x target x fold: rows, seconds, final loss, path
+    curves: dict[str, pd.DataFrame] = field(default_factory=dict)  # name -> curve
+    bundle_models: dict[str, str] = field(default_factory=dict)  # sup column -> model folder
+
+
+def prediction_rows(iterations: pd.DataFrame) -> pd.DataFrame:
+    """The rows predicted: every retrieval iteration (>= 1), with its targets."""
+    rows = iterations.loc[iterations["iteration"] >= 1, [*KEYS, "probe_f1", "utility"]]
+    return rows.sort_values(["qid", "iteration"]).reset_index(drop=True)
+
+
+def supervised_signals(
+    texts: pd.DataFrame,
+    folds: dict[str, int],
+    cfg: TrainConfig,
+    models_dir: Path,
+    seed: int = 0,
+    trainer=None,
+) -> SupervisedResult:
+    """Train relation x target x fold cross-encoders on Ray Train; out-of-fold predictions of every row.
+
+    ``trainer`` (default: crossencoder.train_crossencoder) and the prediction function are injectable so
+    the orchestration is tested without Ray.
+    """
+    from raypipe.predict import crossencoder
+
+    trainer = trainer or crossencoder.train_crossencoder
+    fold_of_row = fold_column(texts, folds)
+    signals = texts[["qid", "iteration"]].copy()
+    signals["fold"] = fold_of_row
+    records, curves, bundle = [], {}, {}
+    for relation in cfg.relations:
+        text = texts[f"text_{relation}"].tolist()
+        for short, target in TARGETS.items():
+            column = groups.sup_column(relation, short)
+            y = texts[target].to_numpy(dtype=float)
+            pred = np.full(len(texts), np.nan)
+            fold_list = sorted(set(fold_of_row)) + (["all"] if cfg.refit_full else [])
+            for fold in fold_list:
+                train = np.ones(len(texts), bool) if fold == "all" else fold_of_row != fold
+                name = f"{relation}_{short}_fold{fold}"
+                model = trainer(
+                    [t for t, k in zip(text, train) if k],
+                    y[train],
+                    relation,
+                    cfg,
+                    out_dir=models_dir / "crossencoders" / f"fold{fold}" / f"{relation}_{short}",
+                    storage=models_dir / "ray_train",
+                    name=name,
+                    seed=seed,
+                )
+                if fold != "all":
+                    test = fold_of_row == fold
+                    loaded = crossencoder.load_crossencoder(model.path)
+                    pred[test] = crossencoder.predict_texts(loaded, [t for t, k in zip(text, test) if k], cfg.max_tokens)
+                if fold == ("all" if cfg.refit_full else 0):
+                    bundle[column] = str(model.path.relative_to(models_dir))
+                curves[name] = model.curve
+                records.append(
+                    {
+                        "relation": relation,
+                        "target": short,
+                        "fold": str(fold),
+                        "rows": model.rows,
+                        "seconds": round(model.seconds, 1),
+                        "epochs": cfg.epochs,
+                        "effective_batch_size": model.effective_batch_size,
+                        "steps": len(model.curve),
+                        "final_loss": float(model.curve["loss"].iloc[-1]),
+                    }
+                )
+            signals[column] = pred
+    return SupervisedResult(signals, pd.DataFrame.from_records(records), curves, bundle)
+
+
+def crossencoder_scores(texts: pd.DataFrame, sup: SupervisedResult, cfg: TrainConfig) -> pd.DataFrame:
+    """Out-of-fold Pearson/Kendall of each cross-encoder against its own target, with its training time."""
+    rows = []
+    groups_ = texts["qid"].to_numpy()
+    for relation in cfg.relations:
+        for short, target in TARGETS.items():
+            column = groups.sup_column(relation, short)
+            s = evaluate.score(
+                texts[target].to_numpy(float), sup.signals[column].to_numpy(float), groups_, cfg.bootstrap_samples, cfg.confidence
+            )
+            m = sup.models[(sup.models["relation"] == relation) & (sup.models["target"] == short)]
+            rows.append(
+                {
+                    "relation": relation,
+                    "target": short,
+                    **s,
+                    "train_seconds_total": round(float(m["seconds"].sum()), 1),
+                    "train_seconds_per_model": round(float(m["seconds"].mean()), 1),
+                    "models": len(m),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class HeadGrid:
+    results: pd.DataFrame  # table rows: group/source, target, window, n, pearson, ..., fisher_z, fisher_p, significant
+    predictions: dict[tuple[str, int], dict[str, np.ndarray]]  # (group, window) -> {"p": ..., "u": ...}
+
+
+def head_grid(
+    data: pd.DataFrame,
+    fold_of_row: np.ndarray,
+    column_sets: dict[str, list[str]],
+    cfg: TrainConfig,
+    seed: int = 0,
+    label: str = "group",
+) -> HeadGrid:
+    """Out-of-fold head predictions and scores for every column set x target x window."""
+    results, preds = [], {}
+    qids = data["qid"].to_numpy()
+    for name, columns in column_sets.items():
+        for short, target in TARGETS.items():
+            y = data[target].to_numpy(dtype=float)
+            base = None
+            for window in sorted(cfg.windows):
+                x, _ = build_window(data, columns, window)
+                pred = out_of_fold(x, y, fold_of_row, cfg, seed)
+                preds.setdefault((name, window), {})[short] = pred
+                s = evaluate.score(y, pred, qids, cfg.bootstrap_samples, cfg.confidence, seed)
+                if window == 1:
+                    base = s
+                    z, p = float("nan"), float("nan")
+                else:
+                    z, p = evaluate.fisher_z_test(s["pearson"], s["n"], base["pearson"], base["n"], cfg.fisher_alternative)
+                results.append(
+                    {label: name, "target": short, "window": window, **s, "fisher_z": z, "fisher_p": p,
+                     "significant": bool(p < cfg.significance) if not np.isnan(p) else False}
+                )  # fmt: skip
+                log.info("%s=%s target=%s w=%d: r=%.3f tau=%.3f", label, name, short, window, s["pearson"], s["kendall"])
+    return HeadGrid(pd.DataFrame(results), preds)
+
+
+def ablation_sets(cfg: TrainConfig) -> dict[str, list[str]]:
+    """Table 4: the ablation group with its unsupervised signals restricted to one source (or all)."""
+    others = [f for f in cfg.ablation_group.split("+") if f != "unsup"]
+    extra = groups.group_columns("+".join(others), cfg.unsup_columns, cfg.relations) if others else []
+    return {src: [*cols, *extra] for src, cols in groups.ablation_groups(cfg.unsup_columns).items()}
+
+
+def prediction_table(data: pd.DataFrame, fold_of_row: np.ndarray, group: str, window: int, preds: dict) -> pa.Table:
+    frame = data[[*KEYS]].copy()
+    frame["fold"] = fold_of_row.astype(np.int32)
+    frame["feature_group"] = group
+    frame["window"] = np.int32(window)
+    frame["p_hat"] = preds["p"].astype(np.float32)
+    frame["u_hat"] = preds["u"].astype(np.float32)
+    frame["probe_f1"] = data["probe_f1"].astype(np.float32)
+    frame["utility"] = data["utility"].astype(np.float32)
+    return pa.Table.from_pandas(frame[PREDICTIONS.names], schema=PREDICTIONS, preserve_index=False)
+
+
+def fit_bundle_heads(data: pd.DataFrame, columns: list[str], cfg: TrainConfig, seed: int, models_dir: Path, sup: dict) -> Path:
+    """Heads of the chosen configuration fit on every question, saved with the manifest."""
+    x, names = build_window(data, columns, cfg.chosen_window)
+    models_dir.mkdir(parents=True, exist_ok=True)
+    for short, target in TARGETS.items():
+        head = fit_head(x, data[target].to_numpy(dtype=float), cfg, seed)
+        with open(models_dir / f"head_{short}.pkl", "wb") as fh:
+            pickle.dump(head, fh)
+    manifest = {
+        "feature_group": cfg.chosen_group,
+        "window": cfg.chosen_window,
+        "feature_columns": columns,
+        "window_columns": names,
+        "crossencoders": sup,
+        "relations": list(cfg.relations),
+        "train": cfg.model_dump(mode="json"),
+    }
+    path = models_dir / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2))
+    return path
+
+
+def run_train(
+    run: RunDir, cfg: TrainConfig, doc_lookup: DocLookup | None, seed: int = 0, trainer=None
+) -> dict[str, object]:
+    """The whole stage on one run directory; returns a summary (tables and timings)."""
+    started = time.monotonic()
+    iterations = run.read("iterations").to_pandas()
+    trajectories = run.read("trajectories").to_pandas()
+    features = run.read("features").to_pandas()
+    data = prediction_rows(iterations)
+    if data.empty:
+        raise ValueError(f"{run.path}: no retrieval iterations (iteration >= 1) to predict")
+    questions = data[["qid", "dataset"]].drop_duplicates("qid")
+    folds = assign_folds(questions, cfg.folds, seed)
+    fold_of_row = fold_column(data, folds)
+    models_dir = run.path / "models"
+    out_dir = run.path / "predictions"
+    tables_dir = out_dir / "tables"
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    log.info("%d questions, %d rows, %d folds", len(questions), len(data), cfg.folds)
+
+    texts = relation_frame(
+        iterations[iterations["qid"].isin(questions["qid"])], trajectories, cfg.relations, doc_lookup, cfg.field_chars, cfg.title_chars
+    )
+    texts = data[KEYS].merge(texts.drop(columns=["dataset"]), on=["qid", "iteration"], how="left", validate="one_to_one")
+    sup = supervised_signals(texts, folds, cfg, models_dir, seed, trainer)
+    ce_table = crossencoder_scores(texts, sup, cfg)
+    curves_dir = out_dir / "curves"
+    curves_dir.mkdir(parents=True, exist_ok=True)
+    for name, curve in sup.curves.items():
+        curve.to_csv(curves_dir / f"{name}.csv", index=False)
+    sup.models.to_csv(tables_dir / "crossencoder_models.csv", index=False)
+
+    feature_cols = [c for c in features.columns if c not in (*KEYS, "probe_f1", "utility")]
+    data = data.merge(features[["qid", "iteration", *feature_cols]], on=["qid", "iteration"], how="left", validate="one_to_one")
+    data = data.merge(sup.signals.drop(columns=["fold"]), on=["qid", "iteration"], how="left", validate="one_to_one")
+
+    sets = {g: groups.group_columns(g, cfg.unsup_columns, cfg.relations) for g in cfg.groups}
+    if cfg.chosen_group not in sets:
+        sets[cfg.chosen_group] = groups.group_columns(cfg.chosen_group, cfg.unsup_columns, cfg.relations)
+    grid = head_grid(data, fold_of_row, sets, cfg, seed)
+    ablation = head_grid(data, fold_of_row, ablation_sets(cfg), cfg, seed, label="source")
+
+    chosen = grid.predictions[(cfg.chosen_group, cfg.chosen_window)]
+    run.write_part("predictions", prediction_table(data, fold_of_row, cfg.chosen_group, cfg.chosen_window, chosen), "part-0")
+    grid_tables = [prediction_table(data, fold_of_row, g, w, p) for (g, w), p in grid.predictions.items()]
+    run.write_part("prediction_grid", pa.concat_tables(grid_tables), "part-0")
+    fit_bundle_heads(data, sets[cfg.chosen_group], cfg, seed, models_dir, sup.bundle_models)
+
+    write_tables(tables_dir, grid.results, ablation.results, ce_table, cfg)
+    return {
+        "questions": len(questions),
+        "rows": len(data),
+        "table3": grid.results,
+        "table4": ablation.results,
+        "crossencoders": ce_table,
+        "models": sup.models,
+        "seconds": time.monotonic() - started,
+    }

@@ -1,0 +1,70 @@
+"""A synthetic run directory with planted signal (iterations, trajectories, features), for tests and dev.
+
+P_i follows a bounded random walk per question. Some signals carry information about P_i or U_i
+(probe_conf about P_i, probe_conf_delta and rbo_prevmax_3 about U_i, and the reasoning text says
+"good"/"bad"), the rest is noise, so a working pipeline finds positive correlations and a broken one
+does not. Documents are ``doc<j>`` with title ``T<j>`` and text ``text <j>``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from raypipe.rundir import RunDir
+from raypipe.schema import FEATURE_COLUMNS, STOP_ANSWER, conform
+
+
+def doc_lookup(doc_id: str) -> tuple[str, str] | None:
+    if not doc_id.startswith("doc"):
+        return None
+    j = doc_id[3:]
+    return f"T{j}", f"text {j}"
+
+
+def write_run(path: str | Path, n_questions: int = 60, max_iterations: int = 4, seed: int = 0) -> RunDir:
+    rng = np.random.default_rng(seed)
+    run = RunDir(path)
+    trajectories, iterations, features = [], [], []
+    for q in range(n_questions):
+        qid, dataset = f"q{q}", ("hotpotqa", "musique")[q % 2]
+        n_iter = int(rng.integers(1, max_iterations + 1))
+        f1, prev_f1, prev_conf = float(rng.uniform(0, 0.5)), None, None
+        for i in range(n_iter + 1):
+            if i > 0:
+                f1 = float(np.clip(f1 + rng.normal(0.1, 0.3), 0, 1))
+            util = None if prev_f1 is None else f1 - prev_f1
+            conf = -2 + 2 * f1 + rng.normal(0, 0.3)
+            word = "good" if f1 > 0.5 else "bad"
+            iterations.append(
+                {
+                    "qid": qid, "dataset": dataset, "iteration": i,
+                    "query": None if i == 0 else f"query {q} {i}",
+                    "doc_ids": [] if i == 0 else [f"doc{q * 10 + i}", f"doc{q * 10 + i + 1}"],
+                    "doc_scores": [] if i == 0 else [0.9, 0.8],
+                    "reasoning": f"step {i} looks {word}", "probe_answer": "a",
+                    "probe_token_logprobs": [conf], "probe_f1": f1, "utility": util,
+                    "tokens_generated": 10, "probe_tokens": 1,
+                }
+            )  # fmt: skip
+            row = {"qid": qid, "dataset": dataset, "iteration": i, "probe_f1": f1, "utility": util}
+            row.update({c: (None if i == 0 else float(rng.normal())) for c in FEATURE_COLUMNS})
+            row["probe_conf"] = conf
+            row["probe_conf_delta"] = None if prev_conf is None else conf - prev_conf
+            if i > 0:
+                row["rbo_prevmax_3"] = (util or 0.0) + float(rng.normal(0, 0.1))
+            features.append(row)
+            prev_f1, prev_conf = f1, conf
+        trajectories.append(
+            {
+                "qid": qid, "dataset": dataset, "question": f"question number {q}?", "golden_answers": ["a"],
+                "final_answer": "a", "final_f1": f1, "n_iterations": n_iter, "stop_reason": STOP_ANSWER,
+                "error": None, "tokens_generated": 10 * (n_iter + 1), "probe_tokens": n_iter + 1,
+                "wall_s": 1.0, "transcript": "",
+            }
+        )  # fmt: skip
+    run.write_part("trajectories", conform(trajectories, "trajectories"), "part-0")
+    run.write_part("iterations", conform(iterations, "iterations"), "part-0")
+    run.write_part("features", conform(features, "features"), "part-0")
+    return run

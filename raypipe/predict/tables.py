@@ -1,0 +1,81 @@
+"""The stage's tables as CSV (every number) and Markdown (the paper's layout), under predictions/tables/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from raypipe.config import TrainConfig
+
+TARGET_NAMES = {"p": "P_i (quality)", "u": "U_i (utility)"}
+
+
+def _cell(row: pd.Series) -> str:
+    mark = "*" if row.get("significant") else ""
+    return f"{row['pearson']:.3f}{mark} / {row['kendall']:.3f}"
+
+
+def grid_markdown(results: pd.DataFrame, label: str, title: str, cfg: TrainConfig) -> str:
+    """One block per target: rows = group (or source), columns = windows, cells = 'r / tau'."""
+    test = "one-sided" if cfg.fisher_alternative == "greater" else "two-sided"
+    lines = [
+        f"## {title}",
+        "",
+        f"Cells: Pearson r / Kendall tau of out-of-fold predictions ({cfg.folds}-fold by question); "
+        f"* = r above w=1's by Fisher's z test ({test}, p < {cfg.significance}). "
+        f"{int(cfg.confidence * 100)}% question-bootstrap intervals in the CSV.",
+        "",
+    ]
+    windows = sorted(results["window"].unique())
+    for target in ("p", "u"):
+        block = results[results["target"] == target]
+        if block.empty:
+            continue
+        n = int(block["n"].max())
+        lines += [f"### {TARGET_NAMES[target]} (n = {n})", ""]
+        lines.append("| " + " | ".join([label, *(f"w={w}" for w in windows)]) + " |")
+        lines.append("|" + "---|" * (len(windows) + 1))
+        for name in dict.fromkeys(block[label]):
+            cells = [name]
+            for w in windows:
+                hit = block[(block[label] == name) & (block["window"] == w)]
+                cells.append(_cell(hit.iloc[0]) if len(hit) else "")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def crossencoder_markdown(table: pd.DataFrame) -> str:
+    lines = [
+        "## Cross-encoders (supervised signals), out of fold, against their own target",
+        "",
+        "| relation | target | n | Pearson r [CI] | Kendall tau [CI] | train s / model | models |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for _, r in table.iterrows():
+        lines.append(
+            f"| {r['relation']} | {r['target']} | {r['n']} | {r['pearson']:.3f} [{r['pearson_lo']:.3f}, {r['pearson_hi']:.3f}] "
+            f"| {r['kendall']:.3f} [{r['kendall_lo']:.3f}, {r['kendall_hi']:.3f}] | {r['train_seconds_per_model']} | {r['models']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(folder: Path, table3: pd.DataFrame, table4: pd.DataFrame, ce: pd.DataFrame, cfg: TrainConfig) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, frame in (("table3_signal_groups", table3), ("table4_unsup_sources", table4), ("crossencoders", ce)):
+        path = folder / f"{name}.csv"
+        frame.to_csv(path, index=False, float_format="%.4f")
+        written.append(path)
+    docs = {
+        "table3_signal_groups.md": grid_markdown(table3, "group", "Table 3: signal families x window", cfg),
+        "table4_unsup_sources.md": grid_markdown(
+            table4, "source", f"Table 4: unsupervised sources (group {cfg.ablation_group})", cfg
+        ),
+        "crossencoders.md": crossencoder_markdown(ce),
+    }
+    for name, text in docs.items():
+        (folder / name).write_text(text)
+        written.append(folder / name)
+    return written
