@@ -212,3 +212,5 @@ def test_replay_controller_decisions():
 def test_replay_no_retrieval_trajectory_is_natural():
     d = replay_controller({"a": {0: (0.9, None)}}, TH)(traj("a", 0))
     assert (d.decision_iteration, d.answer_iteration) == (0, None)
+    d = replay_controller({}, TH)(traj("b", 0))  # predictions start at iteration 1
+    assert (d.decision_iteration, d.answer_iteration) == (0, None)

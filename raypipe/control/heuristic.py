@@ -17,6 +17,7 @@ online controller run the same code.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -73,6 +74,20 @@ class HeuristicOptions:
             raise ValueError(f"utility must be predicted, delta_p or mean, got {self.utility!r}")
 
 
+def effective_utility(
+    options: HeuristicOptions, iteration: int, p_hat: float, u_hat: float | None, prev_p_hat: float | None
+) -> float:
+    """The Û the states use (``options.utility``); ``prev_p_hat`` is None when P̂_{i-1} is unknown."""
+    if u_hat is None:
+        if iteration != 0:
+            raise ValueError(f"no predicted utility at iteration {iteration}")
+        u_hat = p_hat  # U_0 over an empty answer
+    if options.utility == "predicted" or prev_p_hat is None:
+        return u_hat
+    delta = p_hat - prev_p_hat
+    return delta if options.utility == "delta_p" else (u_hat + delta) / 2
+
+
 class FourStateHeuristic:
     """The heuristic over one trajectory, fed iteration by iteration in order."""
 
@@ -80,6 +95,7 @@ class FourStateHeuristic:
         self.thresholds = thresholds
         self.options = options
         self.states: list[int] = []
+        self.signals: list[tuple[float, float]] = []  # (P̂, Û) of each classified iteration
         self._candidates: list[tuple[int, float]] = []  # (iteration, p_hat) of states 0/1 so far
         self._last_iteration: int | None = None
         self._last_p_hat: float | None = None
@@ -94,8 +110,10 @@ class FourStateHeuristic:
         self._last_iteration, self._last_p_hat = iteration, p_hat
         if iteration < self.options.first_iteration:
             return CONTINUE
-        state = classify(p_hat, self._utility(iteration, p_hat, u_hat, prev_p_hat), self.thresholds)
+        u_eff = effective_utility(self.options, iteration, p_hat, u_hat, prev_p_hat)
+        state = classify(p_hat, u_eff, self.thresholds)
         self.states.append(state)
+        self.signals.append((p_hat, u_eff))
         if state == HIGH_HIGH:
             return StopDecision(stop=True, answer_iteration=iteration, reason="state0")
         if state == HIGH_P_LOW_U:
@@ -110,18 +128,27 @@ class FourStateHeuristic:
             return StopDecision(stop=True, answer_iteration=target, reason="state3_rollback")
         return CONTINUE
 
-    def _utility(self, iteration: int, p_hat: float, u_hat: float | None, prev_p_hat: float | None) -> float:
-        if u_hat is None:
-            if iteration != 0:
-                raise ValueError(f"no predicted utility at iteration {iteration}")
-            u_hat = p_hat  # U_0 over an empty answer
-        if self.options.utility == "predicted" or prev_p_hat is None:
-            return u_hat
-        delta = p_hat - prev_p_hat
-        return delta if self.options.utility == "delta_p" else (u_hat + delta) / 2
-
 
 Predictions = Mapping[str, Mapping[int, tuple[float, float | None]]]  # qid -> iteration -> (P̂, Û)
+
+
+def _feed(heuristic: FourStateHeuristic, trajectory: Trajectory, preds: Mapping[int, tuple]) -> Decision:
+    """Run the heuristic over a recorded trajectory's predictions, in order; its decision."""
+    start = 0 if 0 in preds else 1
+    for i in range(start, trajectory.n_iterations + 1):
+        if i not in preds:
+            raise ValueError(f"question {trajectory.qid}: no prediction for iteration {i}")
+        decision = heuristic.step(i, *preds[i])
+        if decision.stop:
+            return Decision(decision_iteration=i, answer_iteration=decision.answer_iteration, reason=decision.reason)
+    return natural_decision(trajectory)
+
+
+def _predictions_of(predictions: Predictions, trajectory: Trajectory) -> Mapping[int, tuple] | None:
+    preds = predictions.get(trajectory.qid)
+    if preds is None and trajectory.n_iterations > 0:
+        raise ValueError(f"no predictions for question {trajectory.qid}")
+    return preds  # None: answered without retrieval, nothing to decide
 
 
 def replay_controller(
@@ -134,17 +161,25 @@ def replay_controller(
     """
 
     def controller(trajectory: Trajectory) -> Decision:
-        preds = predictions.get(trajectory.qid)
+        preds = _predictions_of(predictions, trajectory)
         if preds is None:
-            raise ValueError(f"no predictions for question {trajectory.qid}")
-        heuristic = FourStateHeuristic(thresholds, options)
-        start = 0 if 0 in preds else 1
-        for i in range(start, trajectory.n_iterations + 1):
-            if i not in preds:
-                raise ValueError(f"question {trajectory.qid}: no prediction for iteration {i}")
-            decision = heuristic.step(i, *preds[i])
-            if decision.stop:
-                return Decision(decision_iteration=i, answer_iteration=decision.answer_iteration, reason=decision.reason)
-        return natural_decision(trajectory)
+            return natural_decision(trajectory)
+        return _feed(FourStateHeuristic(thresholds, options), trajectory, preds)
 
     return controller
+
+
+def classified_signals(
+    predictions: Predictions, trajectory: Trajectory, options: HeuristicOptions = HeuristicOptions()
+) -> list[tuple[float, float]]:
+    """The (P̂, Û) pairs the heuristic classifies on a whole trajectory (Û as ``options.utility`` forms it).
+
+    The heuristic's decision depends on the thresholds only through comparisons with these values,
+    which lets a sweep evaluate each distinct pattern of comparisons once.
+    """
+    preds = _predictions_of(predictions, trajectory)
+    if preds is None:
+        return []
+    never = FourStateHeuristic(Thresholds(math.inf, math.inf), options)  # nothing is high: never stops
+    _feed(never, trajectory, preds)
+    return never.signals

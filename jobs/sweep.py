@@ -1,0 +1,48 @@
+"""Sweep prediction-guided early stopping on Ray Tune: thresholds x variants x heads, Figure 5.
+
+Reads RUN_DIR/iterations/, trajectories/ (jobs/probe.py) and predictions/ (+ prediction_grid/,
+jobs/train.py). Replays the seed paper's 4-state heuristic over the θ_P x θ_U grid for every named
+variant and prediction head as a Ray Tune experiment (one trial per head; TensorBoard:
+`tensorboard --logdir RUN_DIR/stopping/tune`), chooses thresholds on validation questions and reports
+them on test questions next to natural stopping and Cap@k. Writes RUN_DIR/stopping/: tradeoff.md/.csv,
+selections.csv, grid.parquet, pareto.csv, figure5.png, selected.json (for the online controller).
+The run's own config.yaml is the base configuration unless --config names another; settings: stopping.*.
+"""
+
+from __future__ import annotations
+
+from raypipe.config import DEFAULT_PRESET
+from raypipe.control.stage import run_sweep
+from raypipe.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.rundir import RunDir, RunDirError
+
+
+def main() -> None:
+    parser = job_parser(__doc__)
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with iterations/ and predictions/")
+    args = parser.parse_args()
+    setup_logging(args.verbose)
+    run = RunDir(args.run_dir)
+    if args.config == DEFAULT_PRESET and (run.path / "config.yaml").exists():
+        args.config = str(run.path / "config.yaml")
+    config = config_from_args(args)
+
+    import ray
+
+    ray.init(address=config.ray.address, num_cpus=config.ray.num_cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        report = run_sweep(run, config.stopping)
+    except (RunDirError, ValueError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    finally:
+        ray.shutdown()
+    run.write_config(config, "sweep")
+
+    q = report.selected["questions"]
+    print(f"\n{q['val']} validation / {q['test']} test questions, {report.seconds:.0f} s; left out: {report.excluded or 'none'}\n")
+    print((report.out_dir / "tradeoff.md").read_text())
+    print(f"(tables, figure5.png and selected.json in {report.out_dir}; TensorBoard: tensorboard --logdir {report.out_dir / 'tune'})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""The sweep stage (jobs/sweep.py): Tune sweep, selection on validation, test tables, Figure 5.
+
+Reads ``iterations/``, ``trajectories/``, ``predictions/`` (and ``prediction_grid/`` for other heads)
+and writes ``RUN_DIR/stopping/``: ``grid.parquet`` (every head × variant × θ pair's outcome sums per
+split and dataset), ``tradeoff.csv``/``.md`` (test questions: natural, Cap@k, the heuristic at the
+paper's thresholds, validation-chosen operating points), ``pareto.csv``, ``figure5.png``,
+``selected.json`` (the chosen configurations, loadable by the online controller) and ``tune/`` (the
+Tune experiment; ``tensorboard --logdir RUN_DIR/stopping/tune``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from raypipe.config import StoppingConfig
+from raypipe.control.evaluate import Trajectory, load_trajectories, split_qids
+from raypipe.control.heuristic import PAPER_THRESHOLDS, Thresholds, replay_controller
+from raypipe.control.sweep import (
+    VARIANTS,
+    HeadKey,
+    aggregate,
+    baseline_rows,
+    choose_thresholds,
+    controller_rows,
+    head_name,
+    pareto_front,
+    predictions_by_head,
+    run_tune,
+    score_choice,
+    threshold_grid,
+)
+from raypipe.control.tradeoff import figure5, markdown, table_row, to_frame
+from raypipe.rundir import RunDir
+
+log = logging.getLogger(__name__)
+STOPPING_DIR = "stopping"
+SELECTED = "selected.json"
+
+
+@dataclass
+class SweepReport:
+    table: pd.DataFrame  # the trade-off table (test questions)
+    selected: dict  # what selected.json holds
+    out_dir: Path
+    excluded: dict[str, int]
+    seconds: float
+
+
+def load_heads(run: RunDir, which: str) -> tuple[HeadKey, dict]:
+    """The chosen head (``predictions``) and the heads to sweep (``which``: chosen, windows, all)."""
+    chosen_all = predictions_by_head(run.read("predictions"))
+    if len(chosen_all) != 1:
+        raise ValueError(f"{run.path}/predictions holds {len(chosen_all)} heads, expected the one chosen")
+    chosen = next(iter(chosen_all))
+    heads = dict(chosen_all)
+    if which != "chosen":
+        if run.has("prediction_grid"):
+            grid = predictions_by_head(run.read("prediction_grid"))
+            heads.update({h: p for h, p in grid.items() if which == "all" or h[0] == chosen[0]})
+        else:
+            log.warning("no prediction_grid in %s: sweeping the chosen head only", run.path)
+    return chosen, heads
+
+
+def _selection_rows(grid: pd.DataFrame, min_share: float) -> tuple[list[dict], dict]:
+    """Validation-chosen thresholds of every head × variant (global and per dataset), scored on test."""
+    rows, choices = [], {}
+    for (group, window, variant), part in grid.groupby(["feature_group", "window", "variant"], sort=False):
+        for selection in ("global", "per_dataset"):
+            chosen = choose_thresholds(part, min_share, per_dataset=selection == "per_dataset")
+            val, test = score_choice(part, chosen, "val"), score_choice(part, chosen, "test")
+            th = chosen["*"] if selection == "global" else None
+            note = "" if th else " ".join(f"{ds}:({t.theta_p:.3g},{t.theta_u:.3g})" for ds, t in chosen.items() if ds != "*")
+            rows.append(
+                table_row(
+                    f"heuristic[{variant}]", test, val, feature_group=group, window=int(window), variant=variant,
+                    theta_p=th.theta_p if th else float("nan"), theta_u=th.theta_u if th else float("nan"),
+                    selection=selection, note=note,
+                )
+            )  # fmt: skip
+            choices[(group, int(window), variant, selection)] = chosen
+    return rows, choices
+
+
+def _config_json(group: str, window: int, variant: str, chosen: dict[str, Thresholds]) -> dict:
+    return {
+        "feature_group": group,
+        "window": window,
+        "variant": variant,
+        "thresholds": {ds: {"theta_p": th.theta_p, "theta_u": th.theta_u} for ds, th in chosen.items()},
+    }
+
+
+def run_sweep(run: RunDir, cfg: StoppingConfig, experiment: str | None = None) -> SweepReport:
+    """The whole stage on one run directory (Ray initialised by the caller)."""
+    started = time.monotonic()
+    out = run.path / STOPPING_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    trajectories, excluded = load_trajectories(run)
+    chosen_head, heads = load_heads(run, cfg.heads)
+    chosen_preds = heads[chosen_head]
+    keep: list[Trajectory] = [t for t in trajectories if t.n_iterations == 0 or t.qid in chosen_preds]
+    if len(keep) < len(trajectories):
+        excluded["no_predictions"] = len(trajectories) - len(keep)
+        log.warning("%d questions have no predictions and are left out", len(trajectories) - len(keep))
+    val, test = split_qids([t.qid for t in keep], cfg.val_fraction, cfg.split_seed)
+    if not val or not test:
+        raise ValueError(f"{len(keep)} questions are too few for a validation/test split")
+    split_of = {**{q: "val" for q in val}, **{q: "test" for q in test}}
+    val_preds = [pu for q in val for pu in chosen_preds.get(q, {}).values()]
+    theta_p = threshold_grid(cfg.theta_p_grid, [p for p, _ in val_preds], cfg.quantile_points)
+    theta_u = threshold_grid(cfg.theta_u_grid, [u for _, u in val_preds], cfg.quantile_points)
+    log.info(
+        "%d questions (%d val, %d test), %d heads x %d variants x %d θ_P x %d θ_U",
+        len(keep), len(val), len(test), len(heads), len(cfg.variants), len(theta_p), len(theta_u),
+    )  # fmt: skip
+
+    grid = run_tune(
+        keep, heads, split_of, variants=cfg.variants, theta_p=theta_p, theta_u=theta_u,
+        min_f1_share=cfg.min_f1_share, storage_path=out / "tune",
+        name=experiment or time.strftime("sweep-%Y%m%d-%H%M%S"),
+        max_concurrent_trials=cfg.max_concurrent_trials, trial_num_cpus=cfg.trial_num_cpus,
+    )  # fmt: skip
+    grid.to_parquet(out / "grid.parquet")
+
+    base = pd.DataFrame(baseline_rows(keep, split_of))
+    base_test = aggregate(base[base["split"] == "test"], ["controller"])
+    base_val = aggregate(base[base["split"] == "val"], ["controller"]).set_index("controller")
+    rows = [table_row(r["controller"], r, base_val.loc[r["controller"]], selection="baseline") for _, r in base_test.iterrows()]
+    group, window = chosen_head
+    paper_points = []
+    for th in (PAPER_THRESHOLDS, Thresholds(PAPER_THRESHOLDS.theta_p, 0.3)):
+        fixed = pd.DataFrame(controller_rows(keep, replay_controller(chosen_preds, th), split_of, controller="fixed"))
+        t, v = (aggregate(fixed[fixed["split"] == s], ["controller"]).iloc[0] for s in ("test", "val"))
+        row = table_row("heuristic[paper]", t, v, feature_group=group, window=window, variant="paper",
+                        theta_p=th.theta_p, theta_u=th.theta_u, selection="paper θ")  # fmt: skip
+        rows.append(row)
+        paper_points.append(row)
+    sel_rows, choices = _selection_rows(grid, cfg.min_f1_share)
+    sel = to_frame(sel_rows)
+
+    faithful = sel[(sel["feature_group"] == group) & (sel["window"] == window) & (sel["variant"] == "paper")]
+    admissible = sel[sel["val_f1_share"].fillna(1.0) >= cfg.min_f1_share]
+    best = (admissible if not admissible.empty else faithful).sort_values(
+        ["val_iterations_change", "val_f1_share"], ascending=[True, False]
+    ).iloc[0]
+    per_variant = (
+        admissible.sort_values(["val_iterations_change", "val_f1_share"], ascending=[True, False])
+        .groupby("variant", sort=False)
+        .head(1)
+    )
+    shown = pd.concat([to_frame(rows), faithful, per_variant])
+    table = shown.drop_duplicates(subset=[c for c in shown.columns if c != "note"], keep="first").reset_index(drop=True)
+    same = (table[["feature_group", "variant", "selection"]] == best[["feature_group", "variant", "selection"]].values).all(axis=1)
+    mark = same & (table["window"] == best["window"])
+    table.loc[mark, "note"] = ("best on validation " + table.loc[mark, "note"].fillna("")).str.strip()
+    to_frame(rows + sel_rows).to_csv(out / "selections.csv", index=False)
+    table.to_csv(out / "tradeoff.csv", index=False)
+    (out / "tradeoff.md").write_text(markdown(table))
+
+    faithful_grid = grid[(grid["feature_group"] == group) & (grid["window"] == window) & (grid["variant"] == "paper")]
+    points = aggregate(faithful_grid[faithful_grid["split"] == "test"], ["theta_p", "theta_u"])
+    front = pareto_front(points)
+    front.to_csv(out / "pareto.csv", index=False)
+    faithful_global = faithful[faithful["selection"] == "global"].iloc[0]
+    marked = pd.DataFrame(
+        [
+            {**paper_points[0], "label": f"paper θ=({PAPER_THRESHOLDS.theta_p}, {PAPER_THRESHOLDS.theta_u})"},
+            {**faithful_global.to_dict(), "label": f"paper heuristic, val-chosen θ=({faithful_global['theta_p']:.3g}, {faithful_global['theta_u']:.3g})"},
+            {**best.to_dict(), "label": f"best on val: {best['variant']} {best['feature_group']}/w{int(best['window'])} ({best['selection']})"},
+        ]
+    )
+    figure5(out / "figure5.png", points, front, base_test, marked,
+            f"Iterations vs F1 on {len(test)} test questions ({head_name(chosen_head)})")  # fmt: skip
+
+    key_best = (best["feature_group"], int(best["window"]), best["variant"], best["selection"])
+    selected = {
+        "paper": _config_json(group, window, "paper", {"*": PAPER_THRESHOLDS}),
+        "faithful": _config_json(group, window, "paper", choices[(group, window, "paper", "global")]),
+        "best": _config_json(*key_best[:3], choices[key_best]),
+        "min_f1_share": cfg.min_f1_share,
+        "questions": {"val": len(val), "test": len(test)},
+        "excluded": excluded,
+        "variants": {name: vars(opts) for name, opts in VARIANTS.items()},
+    }
+    (out / SELECTED).write_text(json.dumps(selected, indent=2, default=str))
+    return SweepReport(table, selected, out, excluded, time.monotonic() - started)

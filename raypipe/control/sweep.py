@@ -1,0 +1,328 @@
+"""Sweeps of the 4-state heuristic: thresholds × heuristic variants × prediction heads, on Ray Tune.
+
+Pure core: :func:`evaluate_grid` replays every (variant, θ_P, θ_U) on every question and keeps the
+outcome sums per split (validation / test, by qid) and dataset, so that any selection, global or per
+dataset, is a sum over rows. :func:`select` chooses thresholds on validation questions: the fewest
+mean iterations among the points that keep at least ``min_f1_share`` of natural F1 (the paper's
+operating point kept 97.6%). Choices are reported on test questions.
+
+Ray Tune adapter (:func:`run_tune`): one trial per prediction head (feature group × window from the
+predictors' ``prediction_grid``), each replaying the whole threshold grid for every variant (trial
+start-up dominates on small machines, so trials are few and fat). A trial reports, per variant, the
+validation-chosen operating point with its validation and test figures (browsable in TensorBoard
+under the Tune storage path) and checkpoints its full grid, which the driver collects.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from raypipe.control.caps import cap, natural
+from raypipe.control.evaluate import OfflineController, Outcome, Trajectory, outcome, replay
+from raypipe.control.heuristic import (
+    HeuristicOptions,
+    Predictions,
+    Thresholds,
+    classified_signals,
+    replay_controller,
+)
+
+log = logging.getLogger(__name__)
+
+# Named heuristic variants; "paper" is the faithful one.
+VARIANTS: dict[str, HeuristicOptions] = {
+    "paper": HeuristicOptions(),
+    "delta_p": HeuristicOptions(utility="delta_p"),
+    "mean_utility": HeuristicOptions(utility="mean"),
+    "best_rollback": HeuristicOptions(rollback="best"),
+    "quality_floor": HeuristicOptions(stop_on_high_p=True),
+}
+
+HeadKey = tuple[str, int]  # (feature_group, window)
+SUMS = ("iterations", "f1", "tokens", "natural_iterations", "natural_f1", "natural_tokens")
+# The seed paper's reported operating point: -10.89% iterations at 97.60% of natural F1.
+PAPER_ITERATIONS_CHANGE = -0.1089
+PAPER_F1_SHARE = 0.976
+
+
+def head_name(head: HeadKey) -> str:
+    return f"{head[0]}/w{head[1]}"
+
+
+def predictions_by_head(table: pa.Table) -> dict[HeadKey, Predictions]:
+    """Group a PREDICTIONS-schema table into qid -> iteration -> (P̂, Û), one mapping per head."""
+    cols = table.select(["qid", "iteration", "feature_group", "window", "p_hat", "u_hat"]).to_pydict()
+    heads: dict[HeadKey, dict[str, dict[int, tuple[float, float | None]]]] = {}
+    for qid, it, group, window, p, u in zip(*cols.values()):
+        if p is None or u is None:
+            raise ValueError(f"prediction for {qid} iteration {it} ({group}/w{window}) is missing p_hat or u_hat")
+        per_q = heads.setdefault((group, int(window)), {}).setdefault(qid, {})
+        if it in per_q:
+            raise ValueError(f"duplicate prediction for {qid} iteration {it} ({group}/w{window})")
+        per_q[int(it)] = (float(p), float(u))
+    return heads
+
+
+def threshold_grid(base: Sequence[float], values: Iterable[float], quantile_points: int) -> list[float]:
+    """The configured grid plus ``quantile_points`` evenly spaced inner quantiles of ``values``."""
+    grid = {round(float(v), 6) for v in base}
+    vals = np.asarray(list(values), dtype=float)
+    if quantile_points and vals.size:
+        qs = np.linspace(0, 1, quantile_points + 2)[1:-1]
+        grid |= {round(float(v), 4) for v in np.quantile(vals, qs)}
+    return sorted(grid)
+
+
+def outcome_sums(outcomes: Iterable[Outcome], split_of: Mapping[str, str]) -> list[dict]:
+    """Outcome sums per (split, dataset): n and the :data:`SUMS` columns."""
+    acc: dict[tuple[str, str], dict] = {}
+    for o in outcomes:
+        key = (split_of[o.qid], o.dataset)
+        row = acc.setdefault(key, {"split": key[0], "dataset": key[1], "n": 0, **{c: 0.0 for c in SUMS}})
+        row["n"] += 1
+        for c in SUMS:
+            row[c] += getattr(o, c)
+    return list(acc.values())
+
+
+def controller_rows(
+    trajectories: Sequence[Trajectory], decide: OfflineController, split_of: Mapping[str, str], **labels
+) -> list[dict]:
+    """Outcome sums of one controller, with ``labels`` as extra columns."""
+    return [{**labels, **row} for row in outcome_sums(replay(trajectories, decide), split_of)]
+
+
+def _comparison_classes(values: np.ndarray, thresholds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group thresholds by which ``values`` they admit as high: (class of each threshold, one representative each)."""
+    if values.size == 0:
+        return np.zeros(len(thresholds), dtype=np.int64), np.array([0])
+    high = values[None, :] >= thresholds[:, None]
+    keys = high.astype(np.int64) @ (1 << np.arange(values.size, dtype=np.int64))
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return inverse.reshape(-1), first
+
+
+def evaluate_grid(
+    trajectories: Sequence[Trajectory],
+    predictions: Predictions,
+    variants: Sequence[str],
+    theta_p: Sequence[float],
+    theta_u: Sequence[float],
+    split_of: Mapping[str, str],
+) -> pd.DataFrame:
+    """Outcome sums for every variant × θ_P × θ_U (rows also keyed by split and dataset).
+
+    Per trajectory, thresholds that compare the same way with its P̂ (resp. Û) values lead to the same
+    decision, so the heuristic runs once per distinct pattern (at most (n+1)² per trajectory) and the
+    outcome is spread over the grid.
+    """
+    tp, tu = np.asarray(theta_p, dtype=float), np.asarray(theta_u, dtype=float)
+    frames = []
+    for variant in variants:
+        options = VARIANTS[variant]
+        sums: dict[tuple[str, str], np.ndarray] = {}
+        counts: dict[tuple[str, str], int] = {}
+        for t in trajectories:
+            signals = classified_signals(predictions, t, options)
+            p_class, p_rep = _comparison_classes(np.array([p for p, _ in signals]), tp)
+            u_class, u_rep = _comparison_classes(np.array([u for _, u in signals]), tu)
+            values = np.empty((len(p_rep), len(u_rep), len(SUMS)))
+            for a, i in enumerate(p_rep):
+                for b, j in enumerate(u_rep):
+                    o = outcome(t, replay_controller(predictions, Thresholds(tp[i], tu[j]), options)(t))
+                    values[a, b] = [getattr(o, c) for c in SUMS]
+            key = (split_of[t.qid], t.dataset)
+            spread = values[p_class][:, u_class]  # (θ_P, θ_U, sums)
+            sums[key] = sums[key] + spread if key in sums else spread
+            counts[key] = counts.get(key, 0) + 1
+        grid_p, grid_u = np.meshgrid(tp, tu, indexing="ij")
+        for (split, dataset), total in sums.items():
+            block = {"variant": variant, "theta_p": grid_p.ravel(), "theta_u": grid_u.ravel(), "split": split,
+                     "dataset": dataset, "n": counts[(split, dataset)]}  # fmt: skip
+            block.update({c: total[:, :, k].ravel() for k, c in enumerate(SUMS)})
+            frames.append(pd.DataFrame(block))
+    return pd.concat(frames, ignore_index=True)
+
+
+def baseline_rows(trajectories: Sequence[Trajectory], split_of: Mapping[str, str]) -> list[dict]:
+    """Natural stopping and Cap@k for k = 1..the longest trajectory."""
+    rows = controller_rows(trajectories, natural, split_of, controller="natural")
+    for k in range(1, max(t.n_iterations for t in trajectories) + 1):
+        rows += controller_rows(trajectories, cap(k), split_of, controller=f"cap@{k}")
+    return rows
+
+
+def add_metrics(df: pd.DataFrame) -> pd.DataFrame:
+    """Means and the ratios against natural stopping, from summed rows."""
+    out = df.copy()
+    n = out["n"]
+    out["mean_iterations"] = out["iterations"] / n
+    out["natural_mean_iterations"] = out["natural_iterations"] / n
+    out["iterations_change"] = np.where(out["natural_iterations"] > 0, out["iterations"] / out["natural_iterations"] - 1, 0.0)
+    out["mean_f1"] = out["f1"] / n
+    out["natural_mean_f1"] = out["natural_f1"] / n
+    out["f1_share"] = np.where(out["natural_f1"] > 0, out["f1"] / out["natural_f1"], np.nan)
+    out["mean_tokens"] = out["tokens"] / n
+    out["tokens_saved"] = np.where(out["natural_tokens"] > 0, 1 - out["tokens"] / out["natural_tokens"], 0.0)
+    return out
+
+
+def aggregate(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """Sum the outcome rows over everything but ``keys`` and add the metrics."""
+    return add_metrics(df.groupby(list(keys), as_index=False, sort=False)[["n", *SUMS]].sum())
+
+
+def select(points: pd.DataFrame, min_f1_share: float) -> pd.Series:
+    """The operating point to keep among aggregated points (one row per θ pair, with metrics).
+
+    Fewest mean iterations among those keeping ``min_f1_share`` of natural F1, ties to the higher F1
+    and then the higher (more conservative) thresholds; if none qualifies, the highest F1 share.
+    """
+    if points.empty:
+        raise ValueError("no points to select from")
+    share = points["f1_share"].fillna(1.0)
+    ok = points[share >= min_f1_share]
+    if ok.empty:
+        return points.assign(_s=share).sort_values(["_s", "mean_iterations"], ascending=[False, True]).iloc[0].drop("_s")
+    return ok.sort_values(
+        ["mean_iterations", "mean_f1", "theta_p", "theta_u"], ascending=[True, False, False, False]
+    ).iloc[0]
+
+
+def choose_thresholds(grid: pd.DataFrame, min_f1_share: float, per_dataset: bool = False) -> dict[str, Thresholds]:
+    """Thresholds chosen on the validation rows of one head × variant's grid.
+
+    Returns ``{"*": θ}``; with ``per_dataset`` also one θ per dataset that has validation questions
+    ("*" then serves datasets without any).
+    """
+    val = grid[grid["split"] == "val"]
+    if val.empty:
+        raise ValueError("no validation questions in the grid")
+    best = select(aggregate(val, ["theta_p", "theta_u"]), min_f1_share)
+    chosen = {"*": Thresholds(float(best["theta_p"]), float(best["theta_u"]))}
+    if per_dataset:
+        for dataset, part in val.groupby("dataset"):
+            best = select(aggregate(part, ["theta_p", "theta_u"]), min_f1_share)
+            chosen[dataset] = Thresholds(float(best["theta_p"]), float(best["theta_u"]))
+    return chosen
+
+
+def score_choice(grid: pd.DataFrame, chosen: Mapping[str, Thresholds], split: str) -> pd.Series:
+    """Metrics on ``split`` of one head × variant's grid under chosen thresholds (per dataset, else "*")."""
+    part = grid[grid["split"] == split]
+    masks = []
+    for dataset in part["dataset"].unique():
+        th = chosen.get(dataset, chosen.get("*"))
+        if th is None:
+            raise ValueError(f"no thresholds chosen for dataset {dataset!r}")
+        masks.append((part["dataset"] == dataset) & (part["theta_p"] == th.theta_p) & (part["theta_u"] == th.theta_u))
+    rows = part[np.logical_or.reduce(masks)] if masks else part.iloc[:0]
+    if rows.empty:
+        raise ValueError(f"no {split} rows at the chosen thresholds {dict(chosen)}")
+    return add_metrics(rows[["n", *SUMS]].sum().to_frame().T).iloc[0]
+
+
+def beats_paper(iterations_change: float, f1_share: float) -> bool:
+    return iterations_change < PAPER_ITERATIONS_CHANGE and f1_share >= PAPER_F1_SHARE
+
+
+def pareto_front(points: pd.DataFrame, x: str = "mean_iterations", y: str = "mean_f1") -> pd.DataFrame:
+    """Non-dominated points: no other point has fewer-or-equal ``x`` and higher-or-equal ``y`` (one strictly)."""
+    ordered = points.sort_values([x, y], ascending=[True, False])
+    front, best_y = [], -math.inf
+    for idx, row in ordered.iterrows():
+        if row[y] > best_y:
+            front.append(idx)
+            best_y = row[y]
+    return ordered.loc[front]
+
+
+# ---------------------------------------------------------------- Ray Tune adapter
+
+
+def _trial(config: dict, payload: dict) -> None:
+    """One Tune trial: the whole threshold grid of every variant for one prediction head."""
+    from ray import tune
+
+    head = tuple(config["head"])
+    grid = evaluate_grid(
+        payload["trajectories"],
+        payload["predictions"][head],
+        payload["variants"],
+        payload["theta_p"],
+        payload["theta_u"],
+        payload["split_of"],
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        grid.to_parquet(Path(tmp) / "grid.parquet")
+        checkpoint = tune.Checkpoint.from_directory(tmp)
+        for step, variant in enumerate(payload["variants"]):
+            part = grid[grid["variant"] == variant]
+            chosen = choose_thresholds(part, payload["min_f1_share"])
+            val, test = score_choice(part, chosen, "val"), score_choice(part, chosen, "test")
+            metrics = {
+                "variant_index": step,
+                "theta_p": chosen["*"].theta_p,
+                "theta_u": chosen["*"].theta_u,
+                **{f"val_{k}": float(val[k]) for k in ("iterations_change", "f1_share", "tokens_saved", "mean_f1")},
+                **{f"test_{k}": float(test[k]) for k in ("iterations_change", "f1_share", "tokens_saved", "mean_f1")},
+            }
+            last = step == len(payload["variants"]) - 1
+            tune.report(metrics, checkpoint=checkpoint if last else None)
+
+
+def run_tune(
+    trajectories: Sequence[Trajectory],
+    heads: Mapping[HeadKey, Predictions],
+    split_of: Mapping[str, str],
+    *,
+    variants: Sequence[str],
+    theta_p: Sequence[float],
+    theta_u: Sequence[float],
+    min_f1_share: float,
+    storage_path: str | Path,
+    name: str = "stopping",
+    max_concurrent_trials: int = 2,
+    trial_num_cpus: float = 0.5,
+) -> pd.DataFrame:
+    """Run the sweep as a Tune experiment (Ray must be initialised); the grid of every head, with a ``head`` column."""
+    from ray import tune
+
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        raise ValueError(f"unknown heuristic variants {sorted(unknown)}; known: {sorted(VARIANTS)}")
+    payload = {
+        "trajectories": list(trajectories),
+        "predictions": dict(heads),
+        "split_of": dict(split_of),
+        "variants": list(variants),
+        "theta_p": list(theta_p),
+        "theta_u": list(theta_u),
+        "min_f1_share": min_f1_share,
+    }
+    trainable = tune.with_resources(tune.with_parameters(_trial, payload=payload), {"cpu": trial_num_cpus})
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"head": tune.grid_search([list(h) for h in heads])},
+        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent_trials),
+        run_config=tune.RunConfig(storage_path=str(Path(storage_path).resolve()), name=name, verbose=0),
+    )
+    results = tuner.fit()
+    frames = []
+    for result in results:
+        if result.error is not None:
+            raise RuntimeError(f"Tune trial {result.config.get('head')} failed: {result.error}")
+        with result.checkpoint.as_directory() as folder:
+            grid = pd.read_parquet(Path(folder) / "grid.parquet")
+        head = tuple(result.config["head"])
+        frames.append(grid.assign(feature_group=head[0], window=int(head[1])))
+    log.info("Tune experiment %s: %d trials, logs in %s", name, len(frames), Path(storage_path) / name)
+    return pd.concat(frames, ignore_index=True)

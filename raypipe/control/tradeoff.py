@@ -1,0 +1,92 @@
+"""The trade-off between iterations and answer quality: tables and the paper's Figure 5."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from raypipe.control.sweep import PAPER_F1_SHARE, PAPER_ITERATIONS_CHANGE, beats_paper
+
+TABLE_COLUMNS = [
+    "controller", "feature_group", "window", "variant", "theta_p", "theta_u", "selection", "questions",
+    "mean_iterations", "iterations_change", "mean_f1", "f1_share", "mean_tokens", "tokens_saved",
+    "val_iterations_change", "val_f1_share", "beats_paper", "note",
+]  # fmt: skip
+
+
+def table_row(controller: str, metrics: pd.Series, val: pd.Series | None = None, **labels) -> dict:
+    row = {
+        "controller": controller,
+        **labels,
+        "questions": int(metrics["n"]),
+        **{k: float(metrics[k]) for k in ("mean_iterations", "iterations_change", "mean_f1", "f1_share", "mean_tokens", "tokens_saved")},
+        "val_iterations_change": float(val["iterations_change"]) if val is not None else float("nan"),
+        "val_f1_share": float(val["f1_share"]) if val is not None else float("nan"),
+    }
+    row["beats_paper"] = beats_paper(row["iterations_change"], row["f1_share"])
+    return row
+
+
+def to_frame(rows: Sequence[dict]) -> pd.DataFrame:
+    return pd.DataFrame(rows).reindex(columns=TABLE_COLUMNS)
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """A Markdown table with percentages for the ratios."""
+    shown = table.copy()
+    for col in ("iterations_change", "tokens_saved", "val_iterations_change"):
+        shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{100 * v:+.2f}%")
+    for col in ("f1_share", "val_f1_share"):
+        shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{100 * v:.2f}%")
+    for col in ("mean_iterations", "mean_f1", "theta_p", "theta_u"):
+        shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{v:.3f}")
+    shown["mean_tokens"] = shown["mean_tokens"].map(lambda v: f"{v:.0f}")
+    shown["window"] = shown["window"].map(lambda v: "" if pd.isna(v) else str(int(v)))
+    shown = shown.fillna("")
+    head = "| " + " | ".join(shown.columns) + " |"
+    rule = "|" + "|".join("---" for _ in shown.columns) + "|"
+    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in shown.itertuples(index=False)]
+    note = (
+        f"\nTest questions. Paper's operating point: {100 * PAPER_ITERATIONS_CHANGE:+.2f}% iterations at "
+        f"{100 * PAPER_F1_SHARE:.1f}% of natural F1; beats_paper = fewer iterations at no less F1 share.\n"
+    )
+    return "\n".join([head, rule, *body]) + "\n" + note
+
+
+def figure5(
+    path: Path,
+    grid_points: pd.DataFrame,
+    front: pd.DataFrame,
+    baselines: pd.DataFrame,
+    marked: pd.DataFrame,
+    title: str,
+) -> Path:
+    """Mean iterations vs mean F1 (test): the grid, its Pareto front, natural, Cap@k and marked points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ax.scatter(grid_points["mean_iterations"], grid_points["mean_f1"], s=8, c="0.75", label="θ grid (paper heuristic)")
+    ax.plot(front["mean_iterations"], front["mean_f1"], "-", c="tab:orange", lw=1.5, label="Pareto front")
+    caps = baselines[baselines["controller"].str.startswith("cap@")]
+    ax.plot(caps["mean_iterations"], caps["mean_f1"], "s--", c="tab:blue", ms=5, label="Cap@k")
+    for _, r in caps.iterrows():
+        ax.annotate(r["controller"].removeprefix("cap@"), (r["mean_iterations"], r["mean_f1"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    nat = baselines[baselines["controller"] == "natural"]
+    ax.scatter(nat["mean_iterations"], nat["mean_f1"], marker="*", s=160, c="k", zorder=5, label="natural")
+    markers = "o^vD<>Ph"
+    for i, (_, r) in enumerate(marked.iterrows()):
+        ax.scatter(r["mean_iterations"], r["mean_f1"], marker=markers[i % len(markers)], s=60, zorder=6, label=r["label"])
+    ax.set_xlabel("mean retrieval iterations (cost counted to the decision)")
+    ax.set_ylabel("mean F1")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path

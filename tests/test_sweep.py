@@ -1,0 +1,230 @@
+"""The sweep: grid evaluation, selection on validation, Pareto front, and a small Tune run end to end."""
+
+import json
+import random
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from raypipe.config import StoppingConfig
+from raypipe.control.evaluate import Trajectory
+from raypipe.control.heuristic import Thresholds, replay_controller
+from raypipe.control.sweep import (
+    SUMS,
+    VARIANTS,
+    aggregate,
+    controller_rows,
+    baseline_rows,
+    beats_paper,
+    choose_thresholds,
+    evaluate_grid,
+    pareto_front,
+    predictions_by_head,
+    score_choice,
+    select,
+    threshold_grid,
+)
+from raypipe.rundir import RunDir
+from raypipe.schema import PREDICTIONS, conform
+
+
+def synthetic(n_questions=60, seed=0, noise=0.1):
+    """Trajectories whose P_i rise then may fall, predictions = truth + noise (qid -> iteration -> (P̂, Û))."""
+    rng = random.Random(seed)
+    trajs, preds = [], {}
+    for k in range(n_questions):
+        qid, n = f"q{k}", rng.randint(1, 4)
+        ps = [0.0]
+        for _ in range(n):
+            ps.append(min(1.0, max(0.0, ps[-1] + rng.choice([-0.3, 0.0, 0.2, 0.5]))))
+        trajs.append(Trajectory(qid, ["hotpotqa", "musique"][k % 2], tuple(ps), tuple([10] * (n + 1)), ps[-1], 10 * (n + 1)))
+        preds[qid] = {
+            i: (ps[i] + rng.uniform(-noise, noise), ps[i] - ps[i - 1] + rng.uniform(-noise, noise)) for i in range(1, n + 1)
+        }
+    return trajs, preds
+
+
+def test_predictions_by_head_groups_and_validates():
+    rows = [
+        {"qid": "a", "dataset": "d", "iteration": 1, "fold": 0, "feature_group": "g", "window": 1,
+         "p_hat": 0.5, "u_hat": 0.1, "probe_f1": 0.5, "utility": 0.1},
+        {"qid": "a", "dataset": "d", "iteration": 1, "fold": 0, "feature_group": "g", "window": 3,
+         "p_hat": 0.25, "u_hat": -0.5, "probe_f1": 0.5, "utility": 0.1},
+    ]  # fmt: skip
+    heads = predictions_by_head(pa.Table.from_pylist(rows, schema=PREDICTIONS))
+    assert heads == {("g", 1): {"a": {1: (0.5, pytest.approx(0.1))}}, ("g", 3): {"a": {1: (0.25, -0.5)}}}
+    with pytest.raises(ValueError, match="duplicate"):
+        predictions_by_head(pa.Table.from_pylist([rows[0], rows[0]], schema=PREDICTIONS))
+    with pytest.raises(ValueError, match="missing p_hat"):
+        predictions_by_head(pa.Table.from_pylist([{**rows[0], "p_hat": None}], schema=PREDICTIONS))
+
+
+def test_threshold_grid_adds_quantiles():
+    assert threshold_grid([0.0, 0.5], [], 3) == [0.0, 0.5]
+    grid = threshold_grid([0.0, 1.0], [0.1, 0.2, 0.3, 0.4, 0.5], 3)
+    assert grid == [0.0, 0.2, 0.3, 0.4, 1.0]
+
+
+def test_grid_sums_match_a_direct_replay_and_natural():
+    trajs, preds = synthetic(20)
+    split_of = {t.qid: ("val" if i % 2 else "test") for i, t in enumerate(trajs)}
+    grid = (evaluate_grid(trajs, preds, ["paper"], [0.3, 2.0], [0.2], split_of))
+    assert set(grid["split"]) == {"val", "test"} and set(grid["dataset"]) == {"hotpotqa", "musique"}
+    assert grid.groupby(["theta_p", "theta_u"])["n"].sum().tolist() == [20, 20]
+    # θ_P above every prediction: nothing is ever high quality, so it is natural stopping
+    never = aggregate(grid[grid["theta_p"] == 2.0], ["theta_p"]).iloc[0]
+    nat = aggregate(pd.DataFrame(baseline_rows(trajs, split_of)).query("controller == 'natural'"), ["controller"]).iloc[0]
+    assert never["mean_iterations"] == pytest.approx(nat["mean_iterations"])
+    assert (never["f1_share"], never["iterations_change"]) == (pytest.approx(1.0), pytest.approx(0.0))
+    stopped = aggregate(grid[grid["theta_p"] == 0.3], ["theta_p"]).iloc[0]
+    assert stopped["mean_iterations"] < never["mean_iterations"]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_grid_equals_replaying_each_threshold_pair(variant):
+    trajs, preds = synthetic(30, seed=3)
+    split_of = {t.qid: ("val" if i % 3 else "test") for i, t in enumerate(trajs)}
+    tps, tus = [0.0, 0.15, 0.3, 0.45, 0.7, 1.1], [-0.35, -0.1, 0.0, 0.1, 0.25, 0.6]
+    grid = evaluate_grid(trajs, preds, [variant], tps, tus, split_of)
+    cols = ["split", "dataset", "n", *SUMS]
+    for tp in tps:
+        for tu in tus:
+            ctl = replay_controller(preds, Thresholds(tp, tu), VARIANTS[variant])
+            direct = pd.DataFrame(controller_rows(trajs, ctl, split_of)).sort_values(["split", "dataset"])
+            got = grid[(grid["theta_p"] == tp) & (grid["theta_u"] == tu)].sort_values(["split", "dataset"])
+            pd.testing.assert_frame_equal(
+                got[cols].reset_index(drop=True), direct[cols].reset_index(drop=True), check_dtype=False
+            )
+
+
+def test_baselines_cover_every_cap():
+    trajs, _ = synthetic(20)
+    rows = pd.DataFrame(baseline_rows(trajs, {t.qid: "test" for t in trajs}))
+    longest = max(t.n_iterations for t in trajs)
+    assert set(rows["controller"]) == {"natural", *(f"cap@{k}" for k in range(1, longest + 1))}
+    at_max = aggregate(rows[rows["controller"] == f"cap@{longest}"], ["controller"]).iloc[0]
+    assert at_max["iterations_change"] == 0.0
+
+
+def _points(rows):
+    return pd.DataFrame(rows).assign(n=1)
+
+
+def test_select_rule():
+    pts = pd.DataFrame(
+        {"theta_p": [0.1, 0.2, 0.3, 0.4], "theta_u": [0.0] * 4,
+         "mean_iterations": [1.0, 1.5, 1.5, 3.0], "mean_f1": [0.3, 0.49, 0.5, 0.5], "f1_share": [0.6, 0.98, 1.0, 1.0]}
+    )  # fmt: skip
+    # fewest iterations among shares >= 0.976; the tie at 1.5 goes to the higher F1
+    assert select(pts, 0.976)["theta_p"] == 0.3
+    assert select(pts, 0.5)["theta_p"] == 0.1
+    # nothing qualifies: the highest share, then the fewest iterations
+    assert select(pts, 1.1)["theta_p"] == 0.3
+    with pytest.raises(ValueError):
+        select(pts.iloc[:0], 0.9)
+
+
+def test_choose_on_validation_score_on_test_and_per_dataset():
+    trajs, preds = synthetic(80, seed=1)
+    split_of = {t.qid: ("val" if (i // 2) % 2 else "test") for i, t in enumerate(trajs)}
+    grid = (evaluate_grid(trajs, preds, ["paper"], [0.2, 0.4, 0.6, 2.0], [-0.1, 0.1, 0.3], split_of))
+    chosen = choose_thresholds(grid, 0.95)
+    val = score_choice(grid, chosen, "val")
+    assert val["f1_share"] >= 0.95
+    # the choice is the fewest validation iterations among admissible points
+    pts = aggregate(grid[grid["split"] == "val"], ["theta_p", "theta_u"])
+    assert val["mean_iterations"] == pytest.approx(pts[pts["f1_share"] >= 0.95]["mean_iterations"].min())
+    test = score_choice(grid, chosen, "test")
+    assert test["n"] == 40
+    per = choose_thresholds(grid, 0.95, per_dataset=True)
+    assert set(per) == {"*", "hotpotqa", "musique"} and per["*"] == chosen["*"]
+    assert score_choice(grid, per, "test")["n"] == 40
+    for ds in ("hotpotqa", "musique"):
+        alone = choose_thresholds(grid[grid["dataset"] == ds], 0.95)["*"]
+        assert per[ds] == alone
+    with pytest.raises(ValueError, match="no thresholds chosen for dataset 'musique'"):
+        score_choice(grid, {"hotpotqa": per["hotpotqa"]}, "test")
+
+
+def test_pareto_front():
+    pts = pd.DataFrame({"mean_iterations": [1, 2, 2, 3, 4], "mean_f1": [0.2, 0.5, 0.4, 0.45, 0.6]})
+    front = pareto_front(pts)
+    assert list(zip(front["mean_iterations"], front["mean_f1"])) == [(1, 0.2), (2, 0.5), (4, 0.6)]
+
+
+def test_beats_paper():
+    assert beats_paper(-0.15, 0.98)
+    assert not beats_paper(-0.10, 0.99)
+    assert not beats_paper(-0.20, 0.97)
+
+
+# ---------------------------------------------------------------- end to end on Ray Tune
+
+
+def write_synthetic_run(path, n_questions=40, seed=0):
+    """A run directory with iterations, trajectories, predictions and a two-window prediction_grid."""
+    trajs, preds = synthetic(n_questions, seed)
+    run = RunDir(path)
+    its, trs, pred_rows = [], [], []
+    for t in trajs:
+        for i, f1 in enumerate(t.probe_f1):
+            its.append({
+                "qid": t.qid, "dataset": t.dataset, "iteration": i, "query": None if i == 0 else "q", "doc_ids": [],
+                "doc_scores": [], "reasoning": "", "probe_answer": "a", "probe_token_logprobs": [], "probe_f1": f1,
+                "utility": None if i == 0 else f1 - t.probe_f1[i - 1], "tokens_generated": 8, "probe_tokens": 2,
+            })  # fmt: skip
+        trs.append({
+            "qid": t.qid, "dataset": t.dataset, "question": "?", "golden_answers": ["a"], "final_answer": "a",
+            "final_f1": t.final_f1, "n_iterations": t.n_iterations, "stop_reason": "answer", "error": None,
+            "tokens_generated": 8 * len(t.probe_f1), "probe_tokens": 2 * len(t.probe_f1), "wall_s": 1.0, "transcript": "",
+        })  # fmt: skip
+        for i, (p, u) in preds[t.qid].items():
+            for window, shift in ((1, 0.0), (3, 0.05)):
+                pred_rows.append({
+                    "qid": t.qid, "dataset": t.dataset, "iteration": i, "fold": 0, "feature_group": "unsup+sup",
+                    "window": window, "p_hat": p + shift, "u_hat": u, "probe_f1": t.probe_f1[i], "utility": 0.0,
+                })  # fmt: skip
+    run.write_part("iterations", conform(its, "iterations"), "part-0")
+    run.write_part("trajectories", conform(trs, "trajectories"), "part-0")
+    grid = pa.Table.from_pylist(pred_rows, schema=PREDICTIONS)
+    run.write_part("prediction_grid", grid, "part-0")
+    run.write_part("predictions", grid.filter(pa.compute.equal(grid["window"], 1)), "part-0")
+    return run
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_sweep_stage_on_tune(tmp_path, ray_local):
+    from raypipe.control.stage import run_sweep
+
+    run = write_synthetic_run(tmp_path / "run")
+    cfg = StoppingConfig(
+        theta_p_grid=[0.0, 0.3, 0.6, 2.0], theta_u_grid=[-0.1, 0.2], quantile_points=1,
+        variants=["paper", "delta_p"], heads="windows",
+    )  # fmt: skip
+    report = run_sweep(run, cfg, experiment="t")
+    out = tmp_path / "run" / "stopping"
+    for name in ("grid.parquet", "tradeoff.csv", "tradeoff.md", "pareto.csv", "figure5.png", "selected.json", "selections.csv"):
+        assert (out / name).exists(), name
+    grid = pd.read_parquet(out / "grid.parquet")
+    assert set(zip(grid["feature_group"], grid["window"])) == {("unsup+sup", 1), ("unsup+sup", 3)}
+    assert set(grid["variant"]) == {"paper", "delta_p"}
+    # TensorBoard event files from Tune, one per trial
+    assert len(list((out / "tune" / "t").glob("*/events.out.tfevents.*"))) == 2
+    table = report.table
+    assert "natural" in set(table["controller"]) and "cap@1" in set(table["controller"])
+    natural = table[table["controller"] == "natural"].iloc[0]
+    assert natural["f1_share"] == pytest.approx(1.0)
+    selected = json.loads((out / "selected.json").read_text())
+    assert selected["paper"]["thresholds"] == {"*": {"theta_p": 0.3, "theta_u": 0.2}}
+    assert selected["faithful"]["variant"] == "paper"
+    assert selected["questions"]["val"] + selected["questions"]["test"] == 40
+    assert "| natural |" in (out / "tradeoff.md").read_text()
