@@ -81,22 +81,30 @@ def test_missing_run_dir_is_an_error(tmp_path):
 def test_generic_stage_folders_show_csv_markdown_png_and_parquet(tmp_path):
     run = RunDir(tmp_path / "run")  # no probe tables: this test is about the stage folders
     stopping = run.path / "stopping"
-    stopping.mkdir(parents=True)
+    (stopping / "tables").mkdir(parents=True)
     pd.DataFrame({"theta_P": [0.3, 0.5], "F1 kept": [0.976, 0.95]}).to_csv(stopping / "01_tradeoff.csv", index=False)
-    (stopping / "02_summary.md").write_text("Best setting below.\n\n| setting | iterations |\n|---|---|\n| θ=0.3 | 2.86 |\n")
+    (stopping / "02_summary.md").write_text(
+        "## Operating points\n\nBest setting\nbelow.\n\n| setting | iterations |\n|---|---|\n| θ=0.3 | 2.86 |\n")
+    pd.DataFrame({"x": [123.25]}).to_csv(stopping / "02_summary.csv", index=False)  # the .md is shown instead
+    pd.DataFrame({"w": [3], "pearson": [0.438]}).to_csv(stopping / "tables" / "table3.csv", index=False)
+    (stopping / "tune").mkdir()  # other subfolders (Tune logs, checkpoints) are ignored
+    pd.DataFrame({"trial": [1]}).to_csv(stopping / "tune" / "progress_marker.csv", index=False)
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, 0])
     fig.savefig(stopping / "curve.png")
     plt.close(fig)
-    (stopping / "checkpoints").mkdir()  # subfolders are ignored
     run.write_part("features", pa.table({"qid": ["A", "B"], "nqc": [0.5, 1.5]}), "part-0")
     result = report.build_report(run.path, FAST)
     status = {s.key: s.status for s in result.sections}
     assert status["stopping"] == status["features"] == "ok"
     html = result.html.read_text()
-    assert "01_tradeoff" in html and "0.976" in html and "2.86" in html and "Best setting below." in html
+    assert "01_tradeoff" in html and "0.976" in html and "2.86" in html
+    assert "<h3>Operating points</h3>" in html and "<p>Best setting below.</p>" in html
+    assert "123.25" not in html and "progress_marker" not in html
+    assert "0.438" in html and "tables/table3.csv" in html
     assert html.count('src="data:image/png;base64,') == 1  # curve.png (no probe tables, so no RQ-1 plots)
     assert "features table: 2 rows" in html and "nqc" in html
+    assert "### Operating points" in result.markdown.read_text()
 
 
 def test_registered_sections_replace_stages_and_failures_are_contained(tmp_path, monkeypatch):

@@ -34,7 +34,7 @@ class Figure:
 @dataclass
 class Text:
     text: str
-    kind: str = "p"  # "p" paragraph, "note" (highlighted), "missing", "error", "pre" (preformatted)
+    kind: str = "p"  # "p" paragraph, "h" heading, "note" (highlighted), "missing", "error", "pre" (preformatted)
 
 
 Block = Table | Figure | Text
@@ -97,6 +97,8 @@ def block_markdown(block: Block, report_dir: Path) -> str:
         return f"![{block.caption}]({rel})" + (f"\n\n_{block.caption}_" if block.caption else "")
     if block.kind == "pre":
         return "```\n" + block.text + "\n```"
+    if block.kind == "h":
+        return f"### {block.text}"
     if block.kind in ("note", "missing", "error"):
         return f"> **{block.kind}:** {block.text}" if block.kind != "note" else f"> {block.text}"
     return block.text
@@ -189,6 +191,8 @@ def block_html(block: Block, report_dir: Path) -> str:
     text = html.escape(block.text)
     if block.kind == "pre":
         return f"<pre>{text}</pre>"
+    if block.kind == "h":
+        return f"<h3>{text}</h3>"
     css = {"note": "callout", "missing": "missing", "error": "error"}.get(block.kind)
     return f'<div class="{css}">{text}</div>' if css else f"<p>{text}</p>"
 
@@ -224,34 +228,46 @@ def _relative(path: Path, report_dir: Path) -> str:
 # ---------------------------------------------------------------- Markdown files found in stage folders
 
 
-def markdown_blocks(text: str, title: str = "") -> list[Block]:
-    """Split a Markdown file into pipe tables (as :class:`Table`) and the prose around them (as text)."""
+def markdown_blocks(text: str) -> list[Block]:
+    """Read a Markdown file into blocks: '#' headings, pipe tables (as :class:`Table`), fenced code,
+    and paragraphs (other Markdown is shown as written)."""
     blocks: list[Block] = []
     lines = text.splitlines()
-    prose: list[str] = []
-    i = 0
+    para: list[str] = []
 
     def flush() -> None:
-        para = "\n".join(prose).strip()
         if para:
-            blocks.append(Text(para, kind="pre" if "\n" in para else "p"))
-        prose.clear()
+            blocks.append(Text(" ".join(line.strip() for line in para)))
+            para.clear()
 
+    i = 0
     while i < len(lines):
-        if _is_row(lines[i]) and i + 1 < len(lines) and re.match(r"^\s*\|?\s*:?-{2,}", lines[i + 1]):
+        line = lines[i]
+        if _is_row(line) and i + 1 < len(lines) and re.match(r"^\s*\|?\s*:?-{2,}", lines[i + 1]):
             flush()
-            header = _cells(lines[i])
-            i += 2
+            header = _cells(line)
             rows = []
+            i += 2
             while i < len(lines) and _is_row(lines[i]):
-                cells = _cells(lines[i])
-                rows.append((cells + [""] * len(header))[: len(header)])
+                rows.append((_cells(lines[i]) + [""] * len(header))[: len(header)])
                 i += 1
-            blocks.append(Table(title if not any(isinstance(b, Table) for b in blocks) else "",
-                                pd.DataFrame(rows, columns=header)))
+            blocks.append(Table("", pd.DataFrame(rows, columns=header)))
+            continue
+        if line.strip().startswith("```"):
+            flush()
+            end = next((j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```")), len(lines))
+            blocks.append(Text("\n".join(lines[i + 1 : end]), "pre"))
+            i = end + 1
+            continue
+        heading = re.match(r"^#{1,6}\s+(.*)", line)
+        if heading:
+            flush()
+            blocks.append(Text(heading.group(1).strip(), "h"))
+        elif line.strip():
+            para.append(line)
         else:
-            prose.append(lines[i])
-            i += 1
+            flush()
+        i += 1
     flush()
     return blocks
 

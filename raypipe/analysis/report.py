@@ -11,11 +11,13 @@ Conventions for later stages (features, predictions, stopping sweeps, Stop-RAG),
 appear without touching this module:
 
 1. Generic rendering, nothing to register. Write report-ready files at the top level of your stage
-   folder ``RUN_DIR/<stage>/`` (subfolders are ignored, so checkpoints stay out of the page):
-   ``*.csv`` (a header row; shown as tables, first ``report.max_table_rows`` rows), ``*.md`` (pipe
-   tables become tables, the rest is shown as text), ``*.png`` (plots). Parquet parts there are
-   summarised (rows, columns, numeric ranges). Files appear in name order, so prefix them
-   (``01_pearson.csv``) to choose the order. Stages known here: ``features``, ``predictions``,
+   folder ``RUN_DIR/<stage>/`` or in its ``tables/``, ``plots/`` or ``figures/`` subfolder (other
+   subfolders are ignored, so checkpoints, Tune logs and training curves stay out of the page):
+   ``*.md`` (``#`` headings, paragraphs and pipe tables are rendered), ``*.csv`` (a header row; shown
+   as a table, first ``report.max_table_rows`` rows; skipped when a ``.md`` of the same name exists,
+   which is taken as its formatted version), ``*.png`` (plots). Parquet parts at the top level are
+   summarised (rows, columns, numeric ranges). Files appear in name order (top level first), so prefix
+   them (``01_pearson.md``) to choose the order. Stages known here: ``features``, ``predictions``,
    ``tables`` (cross-stage tables such as ``RUN_DIR/tables/*.csv``), ``stopping``, ``stoprag``.
 2. A custom section. Put a module ``raypipe/<your package>/report_section.py`` that calls
    :func:`register_section` at import; :func:`build_report` imports every such module. A section with
@@ -289,24 +291,42 @@ def render_overview(ctx: ReportContext) -> list[Block]:
     return blocks
 
 
+REPORT_SUBFOLDERS = ("tables", "plots", "figures")  # shown besides a stage folder's top level
+
+
+def stage_files(folder: Path) -> list[Path]:
+    """The files of a stage folder the generic rendering shows, in order (see the module docstring)."""
+    files = [p for p in sorted(folder.iterdir()) if p.is_file()]
+    for sub in REPORT_SUBFOLDERS:
+        if (folder / sub).is_dir():
+            files += [p for p in sorted((folder / sub).iterdir()) if p.is_file()]
+    files = [p for p in files if not p.name.startswith(".")]
+    with_markdown = {p.with_suffix("") for p in files if p.suffix == ".md"}
+    return [p for p in files if not (p.suffix == ".csv" and p.with_suffix("") in with_markdown)]
+
+
 def render_stage_folder(stage: str) -> Callable[[ReportContext], list[Block]]:
-    """The generic rendering of ``RUN_DIR/<stage>/``: CSV and Markdown tables, PNG plots, Parquet summaries."""
+    """The generic rendering of ``RUN_DIR/<stage>/``: Markdown and CSV tables, PNG plots, Parquet summaries."""
 
     def render(ctx: ReportContext) -> list[Block]:
         folder = ctx.run.path / stage
         blocks: list[Block] = []
-        files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+        files = stage_files(folder)
         for path in files:
+            name = path.relative_to(folder).as_posix()
             if path.suffix == ".csv":
                 frame = pd.read_csv(path)
                 limit = ctx.options.max_table_rows
-                note = f"{path.name}" + (f": first {limit} of {len(frame)} rows" if len(frame) > limit else "")
+                note = name + (f": first {limit} of {len(frame)} rows" if len(frame) > limit else "")
                 blocks.append(Table(path.stem, frame.head(limit), note=note))
             elif path.suffix == ".md":
-                blocks += markdown_blocks(path.read_text(), title=path.stem)
+                content = markdown_blocks(path.read_text())
+                if not (content and isinstance(content[0], Text) and content[0].kind == "h"):
+                    content.insert(0, Text(path.stem, "h"))
+                blocks += content
             elif path.suffix == ".png":
-                blocks.append(Figure(path, path.name))
-        parquet = [p for p in files if p.suffix == ".parquet"]
+                blocks.append(Figure(path, name))
+        parquet = [p for p in files if p.suffix == ".parquet" and p.parent == folder]
         if parquet:
             blocks.append(_parquet_summary(stage, parquet))
         if not blocks:
