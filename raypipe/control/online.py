@@ -1,0 +1,182 @@
+"""The online controller: the 4-state heuristic on a predictor bundle's P̂/Û while the agent runs.
+
+:class:`OnlineController` implements :class:`raypipe.control.base.StopController`. After each
+iteration the agent loop calls ``decide(question, history)``; the controller predicts (P̂_i, Û_i) for
+the new iterations with the bundle (``raypipe.predict.bundle``; predictions start at iteration 1),
+replays :class:`FourStateHeuristic` over the trajectory's predictions so far, and says stop when the
+heuristic fires (naming a rolled-back iteration when state 3 returns an earlier answer). The saving is
+real compute: the agent generates no further turns.
+
+The controller is picklable and loads the bundle lazily, so it travels to the generation actors and
+each actor opens its own copy. Predictions run in one worker thread per controller (the bundle is not
+meant for concurrent use) so the actor's event loop keeps serving the other trajectories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol
+
+from raypipe.config import RunConfig
+from raypipe.control.base import CONTINUE, StopDecision
+from raypipe.control.heuristic import PAPER_THRESHOLDS, FourStateHeuristic, HeuristicOptions, Thresholds
+
+log = logging.getLogger(__name__)
+MAX_TRACKED = 10_000  # trajectories whose predictions are kept between calls
+
+
+class Predictor(Protocol):
+    def predict(self, history_rows: list[dict[str, Any]], question: str) -> tuple[float, float]: ...
+
+
+PredictorFactory = Callable[[], Predictor]
+
+
+def load_bundle_predictor(bundle_path: str | Path, config: RunConfig | None = None) -> Predictor:
+    """A :class:`raypipe.predict.bundle.PredictorBundle`, with the feature extractor its head needs.
+
+    Supervised signals come from the bundled cross-encoders (reading the visible documents the loop
+    passes in the history); the other signals need the run's retrieval index and sentence encoder,
+    opened from ``config`` (default: the embedded preset).
+    """
+    from raypipe.predict.bundle import PredictorBundle
+
+    bundle = PredictorBundle.load(bundle_path)
+    if bundle.needs_feature_extractor:
+        from functools import partial
+
+        from raypipe.config import load_config
+        from raypipe.features.extract import extract_trajectory
+        from raypipe.stages.features import IndexCorpus, SbertEncoder, signal_settings
+
+        config = config or load_config()
+        bundle.feature_extractor = partial(
+            extract_trajectory,
+            corpus=IndexCorpus.open(config),
+            sentences=SbertEncoder(config.features.sentence_model),
+            settings=signal_settings(config.features),
+        )
+    log.info("online controller: bundle %s (%s, w=%d)", bundle_path, bundle.feature_group, bundle.window)
+    return bundle
+
+
+class OnlineController:
+    """Stop trajectories in flight with the 4-state heuristic on predicted P̂/Û.
+
+    ``thresholds``: one :class:`Thresholds` (or a (θ_P, θ_U) pair), or a mapping from dataset name to
+    thresholds with ``"*"`` for the rest (per-dataset choices of the sweep). ``predictor_factory``
+    replaces the bundle (tests, other predictors).
+    """
+
+    def __init__(
+        self,
+        bundle_path: str | Path | None,
+        thresholds: Thresholds | tuple[float, float] | Mapping[str, Thresholds] = PAPER_THRESHOLDS,
+        options: HeuristicOptions = HeuristicOptions(),
+        *,
+        config: RunConfig | None = None,
+        predictor_factory: PredictorFactory | None = None,
+    ):
+        if bundle_path is None and predictor_factory is None:
+            raise ValueError("OnlineController needs a bundle path or a predictor factory")
+        if options.first_iteration != 1:
+            raise ValueError("the predictor bundle predicts from iteration 1 on; first_iteration must be 1")
+        self.bundle_path = None if bundle_path is None else str(bundle_path)
+        self.thresholds = _threshold_map(thresholds)
+        self.options = options
+        self._config = config.model_dump(mode="json") if config is not None else None
+        self._factory = predictor_factory
+        self._predictor: Predictor | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._predictions: OrderedDict[str, dict[int, tuple[float, float]]] = OrderedDict()
+
+    @classmethod
+    def from_selected(
+        cls, selected_json: str | Path, bundle_path: str | Path, which: str = "faithful", config: RunConfig | None = None
+    ) -> "OnlineController":
+        """The controller a sweep chose (``RUN_DIR/stopping/selected.json``: paper, faithful or best).
+
+        The chosen head must be the bundle's (the bundle holds one head configuration).
+        """
+        from raypipe.control.sweep import VARIANTS
+        from raypipe.predict.pipeline import MANIFEST
+
+        chosen = json.loads(Path(selected_json).read_text())[which]
+        manifest = json.loads((Path(bundle_path) / MANIFEST).read_text())
+        head = (manifest["feature_group"], int(manifest["window"]))
+        if head != (chosen["feature_group"], int(chosen["window"])):
+            raise ValueError(
+                f"{selected_json} [{which}] was chosen for head {chosen['feature_group']}/w{chosen['window']}, "
+                f"but the bundle {bundle_path} holds {head[0]}/w{head[1]}"
+            )
+        thresholds = {ds: Thresholds(t["theta_p"], t["theta_u"]) for ds, t in chosen["thresholds"].items()}
+        return cls(bundle_path, thresholds, VARIANTS[chosen["variant"]], config=config)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.update(_predictor=None, _executor=None, _predictions=OrderedDict())
+        return state
+
+    def thresholds_for(self, dataset: str | None) -> Thresholds:
+        return self.thresholds.get(dataset or "", self.thresholds["*"])
+
+    async def decide(self, question: str, history: list[dict[str, Any]]) -> StopDecision:
+        if not history:
+            return CONTINUE
+        current = history[-1]
+        iteration = int(current["iteration"])
+        if iteration < self.options.first_iteration:
+            return CONTINUE
+        qid = str(current["qid"])
+        preds = self._predictions.setdefault(qid, {})
+        self._predictions.move_to_end(qid)
+        while len(self._predictions) > MAX_TRACKED:
+            self._predictions.popitem(last=False)
+        for k, row in enumerate(history):
+            i = int(row["iteration"])
+            if i >= self.options.first_iteration and i not in preds:
+                preds[i] = await self._predict(history[: k + 1], question)
+        heuristic = FourStateHeuristic(self.thresholds_for(current.get("dataset")), self.options)
+        decision = CONTINUE
+        for i in range(self.options.first_iteration, iteration + 1):
+            if i not in preds:
+                raise ValueError(f"question {qid}: history lacks iteration {i}")
+            decision = heuristic.step(i, *preds[i])
+            if decision.stop:
+                break
+        if decision.stop:
+            self._predictions.pop(qid, None)
+        return decision
+
+    async def _predict(self, rows: list[dict[str, Any]], question: str) -> tuple[float, float]:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stop-controller")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._predict_sync, rows, question)
+
+    def _predict_sync(self, rows: list[dict[str, Any]], question: str) -> tuple[float, float]:
+        if self._predictor is None:
+            if self._factory is not None:
+                self._predictor = self._factory()
+            else:
+                config = RunConfig.model_validate(self._config) if self._config is not None else None
+                self._predictor = load_bundle_predictor(self.bundle_path, config)
+        p_hat, u_hat = self._predictor.predict(rows, question)
+        return float(p_hat), float(u_hat)
+
+
+def _threshold_map(thresholds: Thresholds | tuple[float, float] | Mapping[str, Thresholds]) -> dict[str, Thresholds]:
+    if isinstance(thresholds, Thresholds):
+        return {"*": thresholds}
+    if isinstance(thresholds, tuple):
+        return {"*": Thresholds(*thresholds)}
+    out = dict(thresholds)
+    if "*" not in out:
+        raise ValueError("per-dataset thresholds need a '*' entry for other datasets")
+    return out
