@@ -17,6 +17,8 @@ class FakeEngine:
     Tokens are whitespace-separated words; every generated token has log-prob -0.5.
     """
 
+    supports_regex = True
+
     def __init__(self, script: Callable[[GenerationRequest], str], max_model_len: int = 10_000):
         self.script = script
         self.max_model_len = max_model_len

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import threading
 import time
@@ -38,6 +39,7 @@ OUTPUT = pa.schema(
         pa.field("qid", pa.string(), nullable=False),
         pa.field("trajectory", pa.struct(list(TRAJECTORIES))),
         pa.field("iterations", pa.list_(pa.struct(list(ITERATIONS)))),
+        pa.field("engine", pa.string()),  # JSON: what the run records about the engine that produced the row
     ]
 )
 
@@ -51,6 +53,14 @@ def default_engine_factory(config: EngineConfig) -> Engine:
     from raypipe.llm.factory import build_engine
 
     return build_engine(config)
+
+
+def _engine_info(engine: Engine) -> dict[str, Any]:
+    try:
+        from raypipe.llm.factory import engine_info
+    except ImportError:  # the engine backends are not installed (fakes in tests)
+        return {"backend": type(engine).__name__}
+    return engine_info(engine)
 
 
 class GenerateStage:
@@ -71,10 +81,16 @@ class GenerateStage:
         started = time.perf_counter()
         engine = (engine_factory or default_engine_factory)(self.config.engine)
         self.engine: Engine = self._thread.run(engine) if inspect.isawaitable(engine) else engine
+        if agent.enforcement != "none" and not getattr(self.engine, "supports_regex", False):
+            raise ValueError(
+                f"agent.enforcement={agent.enforcement} needs structured outputs, which the "
+                f"{self.config.engine.backend} backend does not offer; use engine.backend=vllm or agent.enforcement=none"
+            )
         warmup = getattr(self.engine, "warmup", None)
         if warmup is not None:  # compile the enforcement grammars before real requests (vLLM gives up after a timeout)
             self._thread.run(warmup(self.protocol.enforcement_regexes(agent.enforcement, self.settings.bounds)))
         self.engine_start_s = time.perf_counter() - started
+        self.engine_info = json.dumps({**_engine_info(self.engine), "actor_start_seconds": round(self.engine_start_s, 2)})
         self.loop = AgentLoop(self.engine, retriever, self.protocol, self.settings, controller)
         self._slots = self._thread.run(_make_semaphore(self.config.generation.max_concurrent_trajectories))
         log.info("generation actor ready in %.1f s (%s, %s)", self.engine_start_s, self.protocol.name, agent.enforcement)
@@ -88,7 +104,7 @@ class GenerateStage:
             for r in batch.select(list(INPUT_COLUMNS)).to_pylist()
         ]
         outputs = self._thread.run(self.run_questions(questions))
-        return to_table(outputs)
+        return to_table(outputs, self.engine_info)
 
     async def run_questions(self, questions: list[Question]) -> list[TrajectoryOutput]:
         async def one(question: Question) -> TrajectoryOutput:
@@ -102,8 +118,11 @@ class GenerateStage:
         self._thread.stop()
 
 
-def to_table(outputs: list[TrajectoryOutput]) -> pa.Table:
-    rows = [{"qid": o.trajectory["qid"], "trajectory": o.trajectory, "iterations": o.iterations} for o in outputs]
+def to_table(outputs: list[TrajectoryOutput], engine_info: str = "{}") -> pa.Table:
+    rows = [
+        {"qid": o.trajectory["qid"], "trajectory": o.trajectory, "iterations": o.iterations, "engine": engine_info}
+        for o in outputs
+    ]
     return pa.Table.from_pylist(rows, schema=OUTPUT)
 
 

@@ -11,6 +11,7 @@ line per part with rows done, rate and ETA.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import logging
 import math
 import time
@@ -182,6 +183,8 @@ def run_probe(
             num_cpus=gen.actor_num_cpus,
             num_gpus=gen.actor_num_gpus,
         )
+        info_path = run_dir.path / INFO_FILE
+        engines: list[dict] = []
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
         progress = Progress(len(todo))
         written = 0
@@ -189,6 +192,12 @@ def run_probe(
             if batch.num_rows == 0:
                 continue
             written += write_batch(run_dir, batch, f"part-{stamp}-{index:05d}")
+            engine = json.loads(batch.column("engine")[0].as_py())
+            if engine not in engines:  # one entry per distinct engine (actors share a configuration)
+                engines.append(engine)
+                info = yaml.safe_load(info_path.read_text())
+                info["engines"] = engines
+                info_path.write_text(yaml.safe_dump(info, sort_keys=False))
             log.info("%s", progress.advance(batch.num_rows))
     finally:
         if retriever is None:
