@@ -66,3 +66,11 @@ def test_headline_intervals_of_the_hand_built_run(tmp_path):
     assert (hp["low"] <= hp["estimate"] + 1e-12).all() and (hp["estimate"] <= hp["high"] + 1e-12).all()
     # final F1 values are 1, .5, .5, 1: every resample mean lies in [.5, 1]
     assert 0.5 <= hp.loc["final F1", "low"] and hp.loc["final F1", "high"] <= 1.0
+
+
+def test_figures_share_resamples():
+    from raypipe.analysis.bootstrap import ratio_cis
+
+    values, ones = np.linspace(0, 1, 30), np.ones(30)
+    both = ratio_cis(np.stack([values, values]), np.stack([ones, ones]), 300, 5)
+    assert both[0] == both[1] == ratio_ci(values, ones, 300, 5)

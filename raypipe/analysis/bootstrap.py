@@ -16,30 +16,47 @@ from raypipe.analysis.stats import by_agent_dataset
 _CHUNK = 2_000_000  # index cells per chunk: bounds memory for large runs
 
 
-def ratio_ci(
+def ratio_cis(
     num: np.ndarray, den: np.ndarray, samples: int, seed: int, confidence: float = 0.95
-) -> tuple[float, float, float]:
-    """(estimate, low, high) of sum(num)/sum(den), percentile interval over resampled questions."""
-    num = np.nan_to_num(np.asarray(num, dtype=float))
-    den = np.asarray(den, dtype=float)
-    n = len(num)
-    if n == 0 or den.sum() == 0:
-        return float("nan"), float("nan"), float("nan")
-    estimate = num.sum() / den.sum()
+) -> list[tuple[float, float, float]]:
+    """(estimate, low, high) of sum(num[k])/sum(den[k]) for each row k of (figures x questions) arrays.
+
+    All figures share the same resamples, so their intervals are consistent with one another.
+    """
+    num = np.nan_to_num(np.atleast_2d(np.asarray(num, dtype=float)))
+    den = np.atleast_2d(np.asarray(den, dtype=float))
+    figures, n = num.shape
+    if n == 0:
+        return [(float("nan"),) * 3] * figures
     rng = np.random.default_rng(seed)
-    stats = np.empty(samples)
+    stats = np.empty((figures, samples))
     per_chunk = max(1, _CHUNK // n)
     for start in range(0, samples, per_chunk):
         stop = min(samples, start + per_chunk)
         idx = rng.integers(0, n, size=(stop - start, n))
         with np.errstate(invalid="ignore", divide="ignore"):
-            stats[start:stop] = num[idx].sum(axis=1) / den[idx].sum(axis=1)
-    stats = stats[np.isfinite(stats)]  # a resample with no defined value at all
-    if not len(stats):
-        return float(estimate), float("nan"), float("nan")
+            for k in range(figures):
+                stats[k, start:stop] = num[k][idx].sum(axis=1) / den[k][idx].sum(axis=1)
     alpha = (1 - confidence) / 2
-    low, high = np.quantile(stats, [alpha, 1 - alpha])
-    return float(estimate), float(low), float(high)
+    out = []
+    for k in range(figures):
+        total = den[k].sum()
+        finite = stats[k][np.isfinite(stats[k])]  # a resample with no defined value at all is skipped
+        if not total:
+            out.append((float("nan"),) * 3)
+        elif not len(finite):
+            out.append((float(num[k].sum() / total), float("nan"), float("nan")))
+        else:
+            low, high = np.quantile(finite, [alpha, 1 - alpha])
+            out.append((float(num[k].sum() / total), float(low), float(high)))
+    return out
+
+
+def ratio_ci(
+    num: np.ndarray, den: np.ndarray, samples: int, seed: int, confidence: float = 0.95
+) -> tuple[float, float, float]:
+    """(estimate, low, high) of sum(num)/sum(den), percentile interval over resampled questions."""
+    return ratio_cis(num, den, samples, seed, confidence)[0]
 
 
 def _defined(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -64,9 +81,9 @@ def headline_intervals(summary: pd.DataFrame, samples: int, seed: int, confidenc
     """Long table: agent, dataset, figure, estimate, low, high (for each agent/dataset and the pooled rows)."""
     rows = []
     for agent, dataset, s in by_agent_dataset(summary):
-        for figure, extract in HEADLINES.items():
-            num, den = extract(s)
-            estimate, low, high = ratio_ci(num, den, samples, seed, confidence)
+        pairs = [extract(s) for extract in HEADLINES.values()]
+        cis = ratio_cis(np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs]), samples, seed, confidence)
+        for figure, (estimate, low, high) in zip(HEADLINES, cis):
             rows.append(
                 {"agent": agent, "dataset": dataset, "figure": figure, "estimate": estimate, "low": low, "high": high}
             )

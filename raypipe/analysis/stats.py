@@ -48,41 +48,34 @@ def _check_columns(frame: pd.DataFrame, name: str, columns: list[str]) -> None:
 def trajectory_summary(iterations: pd.DataFrame, trajectories: pd.DataFrame, epsilon: float) -> pd.DataFrame:
     """One row per trajectory with every per-question figure the tables and intervals use.
 
-    Trajectories without iteration rows (e.g. an engine error before probe 0) keep NaN probe figures.
+    Trajectories without probe 0 (e.g. an engine error before it, or probing off) keep NaN probe figures.
     """
     _check_columns(iterations, "iterations", ["agent", "dataset", "qid", "iteration", "probe_f1", "utility"])
     _check_columns(trajectories, "trajectories", ["agent", "dataset", "qid", "final_f1", "n_iterations", "stop_reason"])
     its = iterations.dropna(subset=["probe_f1"]).sort_values(KEYS + ["iteration"])
-    rows = []
-    for key, group in its.groupby(KEYS, sort=False):
-        p = group["probe_f1"].to_numpy(dtype=float)
-        steps = group["iteration"].to_numpy()
-        if steps[0] != 0:
-            continue  # no probe 0: neither net utility nor ΔF1 is defined
-        u = group.loc[group["iteration"] >= 1, "utility"].dropna().to_numpy(dtype=float)
-        p_last = p[-1]
-        first = int(np.argmax(p >= p_last - epsilon))  # exists: the last row qualifies
-        rows.append(
-            {
-                **dict(zip(KEYS, key)),
-                "p0": p[0],
-                "p_last": p_last,
-                "last_iteration": int(steps[-1]),
-                "oracle_iteration": int(steps[first]),
-                "oracle_p": p[first],
-                "u_sum": u.sum(),
-                "u_count": len(u),
-                "u_zero": int((np.abs(u) < epsilon).sum()),
-                "u_positive": int((u >= epsilon).sum()),
-                "u_negative": int((u <= -epsilon).sum()),
-            }
-        )
-    probes = pd.DataFrame(rows, columns=KEYS + [
-        "p0", "p_last", "last_iteration", "oracle_iteration", "oracle_p",
-        "u_sum", "u_count", "u_zero", "u_positive", "u_negative",
-    ])
-    traj = trajectories[KEYS + ["final_f1", "n_iterations", "stop_reason"]]
-    summary = traj.merge(probes, on=KEYS, how="left")
+    starts = its.groupby(KEYS, sort=False).head(1)
+    with_probe0 = starts.loc[starts["iteration"] == 0, KEYS]  # no probe 0: no net utility, no ΔF1
+    its = its.merge(with_probe0, on=KEYS)
+    grouped = its.groupby(KEYS, sort=False)
+    probes = grouped.head(1)[KEYS + ["probe_f1"]].rename(columns={"probe_f1": "p0"})
+    last = grouped.tail(1)[KEYS + ["probe_f1", "iteration"]].rename(
+        columns={"probe_f1": "p_last", "iteration": "last_iteration"})
+    probes = probes.merge(last, on=KEYS)
+    # The oracle: the first iteration whose probe reaches the final one (the last row always does).
+    reach = its.merge(last[KEYS + ["p_last"]], on=KEYS)
+    reach = reach[reach["probe_f1"] >= reach["p_last"] - epsilon].groupby(KEYS, sort=False).head(1)
+    probes = probes.merge(
+        reach[KEYS + ["iteration", "probe_f1"]].rename(columns={"iteration": "oracle_iteration", "probe_f1": "oracle_p"}),
+        on=KEYS,
+    )
+    u = its.loc[(its["iteration"] >= 1) & its["utility"].notna(), KEYS + ["utility"]]
+    u = u.assign(zero=u["utility"].abs() < epsilon, positive=u["utility"] >= epsilon,
+                 negative=u["utility"] <= -epsilon)
+    u_stats = u.groupby(KEYS).agg(u_sum=("utility", "sum"), u_count=("utility", "size"), u_zero=("zero", "sum"),
+                                  u_positive=("positive", "sum"), u_negative=("negative", "sum")).reset_index()
+    probes = probes.merge(u_stats, on=KEYS, how="left")
+
+    summary = trajectories[KEYS + ["final_f1", "n_iterations", "stop_reason"]].merge(probes, on=KEYS, how="left")
     summary["net_utility"] = summary["p_last"] - summary["p0"]
     summary["net_group"] = sign_class(summary["net_utility"], epsilon)
     summary["delta_f1"] = summary["final_f1"] - summary["p0"]
@@ -91,7 +84,7 @@ def trajectory_summary(iterations: pd.DataFrame, trajectories: pd.DataFrame, eps
     summary["reached_early"] = summary["extra_iterations"] > 0
     for col in ("u_count", "u_zero", "u_positive", "u_negative"):
         summary[col] = summary[col].fillna(0).astype(int)
-    summary["u_sum"] = summary["u_sum"].fillna(0.0)
+    summary["u_sum"] = summary["u_sum"].fillna(0.0).astype(float)
     return summary
 
 
