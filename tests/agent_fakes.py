@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 from raypipe.control.base import CONTINUE, StopDecision
 from raypipe.llm.base import EngineError, Generation, GenerationRequest
+from raypipe.llm.common import fit_max_tokens
 from raypipe.retrieval.types import SearchHit, SearchResult
 
 TEMPLATE = "<|user|>{content}<|assistant|>\n"
@@ -14,7 +15,8 @@ TEMPLATE = "<|user|>{content}<|assistant|>\n"
 class FakeEngine:
     """``script(request)`` returns the continuation text (or raises); stop strings are applied like vLLM.
 
-    Tokens are whitespace-separated words; every generated token has log-prob -0.5.
+    Tokens are whitespace-separated words; every generated token has log-prob -0.5. The context budget
+    follows the engines' policy (``raypipe.llm.common.fit_max_tokens``).
     """
 
     supports_regex = True
@@ -26,13 +28,14 @@ class FakeEngine:
 
     async def generate(self, request: GenerationRequest) -> Generation:
         self.requests.append(request)
+        max_tokens = fit_max_tokens(self.count_tokens(request.prompt), request.max_tokens, self.max_model_len)
         text = self.script(request)
         stop_string = None
         cuts = [(text.find(s), s) for s in request.stop if s in text]
         if cuts:
             at, stop_string = min(cuts)
             text = text[:at]
-        words = text.split()[: request.max_tokens]
+        words = text.split()[:max_tokens]
         n = len(words)
         return Generation(
             text=text,

@@ -229,22 +229,12 @@ class _Run:
         turn: int = 0,
         logprobs: bool = False,
     ) -> Generation:
-        engine = self.loop.engine
-        try:
-            room = engine.max_model_len - engine.count_tokens(prompt)
-            if room < 1:
-                raise ContextOverflowError(f"prompt of {engine.max_model_len - room} tokens fills the {engine.max_model_len}-token window")
-            seed = None if temperature == 0 else (zlib.crc32(self.question.qid.encode()) + self.settings.seed + turn) % 2**31
-            request = GenerationRequest(
-                prompt=prompt,
-                max_tokens=min(max_tokens, room),
-                temperature=temperature,
-                stop=stop,
-                logprobs=logprobs,
-                regex=regex,
-                seed=seed,
-            )
-            return await engine.generate(request)
+        seed = None if temperature == 0 else (zlib.crc32(self.question.qid.encode()) + self.settings.seed + turn) % 2**31
+        request = GenerationRequest(
+            prompt=prompt, max_tokens=max_tokens, temperature=temperature, stop=stop, logprobs=logprobs, regex=regex, seed=seed
+        )
+        try:  # engines clamp max_tokens to the room left and raise ContextOverflowError when there is none
+            return await self.loop.engine.generate(request)
         except ContextOverflowError as exc:
             raise _Stop(STOP_CONTEXT, str(exc)) from exc
         except EngineError as exc:
