@@ -109,6 +109,20 @@ def test_from_selected_checks_the_head(tmp_path):
         OnlineController.from_selected(selected, tmp_path, "faithful")
 
 
+def test_controller_from_path(tmp_path):
+    from raypipe.config import load_config
+    from raypipe.control.online import controller_from_path
+
+    config = load_config(overrides=["stopping.theta_p=0.25", "stopping.variant=best_rollback"])
+    with pytest.raises(FileNotFoundError, match="no predictor bundle"):
+        controller_from_path(tmp_path, config)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "manifest.json").write_text("{}")
+    ctl = controller_from_path(tmp_path, config)  # a run directory: the bundle under models/
+    assert ctl.bundle_path == str(tmp_path / "models")
+    assert ctl.thresholds == {"*": Thresholds(0.25, 0.2)} and ctl.options == HeuristicOptions(rollback="best")
+
+
 # ---------------------------------------------------------------- inside the agent loop
 
 Q = Question(qid="q1", dataset="toy", question="Who wrote Hamlet", golden_answers=["William Shakespeare"])

@@ -29,6 +29,7 @@ from raypipe.control.heuristic import PAPER_THRESHOLDS, FourStateHeuristic, Heur
 
 log = logging.getLogger(__name__)
 MAX_TRACKED = 10_000  # trajectories whose predictions are kept between calls
+BUNDLE_MANIFEST = "manifest.json"  # raypipe.predict.pipeline.MANIFEST, without importing the training code
 
 
 class Predictor(Protocol):
@@ -105,10 +106,9 @@ class OnlineController:
         The chosen head must be the bundle's (the bundle holds one head configuration).
         """
         from raypipe.control.sweep import VARIANTS
-        from raypipe.predict.pipeline import MANIFEST
 
         chosen = json.loads(Path(selected_json).read_text())[which]
-        manifest = json.loads((Path(bundle_path) / MANIFEST).read_text())
+        manifest = json.loads((Path(bundle_path) / BUNDLE_MANIFEST).read_text())
         head = (manifest["feature_group"], int(manifest["window"]))
         if head != (chosen["feature_group"], int(chosen["window"])):
             raise ValueError(
@@ -169,6 +169,24 @@ class OnlineController:
                 self._predictor = load_bundle_predictor(self.bundle_path, config)
         p_hat, u_hat = self._predictor.predict(rows, question)
         return float(p_hat), float(u_hat)
+
+
+def controller_from_path(path: str | Path, config: RunConfig) -> OnlineController:
+    """The controller ``jobs/probe.py --controller PATH`` uses.
+
+    PATH is a predictor bundle folder or a run directory holding one under ``models/``. Thresholds and
+    variant come from ``config.stopping`` (theta_p, theta_u, variant; default the paper's operating
+    point), so ``--set stopping.theta_p=...`` picks others (e.g. a sweep's choice from selected.json).
+    """
+    from raypipe.control.sweep import VARIANTS
+
+    folder = Path(path)
+    if not (folder / BUNDLE_MANIFEST).exists() and (folder / "models" / BUNDLE_MANIFEST).exists():
+        folder = folder / "models"
+    if not (folder / BUNDLE_MANIFEST).exists():
+        raise FileNotFoundError(f"{path}: no predictor bundle ({BUNDLE_MANIFEST}) here or under models/; run jobs/train.py first")
+    stopping = config.stopping
+    return OnlineController(folder, Thresholds(stopping.theta_p, stopping.theta_u), VARIANTS[stopping.variant], config=config)
 
 
 def _threshold_map(thresholds: Thresholds | tuple[float, float] | Mapping[str, Thresholds]) -> dict[str, Thresholds]:
