@@ -248,7 +248,7 @@ def pareto_front(points: pd.DataFrame, x: str = "mean_iterations", y: str = "mea
 # ---------------------------------------------------------------- Ray Tune adapter
 
 
-def _trial(config: dict, payload: dict) -> None:
+def stopping_trial(config: dict, payload: dict) -> None:
     """One Tune trial: the whole threshold grid of every variant for one prediction head."""
     from ray import tune
 
@@ -308,7 +308,7 @@ def run_tune(
         "theta_u": list(theta_u),
         "min_f1_share": min_f1_share,
     }
-    trainable = tune.with_resources(tune.with_parameters(_trial, payload=payload), {"cpu": trial_num_cpus})
+    trainable = tune.with_resources(tune.with_parameters(stopping_trial, payload=payload), {"cpu": trial_num_cpus})
     tuner = tune.Tuner(
         trainable,
         param_space={"head": tune.grid_search([list(h) for h in heads])},
