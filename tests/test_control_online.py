@@ -159,3 +159,30 @@ def test_stops_the_trajectory_in_flight_and_saves_generation():
     assert [r["iteration"] for r in stopped.iterations] == [0, 1, 2]
     assert len(engine.requests) < len(natural_engine.requests)
     assert t["tokens_generated"] < natural.trajectory["tokens_generated"]
+
+
+@pytest.mark.filterwarnings("ignore:Stochastic Optimizer")
+def test_with_a_real_predictor_bundle(tmp_path):
+    """The controller against raypipe.predict.bundle: heads fit on one signal that the rows carry."""
+    import pickle as pk
+
+    import numpy as np
+
+    from raypipe.config import TrainConfig
+    from raypipe.predict.bundle import PredictorBundle
+    from raypipe.predict.head import fit_head
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, size=(200, 1))
+    cfg = TrainConfig(head_batch_size=32)
+    for short, y in (("p", x[:, 0]), ("u", x[:, 0] - 0.5)):  # P̂ follows the signal, Û = signal - 0.5
+        with open(tmp_path / f"head_{short}.pkl", "wb") as fh:
+            pk.dump(fit_head(x, y, cfg), fh)
+    manifest = {"feature_group": "prob", "window": 1, "feature_columns": ["signal"], "crossencoders": {},
+                "train": {"max_tokens": 64, "field_chars": 256, "title_chars": 128}}  # fmt: skip
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    ctl = OnlineController(None, Thresholds(0.6, 0.0), predictor_factory=lambda: PredictorBundle.load(tmp_path))
+    history = [{**r, "signal": s} for r, s in zip(rows(3), [None, 0.2, 0.3, 0.95])]
+    decisions = [asyncio.run(ctl.decide("Q?", history[: i + 1])) for i in range(4)]
+    assert [d.stop for d in decisions] == [False, False, False, True]
+    assert decisions[-1].answer_iteration == 3
