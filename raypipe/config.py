@@ -239,6 +239,9 @@ class TrainConfig(StrictModel):
     use_gpu: bool = False
     cpus_per_worker: float = Field(default=1.0, gt=0)
     folds: int = Field(default=5, ge=2, description="k-fold by question: every row predicted by models that never saw it.")
+    crossencoder_folds: int | None = Field(
+        default=None, ge=2, description="k of the cross-encoders' own question folds (fewer models to train); None = folds."
+    )
     refit_full: bool = Field(
         default=False, description="Bundle cross-encoders refit on all questions (6 more trainings); else fold 0's."
     )
