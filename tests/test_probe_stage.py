@@ -1,6 +1,9 @@
 """The generation stage and the probe run on Ray with fakes: output tables, per-row failures, resume."""
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -110,3 +113,12 @@ def test_rerun_with_other_settings_is_refused(tmp_path):
     with pytest.raises(Exception, match="agent.max_new_tokens"):
         check_resumable(load_config("embedded", ["agent.max_new_tokens=7"]), run)
     stage.close()
+
+
+def test_job_help_lists_its_flags():
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, str(root / "jobs" / "probe.py"), "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0
+    for flag in ("--dataset", "--limit", "--out", "--config", "--set", "--no-probe"):
+        assert flag in proc.stdout
