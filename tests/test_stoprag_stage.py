@@ -1,5 +1,6 @@
 """The Stop-RAG stage end to end on a synthetic run directory (tiny encoder, fake LLM-Stop engine)."""
 
+import asyncio
 import json
 import random
 
@@ -78,6 +79,14 @@ def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):  # noqa: F811
                  "llm_stop.parquet", "training.csv", "qnet/qnet.json"):  # fmt: skip
         assert (out / name).exists(), name
     assert "threshold" in json.loads((out / "qnet/qnet.json").read_text())
+    from raypipe.control.qnet import StopRagController
+
+    controller = StopRagController(out / "qnet")  # the online controller loads the tuned network
+    history = [{"iteration": 0, "doc_titles": [], "doc_texts": []},
+               {"iteration": 1, "query": "q", "doc_ids": ["x"], "doc_titles": ["T"], "doc_texts": ["text"]}]
+    assert not asyncio.run(controller.decide("Q?", history[:1])).stop  # before first_decision
+    margin = controller.margin("Q?", history)
+    assert asyncio.run(controller.decide("Q?", history)).stop == (margin > controller.threshold)
     assert pd.read_csv(out / "comparison.csv")["controller"].tolist() == report.table["controller"].tolist()
     llm = pd.read_parquet(out / "llm_stop.parquet")
     assert set(llm["source"]) <= {"decision_line", "token", "default_neither", "default_both"} and len(llm) > 0

@@ -71,11 +71,12 @@ def test_ray_train_run_learns_and_checkpoints(tiny_encoder, tmp_path, ray_local)
     eps = [Episode(f"g{i}", (1, 2), (f"good evidence {i}", f"noise {i}"), (1.0, 0.0)) for i in range(6)]
     eps += [Episode(f"b{i}", (1, 2), (f"bad {i}", f"answer found {i}"), (0.0, 1.0)) for i in range(6)]
     texts, samples = training_samples(eps)
-    cfg = StopRagConfig(workers=2, worker_num_cpus=1, epochs=8, batch_size=4, learning_rate=3e-3,
+    cfg = StopRagConfig(workers=2, worker_num_cpus=1, epochs=6, batch_size=4, learning_rate=5e-3,
                         warmup_ratio=0.0, max_length=16, dropout=0.0)
-    folder, history = train_qnetwork(texts, samples, cfg, tiny_encoder, tmp_path, seed=0, meta={"threshold": 0.1})
-    assert len(history) == 8 and history[-1]["loss"] < history[0]["loss"]
+    folder, history = train_qnetwork(texts, samples, cfg, tiny_encoder, tmp_path / "qnet", seed=0, meta={"threshold": 0.1})
+    assert len(history) == 6 and history[-1]["loss"] < history[0]["loss"]
     assert history[-1]["lambda"] == pytest.approx(0.1)  # annealed to the end value
+    assert folder == tmp_path / "qnet" and (tmp_path / "ray_train" / "stoprag").is_dir()
     net, meta = QNetwork.load(folder)
     assert meta["threshold"] == 0.1 and meta["max_length"] == 16
     s, c = score(net, load_tokenizer(folder), ["good evidence 0", "bad 0"], 16)

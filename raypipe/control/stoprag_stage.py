@@ -4,6 +4,7 @@ Reads ``iterations/`` and ``trajectories/`` (and ``predictions/`` for the 4-stat
 predictors have run) and writes ``RUN_DIR/stoprag/``:
 
 - ``qnet/``: the trained network with its tuned threshold (loadable by :class:`StopRagController`);
+  ``qnet_<target>/`` for ablation targets; ``ray_train/``: Ray Train's run folders (checkpoints);
 - ``comparison.csv``/``.md``/``.png``: natural, Cap@k, the heuristic, Stop-RAG (and its target
   ablations) and LLM-Stop on the test questions: mean iterations, F1, share of natural F1, tokens;
 - ``outcomes.parquet``: every controller's decision per test question; ``margins.parquet``: Q_stop,
@@ -115,8 +116,9 @@ def train_variant(
     log.info("Stop-RAG[%s]: %d training states (%d in the state table)", cfg.target, len(samples), len(texts))
     meta = {"state_input": cfg.state_input, "doc_chars": cfg.doc_chars, "first_decision": cfg.first_decision,
             "target": cfg.target, "encoder": cfg.encoder}  # fmt: skip
+    dest = out / ("qnet" if cfg.target == config.stoprag.target else f"qnet_{cfg.target}")
     folder, history = train_qnetwork(
-        texts, samples, cfg, resolve_sentence_model(cfg.encoder), out / f"train_{cfg.target}", seed=config.seed, meta=meta
+        texts, samples, cfg, resolve_sentence_model(cfg.encoder), dest, seed=config.seed, meta=meta, name=f"stoprag_{cfg.target}"
     )
     scored = [episodes[q] for q in sorted(splits.val | splits.test) if q in episodes]
     margins, margin_rows = score_episodes(folder, scored, cfg.max_length)

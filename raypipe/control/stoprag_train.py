@@ -7,7 +7,8 @@ mode, so dropout does not add noise to targets); lambda follows the cosine sched
 Loss = MSE(Q_stop, r_t) + MSE(Q_cont, target); for the ``binary`` ablation the CONT term is a BCE of
 the margin Q_stop - Q_cont against the label r_t >= MC. AdamW with warmup and a cosine learning rate.
 
-Every epoch rank 0 reports a checkpoint (network + optimizer state); a restarted run resumes from it.
+Every epoch rank 0 reports a checkpoint (network + optimizer state); after a worker failure Ray Train
+restarts the workers (up to ``MAX_FAILURES`` times) and the loop resumes from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 TRAINER_STATE = "trainer_state.pt"
 HISTORY = "history.json"  # per-epoch metrics, in every checkpoint
+MAX_FAILURES = 2
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -127,23 +129,25 @@ def train_qnetwork(
     samples: list[Sample],
     cfg: StopRagConfig,
     encoder_path: str | Path,
-    out_dir: str | Path,
+    dest: str | Path,
     *,
     seed: int = 0,
     meta: dict | None = None,
     name: str = "stoprag",
 ) -> tuple[Path, list[dict]]:
-    """Train on Ray (``ray.init`` already done) and copy the final network to ``out_dir``.
+    """Train on Ray (``ray.init`` already done) and copy the final network to the folder ``dest``.
 
-    Returns the network folder and the per-epoch metrics. Ray Train's own run folder (checkpoints)
-    is ``out_dir/ray_train``: rerunning with the same folder resumes an interrupted run.
+    Returns ``dest`` and the per-epoch metrics. Ray Train's own run folder (checkpoints) is
+    ``ray_train/<name>`` beside ``dest``.
     """
-    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     if not samples:
         raise ValueError("no training states: every training trajectory has a single state or no reward signal")
-    out_dir = Path(out_dir).resolve()
+    target = Path(dest).resolve()
+    storage = target.parent / "ray_train"
+    shutil.rmtree(storage / name, ignore_errors=True)  # a rerun trains afresh, never on an old run's state
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={
@@ -158,13 +162,15 @@ def train_qnetwork(
             num_workers=cfg.workers, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": cfg.worker_num_cpus}
         ),
         run_config=RunConfig(
-            name=name, storage_path=str(out_dir / "ray_train"), checkpoint_config=CheckpointConfig(num_to_keep=1)
+            name=name,
+            storage_path=str(storage),
+            checkpoint_config=CheckpointConfig(num_to_keep=1),
+            failure_config=FailureConfig(max_failures=MAX_FAILURES),
         ),
     )
     result = trainer.fit()
     if result.checkpoint is None:
         raise RuntimeError(f"Ray Train finished without a checkpoint: {result.error}")
-    target = out_dir / "qnet"
     with result.checkpoint.as_directory() as folder:
         if target.exists():
             shutil.rmtree(target)
