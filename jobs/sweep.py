@@ -4,15 +4,15 @@ Reads RUN_DIR/iterations/, trajectories/ (jobs/probe.py) and predictions/ (+ pre
 jobs/train.py). Replays the seed paper's 4-state heuristic over the θ_P x θ_U grid for every named
 variant and prediction head as a Ray Tune experiment (one trial per head; TensorBoard:
 `tensorboard --logdir RUN_DIR/stopping/tune`), chooses thresholds on validation questions and reports
-them on test questions next to natural stopping and Cap@k. Writes RUN_DIR/stopping/: tradeoff.md/.csv,
-selections.csv, grid.parquet, pareto.csv, figure5.png, selected.json (for the online controller).
+them on test questions next to natural stopping and Cap@k. Writes RUN_DIR/stopping/: 01_tradeoff.md/.csv,
+02_figure5.png, selected.json (for the online controller), data/ (grid, selections, Pareto front), tune/.
 The run's own config.yaml is the base configuration unless --config names another; settings: stopping.*.
 """
 
 from __future__ import annotations
 
 from raypipe.config import DEFAULT_PRESET
-from raypipe.control.stage import run_sweep
+from raypipe.control.stage import FIGURE, TRADEOFF, run_sweep
 from raypipe.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.rundir import RunDir, RunDirError
 
@@ -40,8 +40,8 @@ def main() -> None:
 
     q = report.selected["questions"]
     print(f"\n{q['val']} validation / {q['test']} test questions, {report.seconds:.0f} s; left out: {report.excluded or 'none'}\n")
-    print((report.out_dir / "tradeoff.md").read_text())
-    print(f"(tables, figure5.png and selected.json in {report.out_dir}; TensorBoard: tensorboard --logdir {report.out_dir / 'tune'})")
+    print((report.out_dir / f"{TRADEOFF}.md").read_text())
+    print(f"(tables, {FIGURE} and selected.json in {report.out_dir}; TensorBoard: tensorboard --logdir {report.out_dir / 'tune'})")
 
 
 if __name__ == "__main__":

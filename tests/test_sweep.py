@@ -212,9 +212,10 @@ def test_sweep_stage_on_tune(tmp_path, ray_local):
     )  # fmt: skip
     report = run_sweep(run, cfg, experiment="t")
     out = tmp_path / "run" / "stopping"
-    for name in ("grid.parquet", "tradeoff.csv", "tradeoff.md", "pareto.csv", "figure5.png", "selected.json", "selections.csv"):
+    for name in ("01_tradeoff.md", "01_tradeoff.csv", "02_figure5.png", "selected.json", "data/grid.parquet",
+                 "data/selections.csv", "data/pareto.csv"):  # fmt: skip
         assert (out / name).exists(), name
-    grid = pd.read_parquet(out / "grid.parquet")
+    grid = pd.read_parquet(out / "data" / "grid.parquet")
     assert set(zip(grid["feature_group"], grid["window"])) == {("unsup+sup", 1), ("unsup+sup", 3)}
     assert set(grid["variant"]) == {"paper", "delta_p"}
     # TensorBoard event files from Tune, one per trial
@@ -227,4 +228,5 @@ def test_sweep_stage_on_tune(tmp_path, ray_local):
     assert selected["paper"]["thresholds"] == {"*": {"theta_p": 0.3, "theta_u": 0.2}}
     assert selected["faithful"]["variant"] == "paper"
     assert selected["questions"]["val"] + selected["questions"]["test"] == 40
-    assert "| natural |" in (out / "tradeoff.md").read_text()
+    md = (out / "01_tradeoff.md").read_text()
+    assert md.startswith("# Early stopping") and "| natural |" in md and "The paper's operating point is -10.89%" in md

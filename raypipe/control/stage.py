@@ -1,11 +1,13 @@
 """The sweep stage (jobs/sweep.py): Tune sweep, selection on validation, test tables, Figure 5.
 
 Reads ``iterations/``, ``trajectories/``, ``predictions/`` (and ``prediction_grid/`` for other heads)
-and writes ``RUN_DIR/stopping/``: ``grid.parquet`` (every head × variant × θ pair's outcome sums per
-split and dataset), ``tradeoff.csv``/``.md`` (test questions: natural, Cap@k, the heuristic at the
-paper's thresholds, validation-chosen operating points), ``pareto.csv``, ``figure5.png``,
-``selected.json`` (the chosen configurations, loadable by the online controller) and ``tune/`` (the
-Tune experiment; ``tensorboard --logdir RUN_DIR/stopping/tune``).
+and writes ``RUN_DIR/stopping/``: ``01_tradeoff.md``/``.csv`` (test questions: natural, Cap@k, the
+heuristic at the paper's thresholds, validation-chosen operating points, with a summary against the
+paper's operating point), ``02_figure5.png``, ``selected.json`` (the chosen configurations, loadable
+by the online controller), ``data/`` (``grid.parquet``: every head × variant × θ pair's outcome sums
+per split and dataset; ``selections.csv``: every validation choice scored on test; ``pareto.csv``)
+and ``tune/`` (the Tune experiment; ``tensorboard --logdir RUN_DIR/stopping/tune``). The report job
+shows the numbered files.
 """
 
 from __future__ import annotations
@@ -35,12 +37,15 @@ from raypipe.control.sweep import (
     score_choice,
     threshold_grid,
 )
-from raypipe.control.tradeoff import figure5, markdown, table_row, to_frame
+from raypipe.control.tradeoff import figure5, markdown, summary, table_row, to_frame
 from raypipe.rundir import RunDir
 
 log = logging.getLogger(__name__)
 STOPPING_DIR = "stopping"
 SELECTED = "selected.json"
+TRADEOFF = "01_tradeoff"
+FIGURE = "02_figure5.png"
+DATA = "data"
 
 
 @dataclass
@@ -101,7 +106,8 @@ def run_sweep(run: RunDir, cfg: StoppingConfig, experiment: str | None = None) -
     """The whole stage on one run directory (Ray initialised by the caller)."""
     started = time.monotonic()
     out = run.path / STOPPING_DIR
-    out.mkdir(parents=True, exist_ok=True)
+    data = out / DATA
+    data.mkdir(parents=True, exist_ok=True)
     trajectories, excluded = load_trajectories(run)
     chosen_head, heads = load_heads(run, cfg.heads)
     chosen_preds = heads[chosen_head]
@@ -127,7 +133,7 @@ def run_sweep(run: RunDir, cfg: StoppingConfig, experiment: str | None = None) -
         name=experiment or time.strftime("sweep-%Y%m%d-%H%M%S"),
         max_concurrent_trials=cfg.max_concurrent_trials, trial_num_cpus=cfg.trial_num_cpus,
     )  # fmt: skip
-    grid.to_parquet(out / "grid.parquet")
+    grid.to_parquet(data / "grid.parquet")
 
     base = pd.DataFrame(baseline_rows(keep, split_of))
     base_test = aggregate(base[base["split"] == "test"], ["controller"])
@@ -160,14 +166,13 @@ def run_sweep(run: RunDir, cfg: StoppingConfig, experiment: str | None = None) -
     same = (table[["feature_group", "variant", "selection"]] == best[["feature_group", "variant", "selection"]].values).all(axis=1)
     mark = same & (table["window"] == best["window"])
     table.loc[mark, "note"] = ("best on validation " + table.loc[mark, "note"].fillna("")).str.strip()
-    to_frame(rows + sel_rows).to_csv(out / "selections.csv", index=False)
-    table.to_csv(out / "tradeoff.csv", index=False)
-    (out / "tradeoff.md").write_text(markdown(table))
+    to_frame(rows + sel_rows).to_csv(data / "selections.csv", index=False)
+    table.to_csv(out / f"{TRADEOFF}.csv", index=False)
 
     faithful_grid = grid[(grid["feature_group"] == group) & (grid["window"] == window) & (grid["variant"] == "paper")]
     points = aggregate(faithful_grid[faithful_grid["split"] == "test"], ["theta_p", "theta_u"])
     front = pareto_front(points)
-    front.to_csv(out / "pareto.csv", index=False)
+    front.to_csv(data / "pareto.csv", index=False)
     faithful_global = faithful[faithful["selection"] == "global"].iloc[0]
     marked = pd.DataFrame(
         [
@@ -176,7 +181,7 @@ def run_sweep(run: RunDir, cfg: StoppingConfig, experiment: str | None = None) -
             {**best.to_dict(), "label": f"best on val: {best['variant']} {best['feature_group']}/w{int(best['window'])} ({best['selection']})"},
         ]
     )
-    figure5(out / "figure5.png", points, front, base_test, marked,
+    figure5(out / FIGURE, points, front, base_test, marked,
             f"Iterations vs F1 on {len(test)} test questions ({head_name(chosen_head)})")  # fmt: skip
 
     key_best = (best["feature_group"], int(best["window"]), best["variant"], best["selection"])
@@ -190,4 +195,6 @@ def run_sweep(run: RunDir, cfg: StoppingConfig, experiment: str | None = None) -
         "variants": {name: vars(opts) for name, opts in VARIANTS.items()},
     }
     (out / SELECTED).write_text(json.dumps(selected, indent=2, default=str))
+    named = {"natural": base_test.set_index("controller").loc["natural"], "paper": paper_points[0], "faithful": faithful_global, "best": best}
+    (out / f"{TRADEOFF}.md").write_text(markdown(table, summary(named, selected["questions"], cfg.min_f1_share)))
     return SweepReport(table, selected, out, excluded, time.monotonic() - started)

@@ -33,8 +33,34 @@ def to_frame(rows: Sequence[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows).reindex(columns=TABLE_COLUMNS)
 
 
-def markdown(table: pd.DataFrame) -> str:
-    """A Markdown table with percentages for the ratios."""
+def summary(rows: dict[str, pd.Series | dict], questions: dict[str, int], min_f1_share: float) -> str:
+    """A paragraph: natural stopping, the named operating points, and the comparison with the paper's."""
+
+    def point(r) -> str:
+        return f"{r['mean_iterations']:.3f} iterations ({100 * r['iterations_change']:+.2f}%), F1 {r['mean_f1']:.3f} ({100 * r['f1_share']:.2f}% of natural)"
+
+    nat = rows["natural"]
+    lines = [
+        f"{questions['test']} test questions; thresholds chosen on {questions['val']} validation questions as the fewest "
+        f"iterations keeping at least {100 * min_f1_share:.1f}% of natural F1.",
+        f"Natural stopping: {nat['mean_iterations']:.3f} iterations, F1 {nat['mean_f1']:.3f}.",
+    ]
+    for label, key in (("Paper's heuristic at the paper's θ (0.3, 0.2)", "paper"), ("Paper's heuristic, θ chosen on validation", "faithful"), ("Best configuration on validation", "best")):
+        if key in rows:
+            lines.append(f"{label}: {point(rows[key])}.")
+    best = rows["best"]
+    verdict = "beats" if beats_paper(best["iterations_change"], best["f1_share"]) else "does not beat"
+    lines.append(
+        f"The paper's operating point is {100 * PAPER_ITERATIONS_CHANGE:+.2f}% iterations at {100 * PAPER_F1_SHARE:.2f}% of "
+        f"natural F1; on test questions the best configuration {verdict} it "
+        f"({100 * (best['iterations_change'] - PAPER_ITERATIONS_CHANGE):+.2f} points of iterations, "
+        f"{100 * (best['f1_share'] - PAPER_F1_SHARE):+.2f} points of F1 share)."
+    )
+    return " ".join(lines)
+
+
+def markdown(table: pd.DataFrame, intro: str = "") -> str:
+    """The trade-off table in Markdown (percentages for the ratios), after a heading and ``intro``."""
     shown = table.copy()
     for col in ("iterations_change", "tokens_saved", "val_iterations_change"):
         shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{100 * v:+.2f}%")
@@ -52,7 +78,8 @@ def markdown(table: pd.DataFrame) -> str:
         f"\nTest questions. Paper's operating point: {100 * PAPER_ITERATIONS_CHANGE:+.2f}% iterations at "
         f"{100 * PAPER_F1_SHARE:.1f}% of natural F1; beats_paper = fewer iterations at no less F1 share.\n"
     )
-    return "\n".join([head, rule, *body]) + "\n" + note
+    top = f"# Early stopping: iterations vs F1 on held-out questions\n\n{intro}\n\n" if intro else ""
+    return top + "\n".join([head, rule, *body]) + "\n" + note
 
 
 def figure5(
