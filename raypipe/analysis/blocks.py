@@ -126,7 +126,7 @@ nav { padding:10px 32px; border-bottom:1px solid var(--line); font-size:13px; ba
 nav a { color:var(--accent); margin-right:16px; text-decoration:none; white-space:nowrap; }
 nav a.absent { color:var(--muted); }
 nav a.absent::after { content:" (not run)"; font-size:11px; }
-main { max-width:1200px; padding:8px 32px 48px; }
+main { max-width:1400px; padding:8px 32px 48px; }
 section { margin-top:28px; }
 h2 { font-size:19px; border-bottom:2px solid var(--line); padding-bottom:4px; margin-bottom:12px; }
 h3 { font-size:15px; margin:22px 0 6px; }
