@@ -213,6 +213,9 @@ class FeaturesConfig(StrictModel):
     sentence_model: str = Field(default="minilm", description="SBERT model for the similarity signals (embedded name or folder).")
     actors: int = Field(default=1, ge=1, description="Actor pool size; each actor holds the sentence encoder and the index.")
     actor_num_cpus: float = Field(default=0.5, ge=0, description="Per actor (0.5: see ENVIRONMENT.md).")
+    partitions: int | None = Field(
+        default=None, ge=1, description="Shuffle partitions of the group-by-trajectory; None: one per 5000 rows, at least actors."
+    )
     rbo_p: float = Field(default=0.99, gt=0, lt=1, description="RBO persistence, both variants.")
     nqc_depth: int = Field(default=100, ge=1, description="Scores in the seed paper's NQC variance.")
     nqc_k: int = Field(default=100, ge=1, description="Top-k of textbook NQC (corpus score: mean of the deep list).")

@@ -1,0 +1,83 @@
+"""The features stage: the Ray pipeline on a synthetic run whose trajectories straddle input files."""
+
+from collections import defaultdict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raypipe.config import load_config
+from raypipe.features.extract import extract_trajectory
+from raypipe.features.synthetic import HashEncoder, synthetic_corpus, write_synthetic_run
+from raypipe.rundir import RunDir, RunDirError
+from raypipe.schema import FEATURE_COLUMNS, FEATURES
+from raypipe.stages.features import FeatureStage, SbertEncoder, run_features, signal_settings
+
+
+def expected_rows(run, config):
+    """The pure extractor, trajectory by trajectory, in this process."""
+    by_qid = defaultdict(list)
+    for row in run.read("iterations").to_pylist():
+        by_qid[row["qid"]].append(row)
+    trajectories = run.read("trajectories")
+    questions = dict(zip(trajectories.column("qid").to_pylist(), trajectories.column("question").to_pylist()))
+    corpus, encoder = synthetic_corpus(), HashEncoder()
+    out = {}
+    for qid, rows in by_qid.items():
+        for feats in extract_trajectory(rows, questions[qid], corpus, encoder, signal_settings(config.features)):
+            out[(qid, feats["iteration"])] = feats
+    return out
+
+
+@pytest.mark.slow
+def test_ray_stage_matches_the_pure_extractor_across_file_boundaries(tmp_path):
+    ray = pytest.importorskip("ray")
+    run = write_synthetic_run(tmp_path / "run", n_questions=12, parts=2)
+    qids = [set(pq.read_table(p).column("qid").to_pylist()) for p in sorted(run.table_dir("iterations").glob("*.parquet"))]
+    assert qids[0] & qids[1], "the fixture must cut a trajectory across the two files"
+    stale = run.table_dir("features")
+    stale.mkdir(parents=True)
+    pq.write_table(pa.table({"old": [1]}), stale / "old.parquet")
+
+    config = load_config("embedded", ["features.actors=2"])
+    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False, log_to_driver=False)
+    try:
+        rows = run_features(run, config, corpus_factory=synthetic_corpus, sentence_factory=HashEncoder)
+    finally:
+        ray.shutdown()
+
+    assert not (stale / "old.parquet").exists()  # a rerun replaces the table
+    table = run.read("features")
+    assert table.schema.equals(FEATURES, check_metadata=False)
+    assert rows == table.num_rows == run.read("iterations").num_rows
+    got = {(r["qid"], r["iteration"]): r for r in table.to_pylist()}
+    expected = expected_rows(run, config)
+    assert got.keys() == expected.keys()
+    for key, row in expected.items():
+        assert got[key]["probe_f1"] == pytest.approx(row["probe_f1"])
+        for name in FEATURE_COLUMNS:
+            assert got[key][name] == pytest.approx(row[name]), (key, name)
+
+
+def test_missing_inputs_name_the_producer(tmp_path):
+    with pytest.raises(RunDirError, match="jobs/probe.py"):
+        run_features(RunDir(tmp_path / "empty"), load_config("embedded"), synthetic_corpus, HashEncoder)
+
+
+def test_stage_call_on_one_group(tmp_path):
+    run = write_synthetic_run(tmp_path / "run", n_questions=2, parts=1)
+    iterations = run.read("iterations")
+    first = iterations.filter(pa.compute.equal(iterations.column("qid"), "syn-0"))
+    stage = FeatureStage({"syn-0": "a question?"}, synthetic_corpus, HashEncoder)
+    out = stage(first)
+    assert out.schema.equals(FEATURES) and out.num_rows == first.num_rows
+    with pytest.raises(ValueError, match="lacks columns"):
+        stage(pa.table({"qid": ["q"], "iteration": [0]}))
+
+
+def test_sbert_encoder_is_minilm():
+    vectors = SbertEncoder("minilm").encode(["who wrote hamlet", "hamlet author", "the boiling point of water"])
+    assert vectors.shape == (3, 384)
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    assert unit[0] @ unit[1] > unit[0] @ unit[2]
