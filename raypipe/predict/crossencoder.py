@@ -10,6 +10,8 @@ The model's output is the raw regression value (identity activation, not CrossEn
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import math
 import shutil
@@ -26,6 +28,8 @@ from raypipe.predict.relations import SPECIAL_TOKENS
 
 log = logging.getLogger(__name__)
 CURVE_FILE = "curve.csv"
+META_FILE = "meta.json"
+DONE = ".complete"
 
 
 @dataclass(frozen=True)
@@ -76,108 +80,131 @@ def predict_texts(model, texts: list[str], max_tokens: int, batch_size: int = 64
     return np.concatenate(out) if out else np.zeros(0)
 
 
+@dataclass(frozen=True)
+class Task:
+    """One model to fine-tune: a relation x target x fold, with its training texts and labels."""
+
+    name: str
+    relation: str
+    texts: list[str]
+    labels: list[float]
+
+
 def train_loop_per_worker(config: dict) -> None:
-    """Ray Train worker: DDP fine-tuning with gradient accumulation, a checkpoint per epoch."""
+    """Ray Train worker: fine-tune every task in turn (DDP, gradient accumulation), a checkpoint per epoch.
+
+    One worker group serves all tasks, so the workers and libraries start once, not once per model.
+    Checkpoint scores keep every task's last epoch and drop its earlier epochs once superseded.
+    """
     import ray.train
     import ray.train.torch
     import torch
     from ray.train import Checkpoint
 
-    torch.manual_seed(config["seed"])
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     if config["threads"]:
         torch.set_num_threads(config["threads"])
-    ce = new_crossencoder(config["base"], config["relation"])
-    tok = ce.tokenizer
-    net = ray.train.torch.prepare_model(ce.model)
     device = ray.train.torch.get_device()
-    texts, labels = config["texts"], config["labels"]
+    for index, task in enumerate(config["tasks"]):
+        torch.manual_seed(config["seed"])
+        started = time.monotonic()
+        ce = new_crossencoder(config["base"], task.relation)
+        tok = ce.tokenizer
+        net = ray.train.torch.prepare_model(ce.model)
 
-    def collate(batch):
-        enc = tok([t for t, _ in batch], truncation=True, max_length=config["max_tokens"], padding=True, return_tensors="pt")
-        enc["labels"] = torch.tensor([y for _, y in batch], dtype=torch.float32)
-        return enc
+        def collate(batch, tok=tok):
+            enc = tok([t for t, _ in batch], truncation=True, max_length=config["max_tokens"], padding=True, return_tensors="pt")
+            enc["labels"] = torch.tensor([y for _, y in batch], dtype=torch.float32)
+            return enc
 
-    loader = torch.utils.data.DataLoader(
-        list(zip(texts, labels)), batch_size=config["batch_size"], shuffle=True, collate_fn=collate
-    )
-    loader = ray.train.torch.prepare_data_loader(loader, move_to_device=False)
-    optimizer = torch.optim.AdamW(net.parameters(), lr=config["lr"])
-    accum, loss_fn, curve, step = config["accum"], torch.nn.MSELoss(), [], 0
-    for epoch in range(config["epochs"]):
-        if world > 1 and hasattr(loader.sampler, "set_epoch"):
-            loader.sampler.set_epoch(epoch)
-        net.train()
-        optimizer.zero_grad()
-        pending, running = 0, 0.0
-        for micro, batch in enumerate(loader, start=1):
-            batch = {k: v.to(device) for k, v in batch.items()}
-            y = batch.pop("labels")
-            last = micro == len(loader)
-            sync = micro % accum == 0 or last
-            ctx_mgr = net.no_sync() if (world > 1 and not sync) else contextlib.nullcontext()
-            with ctx_mgr:
-                loss = loss_fn(net(**batch).logits.squeeze(-1), y)
-                (loss / accum).backward()
-            running += loss.item()
-            pending += 1
-            if sync:
-                optimizer.step()
-                optimizer.zero_grad()
-                mean_loss = torch.tensor([running / pending])
-                if world > 1:
-                    torch.distributed.all_reduce(mean_loss)
-                    mean_loss /= world
-                step += 1
-                curve.append({"epoch": epoch + 1, "step": step, "loss": float(mean_loss.item())})
-                pending, running = 0, 0.0
-        epoch_loss = float(np.mean([c["loss"] for c in curve if c["epoch"] == epoch + 1]))
-        metrics = {"epoch": epoch + 1, "train_loss": epoch_loss, "steps": step}
-        if rank == 0:
-            with tempfile.TemporaryDirectory() as tmp:
-                ce.save(tmp)
-                pd.DataFrame(curve).to_csv(Path(tmp) / CURVE_FILE, index=False)
-                ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
-        else:
-            ray.train.report(metrics)
+        loader = torch.utils.data.DataLoader(
+            list(zip(task.texts, task.labels)), batch_size=config["batch_size"], shuffle=True, collate_fn=collate
+        )
+        loader = ray.train.torch.prepare_data_loader(loader, move_to_device=False)
+        optimizer = torch.optim.AdamW(net.parameters(), lr=config["lr"])
+        accum, loss_fn, curve, step = config["accum"], torch.nn.MSELoss(), [], 0
+        for epoch in range(1, config["epochs"] + 1):
+            if world > 1 and hasattr(loader.sampler, "set_epoch"):
+                loader.sampler.set_epoch(epoch)
+            net.train()
+            optimizer.zero_grad()
+            pending, running = 0, 0.0
+            for micro, batch in enumerate(loader, start=1):
+                batch = {k: v.to(device) for k, v in batch.items()}
+                y = batch.pop("labels")
+                sync = micro % accum == 0 or micro == len(loader)
+                with net.no_sync() if (world > 1 and not sync) else contextlib.nullcontext():
+                    loss = loss_fn(net(**batch).logits.squeeze(-1).float(), y)
+                    (loss / accum).backward()
+                running += loss.item()
+                pending += 1
+                if sync:
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    mean_loss = torch.tensor([running / pending])
+                    if world > 1:
+                        torch.distributed.all_reduce(mean_loss)
+                        mean_loss /= world
+                    step += 1
+                    curve.append({"epoch": epoch, "step": step, "loss": float(mean_loss.item())})
+                    pending, running = 0, 0.0
+            final = epoch == config["epochs"]
+            metrics = {
+                "task": task.name,
+                "epoch": epoch,
+                "final": final,
+                "train_loss": float(np.mean([c["loss"] for c in curve if c["epoch"] == epoch])),
+                "seconds": time.monotonic() - started,
+                # last epochs outrank every intermediate one, so num_to_keep = tasks + 1 keeps them all
+                "keep_score": (1_000_000 if final else 0) + index,
+            }
+            if rank == 0:
+                with tempfile.TemporaryDirectory() as tmp:
+                    ce.save(tmp)
+                    pd.DataFrame(curve).to_csv(Path(tmp) / CURVE_FILE, index=False)
+                    meta = {**metrics, "rows": len(task.texts), "relation": task.relation}
+                    (Path(tmp) / META_FILE).write_text(json.dumps(meta))
+                    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp), checkpoint_dir_name=f"{task.name}_epoch{epoch}")
+            else:
+                ray.train.report(metrics)
 
 
-def train_crossencoder(
-    texts: list[str],
-    labels: np.ndarray,
-    relation: str,
-    cfg: TrainConfig,
-    out_dir: Path,
-    storage: Path,
-    name: str,
-    seed: int = 0,
-) -> TrainedModel:
-    """Fine-tune one regressor on Ray Train; the last epoch's model is copied to ``out_dir``."""
+def train_crossencoders(tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int = 0) -> dict[str, TrainedModel]:
+    """Fine-tune every task in one TorchTrainer run; each last-epoch model lands in ``model_dir(task)``.
+
+    A task whose folder is already complete (an earlier run) is not trained again.
+    """
     from ray.train import CheckpointConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from raypipe.models import resolve_sentence_model
 
-    labels = np.asarray(labels, dtype=float)
-    keep = ~np.isnan(labels)
-    texts = [t for t, k in zip(texts, keep) if k]
-    labels = labels[keep]
-    if len(texts) < cfg.num_workers * 2:
-        raise ValueError(f"{name}: {len(texts)} training rows are too few for {cfg.num_workers} workers")
-    accum = accumulation_steps(cfg)
+    done, todo = {}, []
+    for task in tasks:
+        folder = model_dir(models_dir, task.name)
+        if (folder / DONE).exists() and (folder / DONE).read_text() == task_key(task, cfg, seed):
+            log.info("%s: already trained with the same data and settings, reusing %s", task.name, folder)
+            done[task.name] = load_trained(folder, cfg)
+            continue
+        keep = ~np.isnan(np.asarray(task.labels, dtype=float))
+        texts = [t for t, k in zip(task.texts, keep) if k]
+        labels = [float(y) for y, k in zip(task.labels, keep) if k]
+        if len(texts) < cfg.num_workers * 2:
+            raise ValueError(f"{task.name}: {len(texts)} training rows are too few for {cfg.num_workers} workers")
+        todo.append(Task(task.name, task.relation, texts, labels))
+    if not todo:
+        return done
     config = {
         "base": str(resolve_sentence_model(cfg.base_model)),
-        "relation": relation,
-        "texts": texts,
-        "labels": labels.tolist(),
+        "tasks": todo,
         "max_tokens": cfg.max_tokens,
         "batch_size": cfg.batch_size,
-        "accum": accum,
+        "accum": accumulation_steps(cfg),
         "lr": cfg.learning_rate,
         "epochs": cfg.epochs,
         "seed": seed,
-        "threads": max(1, int(math.floor(cfg.cpus_per_worker))) if not cfg.use_gpu else 0,
+        "threads": 0 if cfg.use_gpu else max(1, int(math.floor(cfg.cpus_per_worker))),
     }
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -186,26 +213,49 @@ def train_crossencoder(
             num_workers=cfg.num_workers, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": cfg.cpus_per_worker}
         ),
         run_config=RunConfig(
-            name=name,
-            storage_path=str(storage.resolve()),
-            checkpoint_config=CheckpointConfig(num_to_keep=1),
+            name=f"crossencoders-{time.strftime('%Y%m%d-%H%M%S')}",
+            storage_path=str((models_dir / "ray_train").resolve()),
+            checkpoint_config=CheckpointConfig(num_to_keep=len(todo) + 1, checkpoint_score_attribute="keep_score"),
         ),
     )
-    start = time.monotonic()
+    started = time.monotonic()
     result = trainer.fit()
-    seconds = time.monotonic() - start
-    if result.checkpoint is None:
-        raise RuntimeError(f"{name}: Ray Train finished without a checkpoint")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    with result.checkpoint.as_directory() as ckpt:
-        shutil.copytree(ckpt, out_dir)
-    curve = pd.read_csv(out_dir / CURVE_FILE)
-    log.info("%s: %d rows, %d steps, final loss %.4f, %.1f s", name, len(texts), len(curve), curve["loss"].iloc[-1], seconds)
+    log.info("Ray Train: %d models in %.0f s", len(todo), time.monotonic() - started)
+    finals = {m["task"]: c for c, m in result.best_checkpoints if m.get("final")}
+    missing = [t.name for t in todo if t.name not in finals]
+    if missing:
+        raise RuntimeError(f"Ray Train finished without final checkpoints for {missing}")
+    keys = {t.name: task_key(t, cfg, seed) for t in tasks}
+    for task in todo:
+        target = model_dir(models_dir, task.name)
+        if target.exists():
+            shutil.rmtree(target)
+        with finals[task.name].as_directory() as ckpt:
+            shutil.copytree(ckpt, target)
+        (target / DONE).write_text(keys[task.name])
+        done[task.name] = load_trained(target, cfg)
+    return done
+
+
+def task_key(task: Task, cfg: TrainConfig, seed: int) -> str:
+    """Fingerprint of a task's data and training settings: a rerun reuses a model only when it matches."""
+    settings = cfg.model_dump(
+        include={"base_model", "max_tokens", "learning_rate", "epochs", "effective_batch_size", "batch_size", "num_workers"}
+    )
+    payload = json.dumps([task.relation, task.texts, [None if y != y else y for y in task.labels], settings, seed])
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def model_dir(models_dir: Path, name: str) -> Path:
+    return models_dir / "crossencoders" / name
+
+
+def load_trained(path: Path, cfg: TrainConfig) -> TrainedModel:
+    meta = json.loads((path / META_FILE).read_text())
     return TrainedModel(
-        path=out_dir,
-        curve=curve,
-        seconds=seconds,
-        effective_batch_size=cfg.batch_size * cfg.num_workers * accum,
-        rows=len(texts),
+        path=path,
+        curve=pd.read_csv(path / CURVE_FILE),
+        seconds=float(meta["seconds"]),
+        effective_batch_size=cfg.batch_size * cfg.num_workers * accumulation_steps(cfg),
+        rows=int(meta["rows"]),
     )

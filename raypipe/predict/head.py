@@ -11,7 +11,10 @@ Difference: alpha is an L2 penalty added to the loss rather than decoupled weigh
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.impute import SimpleImputer
 from sklearn.neural_network import MLPRegressor
 from sklearn.pipeline import Pipeline
@@ -50,7 +53,11 @@ def fit_head(x: np.ndarray, y: np.ndarray, cfg: TrainConfig, seed: int = 0) -> P
     if keep.sum() < 10:
         raise ValueError(f"only {int(keep.sum())} rows with a target: too few to fit the head")
     head = make_head(cfg, seed)
-    head.fit(x[keep], y[keep])
+    with warnings.catch_warnings():
+        # batch_size above the row count is clipped; hitting max_iter is the seed's budget, not an error
+        warnings.filterwarnings("ignore", category=ConvergenceWarning)
+        warnings.filterwarnings("ignore", message=".*batch_size.*clipped")
+        head.fit(x[keep], y[keep])
     return head
 
 

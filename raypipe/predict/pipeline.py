@@ -36,7 +36,7 @@ MANIFEST = "manifest.json"
 
 @dataclass
 class SupervisedResult:
-    signals: pd.DataFrame  # qid, iteration, fold, sup_* (out of fold)
+    signals: pd.DataFrame  # qid, iteration, sup_* (out of fold)
     models: pd.DataFrame  # one row per relation x target x fold: rows, seconds, final loss, path
     curves: dict[str, pd.DataFrame] = field(default_factory=dict)  # name -> curve
     bundle_models: dict[str, str] = field(default_factory=dict)  # sup column -> model folder
@@ -56,59 +56,56 @@ def supervised_signals(
     seed: int = 0,
     trainer=None,
 ) -> SupervisedResult:
-    """Train relation x target x fold cross-encoders on Ray Train; out-of-fold predictions of every row.
+    """Cross-encoders for every relation x target x fold (one Ray Train run); out-of-fold predictions.
 
-    ``trainer`` (default: crossencoder.train_crossencoder) and the prediction function are injectable so
-    the orchestration is tested without Ray.
+    ``folds`` are the cross-encoders' question folds. ``trainer(tasks, cfg, models_dir, seed) ->
+    {name: TrainedModel}`` defaults to crossencoder.train_crossencoders (injectable for tests).
     """
     from raypipe.predict import crossencoder
 
-    trainer = trainer or crossencoder.train_crossencoder
+    trainer = trainer or crossencoder.train_crossencoders
     fold_of_row = fold_column(texts, folds)
-    signals = texts[["qid", "iteration"]].copy()
-    signals["fold"] = fold_of_row
-    records, curves, bundle = [], {}, {}
+    fold_names = [*(str(f) for f in sorted(set(fold_of_row))), *(["all"] if cfg.refit_full else [])]
+    tasks, plan = [], []
     for relation in cfg.relations:
         text = texts[f"text_{relation}"].tolist()
         for short, target in TARGETS.items():
-            column = groups.sup_column(relation, short)
             y = texts[target].to_numpy(dtype=float)
-            pred = np.full(len(texts), np.nan)
-            fold_list = sorted(set(fold_of_row)) + (["all"] if cfg.refit_full else [])
-            for fold in fold_list:
-                train = np.ones(len(texts), bool) if fold == "all" else fold_of_row != fold
+            for fold in fold_names:
+                train = np.ones(len(texts), bool) if fold == "all" else fold_of_row != int(fold)
                 name = f"{relation}_{short}_fold{fold}"
-                model = trainer(
-                    [t for t, k in zip(text, train) if k],
-                    y[train],
-                    relation,
-                    cfg,
-                    out_dir=models_dir / "crossencoders" / f"fold{fold}" / f"{relation}_{short}",
-                    storage=models_dir / "ray_train",
-                    name=name,
-                    seed=seed,
-                )
-                if fold != "all":
-                    test = fold_of_row == fold
-                    loaded = crossencoder.load_crossencoder(model.path)
-                    pred[test] = crossencoder.predict_texts(loaded, [t for t, k in zip(text, test) if k], cfg.max_tokens)
-                if fold == ("all" if cfg.refit_full else 0):
-                    bundle[column] = str(model.path.relative_to(models_dir))
-                curves[name] = model.curve
-                records.append(
-                    {
-                        "relation": relation,
-                        "target": short,
-                        "fold": str(fold),
-                        "rows": model.rows,
-                        "seconds": round(model.seconds, 1),
-                        "epochs": cfg.epochs,
-                        "effective_batch_size": model.effective_batch_size,
-                        "steps": len(model.curve),
-                        "final_loss": float(model.curve["loss"].iloc[-1]),
-                    }
-                )
-            signals[column] = pred
+                tasks.append(crossencoder.Task(name, relation, [t for t, k in zip(text, train) if k], y[train].tolist()))
+                plan.append((name, relation, short, fold))
+    trained = trainer(tasks, cfg, models_dir, seed)
+
+    signals = texts[["qid", "iteration"]].copy()
+    records, curves, bundle = [], {}, {}
+    bundle_fold = "all" if cfg.refit_full else fold_names[0]
+    for name, relation, short, fold in plan:
+        column, model = groups.sup_column(relation, short), trained[name]
+        if column not in signals:
+            signals[column] = np.nan
+        if fold != "all":
+            test = fold_of_row == int(fold)
+            loaded = crossencoder.load_crossencoder(model.path)
+            text = texts.loc[test, f"text_{relation}"].tolist()
+            signals.loc[test, column] = crossencoder.predict_texts(loaded, text, cfg.max_tokens)
+        if fold == bundle_fold:
+            bundle[column] = str(model.path.relative_to(models_dir))
+        curves[name] = model.curve
+        records.append(
+            {
+                "relation": relation,
+                "target": short,
+                "fold": fold,
+                "rows": model.rows,
+                "seconds": round(model.seconds, 1),
+                "epochs": cfg.epochs,
+                "effective_batch_size": model.effective_batch_size,
+                "steps": len(model.curve),
+                "final_loss": float(model.curve["loss"].iloc[-1]),
+            }
+        )
     return SupervisedResult(signals, pd.DataFrame.from_records(records), curves, bundle)
 
 
@@ -240,7 +237,8 @@ def run_train(
         iterations[iterations["qid"].isin(questions["qid"])], trajectories, cfg.relations, doc_lookup, cfg.field_chars, cfg.title_chars
     )
     texts = data[KEYS].merge(texts.drop(columns=["dataset"]), on=["qid", "iteration"], how="left", validate="one_to_one")
-    sup = supervised_signals(texts, folds, cfg, models_dir, seed, trainer)
+    ce_folds = folds if cfg.crossencoder_folds in (None, cfg.folds) else assign_folds(questions, cfg.crossencoder_folds, seed)
+    sup = supervised_signals(texts, ce_folds, cfg, models_dir, seed, trainer)
     ce_table = crossencoder_scores(texts, sup, cfg)
     curves_dir = out_dir / "curves"
     curves_dir.mkdir(parents=True, exist_ok=True)
@@ -250,7 +248,7 @@ def run_train(
 
     feature_cols = [c for c in features.columns if c not in (*KEYS, "probe_f1", "utility")]
     data = data.merge(features[["qid", "iteration", *feature_cols]], on=["qid", "iteration"], how="left", validate="one_to_one")
-    data = data.merge(sup.signals.drop(columns=["fold"]), on=["qid", "iteration"], how="left", validate="one_to_one")
+    data = data.merge(sup.signals, on=["qid", "iteration"], how="left", validate="one_to_one")
 
     sets = {g: groups.group_columns(g, cfg.unsup_columns, cfg.relations) for g in cfg.groups}
     if cfg.chosen_group not in sets:

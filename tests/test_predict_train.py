@@ -1,0 +1,41 @@
+"""Cross-encoder fine-tuning on Ray Train (2 CPU workers), on a tiny dataset."""
+
+import numpy as np
+import pytest
+
+from raypipe.config import TrainConfig
+from raypipe.predict import crossencoder
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_train_two_models_checkpointed_with_curves(ray_local, tmp_path):
+    texts = [f"question {i} [SEP] [ORIG] step [SEP] [CURR_SUBQ] q [CURR] {'good' if i % 2 else 'bad'}" for i in range(12)]
+    labels = [float(i % 2) for i in range(12)]
+    tasks = [crossencoder.Task(f"long_distance_{t}_fold0", "long_distance", texts, labels) for t in ("p", "u")]
+    cfg = TrainConfig(epochs=2, batch_size=2, effective_batch_size=8, max_tokens=32, num_workers=2, learning_rate=1e-4)
+    assert crossencoder.accumulation_steps(cfg) == 2
+    trained = crossencoder.train_crossencoders(tasks, cfg, tmp_path, seed=0)
+    assert set(trained) == {t.name for t in tasks}
+    for model in trained.values():
+        assert model.rows == 12 and model.effective_batch_size == 8
+        # 12 rows / (2 workers x batch 2) = 3 micro-steps per worker and epoch -> 2 optimizer steps per epoch
+        assert model.curve["epoch"].tolist() == [1, 1, 2, 2] and model.curve["step"].tolist() == [1, 2, 3, 4]
+        assert np.isfinite(model.curve["loss"]).all()
+        loaded = crossencoder.load_crossencoder(model.path)
+        assert np.isfinite(crossencoder.predict_texts(loaded, texts[:3], 32)).all()
+        assert "[ORIG]" in loaded.tokenizer.get_vocab()
+    # every epoch was checkpointed through Ray Train; the last epoch of each task survives
+    checkpoints = sorted(p.name for p in (tmp_path / "ray_train").glob("*/*_epoch*"))
+    assert {"long_distance_p_fold0_epoch2", "long_distance_u_fold0_epoch2"} <= set(checkpoints)
+    # a rerun with the same data and settings reuses the models without training
+    again = crossencoder.train_crossencoders(tasks, cfg, tmp_path, seed=0)
+    assert again["long_distance_p_fold0"].seconds == trained["long_distance_p_fold0"].seconds
