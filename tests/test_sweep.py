@@ -14,10 +14,11 @@ from raypipe.control.sweep import (
     SUMS,
     VARIANTS,
     aggregate,
-    controller_rows,
     baseline_rows,
     beats_paper,
     choose_thresholds,
+    controller_rows,
+    cross_fit,
     evaluate_grid,
     pareto_front,
     predictions_by_head,
@@ -145,6 +146,18 @@ def test_choose_on_validation_score_on_test_and_per_dataset():
         assert per[ds] == alone
     with pytest.raises(ValueError, match="no thresholds chosen for dataset 'musique'"):
         score_choice(grid, {"hotpotqa": per["hotpotqa"]}, "test")
+
+
+def test_cross_fit_scores_each_half_with_the_other_halfs_choice():
+    trajs, preds = synthetic(80, seed=2)
+    split_of = {t.qid: ("val" if (i // 2) % 2 else "test") for i, t in enumerate(trajs)}
+    grid = evaluate_grid(trajs, preds, ["paper"], [0.2, 0.4, 0.6, 2.0], [-0.1, 0.1, 0.3], split_of)
+    both = cross_fit(grid, 0.95)
+    assert both["n"] == 80
+    on_test = score_choice(grid, choose_thresholds(grid, 0.95), "test")
+    on_val = score_choice(grid, choose_thresholds(grid, 0.95, split="test"), "val")
+    assert both["iterations"] == on_test["iterations"] + on_val["iterations"]
+    assert both["f1_share"] == pytest.approx((on_test["f1"] + on_val["f1"]) / (on_test["natural_f1"] + on_val["natural_f1"]))
 
 
 def test_pareto_front():

@@ -30,6 +30,7 @@ from raypipe.control.sweep import (
     baseline_rows,
     choose_thresholds,
     controller_rows,
+    cross_fit,
     head_name,
     pareto_front,
     predictions_by_head,
@@ -78,13 +79,15 @@ def _selection_rows(grid: pd.DataFrame, min_share: float) -> tuple[list[dict], d
     rows, choices = [], {}
     for (group, window, variant), part in grid.groupby(["feature_group", "window", "variant"], sort=False):
         for selection in ("global", "per_dataset"):
-            chosen = choose_thresholds(part, min_share, per_dataset=selection == "per_dataset")
+            per_dataset = selection == "per_dataset"
+            chosen = choose_thresholds(part, min_share, per_dataset)
             val, test = score_choice(part, chosen, "val"), score_choice(part, chosen, "test")
+            every = cross_fit(part, min_share, per_dataset)
             th = chosen["*"] if selection == "global" else None
             note = "" if th else " ".join(f"{ds}:({t.theta_p:.3g},{t.theta_u:.3g})" for ds, t in chosen.items() if ds != "*")
             rows.append(
                 table_row(
-                    f"heuristic[{variant}]", test, val, feature_group=group, window=int(window), variant=variant,
+                    f"heuristic[{variant}]", test, val, every, feature_group=group, window=int(window), variant=variant,
                     theta_p=th.theta_p if th else float("nan"), theta_u=th.theta_u if th else float("nan"),
                     selection=selection, note=note,
                 )
@@ -138,13 +141,17 @@ def run_sweep(run: RunDir, cfg: StoppingConfig, experiment: str | None = None) -
     base = pd.DataFrame(baseline_rows(keep, split_of))
     base_test = aggregate(base[base["split"] == "test"], ["controller"])
     base_val = aggregate(base[base["split"] == "val"], ["controller"]).set_index("controller")
-    rows = [table_row(r["controller"], r, base_val.loc[r["controller"]], selection="baseline") for _, r in base_test.iterrows()]
+    base_all = aggregate(base, ["controller"]).set_index("controller")
+    rows = [
+        table_row(r["controller"], r, base_val.loc[r["controller"]], base_all.loc[r["controller"]], selection="baseline")
+        for _, r in base_test.iterrows()
+    ]
     group, window = chosen_head
     paper_points = []
     for th in (PAPER_THRESHOLDS, Thresholds(PAPER_THRESHOLDS.theta_p, 0.3)):
         fixed = pd.DataFrame(controller_rows(keep, replay_controller(chosen_preds, th), split_of, controller="fixed"))
         t, v = (aggregate(fixed[fixed["split"] == s], ["controller"]).iloc[0] for s in ("test", "val"))
-        row = table_row("heuristic[paper]", t, v, feature_group=group, window=window, variant="paper",
+        row = table_row("heuristic[paper]", t, v, aggregate(fixed, ["controller"]).iloc[0], feature_group=group, window=window, variant="paper",
                         theta_p=th.theta_p, theta_u=th.theta_u, selection="paper θ")  # fmt: skip
         rows.append(row)
         paper_points.append(row)

@@ -197,15 +197,17 @@ def select(points: pd.DataFrame, min_f1_share: float) -> pd.Series:
     ).iloc[0]
 
 
-def choose_thresholds(grid: pd.DataFrame, min_f1_share: float, per_dataset: bool = False) -> dict[str, Thresholds]:
-    """Thresholds chosen on the validation rows of one head × variant's grid.
+def choose_thresholds(
+    grid: pd.DataFrame, min_f1_share: float, per_dataset: bool = False, split: str = "val"
+) -> dict[str, Thresholds]:
+    """Thresholds chosen on the ``split`` rows (validation) of one head × variant's grid.
 
-    Returns ``{"*": θ}``; with ``per_dataset`` also one θ per dataset that has validation questions
+    Returns ``{"*": θ}``; with ``per_dataset`` also one θ per dataset that has questions in ``split``
     ("*" then serves datasets without any).
     """
-    val = grid[grid["split"] == "val"]
+    val = grid[grid["split"] == split]
     if val.empty:
-        raise ValueError("no validation questions in the grid")
+        raise ValueError(f"no {split} questions in the grid")
     best = select(aggregate(val, ["theta_p", "theta_u"]), min_f1_share)
     chosen = {"*": Thresholds(float(best["theta_p"]), float(best["theta_u"]))}
     if per_dataset:
@@ -228,6 +230,17 @@ def score_choice(grid: pd.DataFrame, chosen: Mapping[str, Thresholds], split: st
     if rows.empty:
         raise ValueError(f"no {split} rows at the chosen thresholds {dict(chosen)}")
     return add_metrics(rows[["n", *SUMS]].sum().to_frame().T).iloc[0]
+
+
+def cross_fit(grid: pd.DataFrame, min_f1_share: float, per_dataset: bool = False) -> pd.Series:
+    """Metrics over all questions with each half scored under the other half's choice of thresholds.
+
+    A steadier estimate than the test half alone (twice the questions), still never scoring a
+    question with thresholds chosen on it.
+    """
+    on_test = score_choice(grid, choose_thresholds(grid, min_f1_share, per_dataset, "val"), "test")
+    on_val = score_choice(grid, choose_thresholds(grid, min_f1_share, per_dataset, "test"), "val")
+    return add_metrics((on_test[["n", *SUMS]] + on_val[["n", *SUMS]]).to_frame().T.astype(float)).iloc[0]
 
 
 def beats_paper(iterations_change: float, f1_share: float) -> bool:

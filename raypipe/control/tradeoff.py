@@ -12,11 +12,12 @@ from raypipe.control.sweep import PAPER_F1_SHARE, PAPER_ITERATIONS_CHANGE, beats
 TABLE_COLUMNS = [
     "controller", "feature_group", "window", "variant", "theta_p", "theta_u", "selection", "questions",
     "mean_iterations", "iterations_change", "mean_f1", "f1_share", "mean_tokens", "tokens_saved",
-    "val_iterations_change", "val_f1_share", "beats_paper", "note",
+    "val_iterations_change", "val_f1_share", "all_iterations_change", "all_f1_share", "beats_paper", "note",
 ]  # fmt: skip
 
 
-def table_row(controller: str, metrics: pd.Series, val: pd.Series | None = None, **labels) -> dict:
+def table_row(controller: str, metrics: pd.Series, val: pd.Series | None = None, every: pd.Series | None = None, **labels) -> dict:
+    """One row: test metrics, validation figures, and ``every``: all questions (cross-fitted for chosen θ)."""
     row = {
         "controller": controller,
         **labels,
@@ -24,6 +25,8 @@ def table_row(controller: str, metrics: pd.Series, val: pd.Series | None = None,
         **{k: float(metrics[k]) for k in ("mean_iterations", "iterations_change", "mean_f1", "f1_share", "mean_tokens", "tokens_saved")},
         "val_iterations_change": float(val["iterations_change"]) if val is not None else float("nan"),
         "val_f1_share": float(val["f1_share"]) if val is not None else float("nan"),
+        "all_iterations_change": float(every["iterations_change"]) if every is not None else float("nan"),
+        "all_f1_share": float(every["f1_share"]) if every is not None else float("nan"),
     }
     row["beats_paper"] = beats_paper(row["iterations_change"], row["f1_share"])
     return row
@@ -37,7 +40,10 @@ def summary(rows: dict[str, pd.Series | dict], questions: dict[str, int], min_f1
     """A paragraph: natural stopping, the named operating points, and the comparison with the paper's."""
 
     def point(r) -> str:
-        return f"{r['mean_iterations']:.3f} iterations ({100 * r['iterations_change']:+.2f}%), F1 {r['mean_f1']:.3f} ({100 * r['f1_share']:.2f}% of natural)"
+        text = f"{r['mean_iterations']:.3f} iterations ({100 * r['iterations_change']:+.2f}%), F1 {r['mean_f1']:.3f} ({100 * r['f1_share']:.2f}% of natural)"
+        if not pd.isna(r.get("all_iterations_change")):
+            text += f"; over all questions, cross-fitted: {100 * r['all_iterations_change']:+.2f}% at {100 * r['all_f1_share']:.2f}%"
+        return text
 
     nat = rows["natural"]
     lines = [
@@ -62,9 +68,9 @@ def summary(rows: dict[str, pd.Series | dict], questions: dict[str, int], min_f1
 def markdown(table: pd.DataFrame, intro: str = "") -> str:
     """The trade-off table in Markdown (percentages for the ratios), after a heading and ``intro``."""
     shown = table.copy()
-    for col in ("iterations_change", "tokens_saved", "val_iterations_change"):
+    for col in ("iterations_change", "tokens_saved", "val_iterations_change", "all_iterations_change"):
         shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{100 * v:+.2f}%")
-    for col in ("f1_share", "val_f1_share"):
+    for col in ("f1_share", "val_f1_share", "all_f1_share"):
         shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{100 * v:.2f}%")
     for col in ("mean_iterations", "mean_f1", "theta_p", "theta_u"):
         shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{v:.3f}")
@@ -76,7 +82,9 @@ def markdown(table: pd.DataFrame, intro: str = "") -> str:
     body = ["| " + " | ".join(str(v) for v in row) + " |" for row in shown.itertuples(index=False)]
     note = (
         f"\nTest questions. Paper's operating point: {100 * PAPER_ITERATIONS_CHANGE:+.2f}% iterations at "
-        f"{100 * PAPER_F1_SHARE:.1f}% of natural F1; beats_paper = fewer iterations at no less F1 share.\n"
+        f"{100 * PAPER_F1_SHARE:.1f}% of natural F1; beats_paper = fewer iterations at no less F1 share (on test). "
+        "val_*: the validation half; all_*: every question, chosen thresholds cross-fitted (each half scored "
+        "with the thresholds chosen on the other).\n"
     )
     top = f"# Early stopping: iterations vs F1 on held-out questions\n\n{intro}\n\n" if intro else ""
     return top + "\n".join([head, rule, *body]) + "\n" + note
