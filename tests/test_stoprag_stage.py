@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import pickle
 import random
 
 import pandas as pd
@@ -17,7 +18,7 @@ from test_llm_stop import FakeEngine
 from test_stoprag_train import ray_local, tiny_encoder  # noqa: F401  (fixtures)
 
 
-def write_synthetic_run(path, n_questions=30, seed=0, max_iterations=4):
+def write_synthetic_run(path, n_questions=30, seed=0, max_iterations=4, predictions=False):
     """A run directory with ITERATIONS/TRAJECTORIES tables shaped like the probe job's: real bundled
     questions and corpus documents, random trajectories whose probe F1 tends to rise and stay."""
     rng = random.Random(seed)
@@ -47,6 +48,11 @@ def write_synthetic_run(path, n_questions=30, seed=0, max_iterations=4):
     run = RunDir(path)
     run.write_part("iterations", conform(its, "iterations"), "part-0")
     run.write_part("trajectories", conform(trajs, "trajectories"), "part-0")
+    if predictions:  # noisy P̂/Û around the truth, as the predictors would write them
+        preds = [{"qid": r["qid"], "dataset": r["dataset"], "iteration": r["iteration"], "fold": 0, "feature_group": "g",
+                  "window": 1, "p_hat": r["probe_f1"] + rng.gauss(0, 0.1), "u_hat": r["utility"] + rng.gauss(0, 0.1),
+                  "probe_f1": r["probe_f1"], "utility": r["utility"]} for r in its if r["iteration"] > 0]  # fmt: skip
+        run.write_part("predictions", conform(preds, "predictions"), "part-0")
     return run
 
 
@@ -61,15 +67,15 @@ def test_split_three_partitions():
 
 @pytest.mark.slow
 def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):  # noqa: F811
-    run = write_synthetic_run(tmp_path / "run")
+    run = write_synthetic_run(tmp_path / "run", predictions=True)
     config = load_config(overrides=[
         f"stoprag.encoder={tiny_encoder}", "stoprag.epochs=1", "stoprag.workers=1", "stoprag.max_length=64",
         "stoprag.batch_size=8", "stoprag.split=[0.5,0.25,0.25]", "stoprag.llm_stop_max_questions=3",
     ])  # fmt: skip
     outputs = iter(["Decision: <STOP>", "<CONTINUE>", "gibberish"] * 20)
-    report = run_stoprag(run, config, llm_stop=True, engine_factory=lambda c: FakeEngine(outputs))
+    report = run_stoprag(run, config, llm_stop=True, engine_factory=lambda engine_config: FakeEngine(outputs))
     table = report.table.set_index("controller")
-    assert {"natural", "cap@1", "stoprag", "llm_stop"} <= set(table.index)
+    assert {"natural", "cap@1", "heuristic", "stoprag", "llm_stop"} <= set(table.index)
     assert table.loc["natural", "f1_share"] == pytest.approx(1.0)
     assert table.loc["stoprag", "questions"] == report.splits["test"]
     assert table.loc["llm_stop", "questions"] == 3
@@ -81,7 +87,7 @@ def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):  # noqa: F811
     assert "threshold" in json.loads((out / "qnet/qnet.json").read_text())
     from raypipe.control.qnet import StopRagController
 
-    controller = StopRagController(out / "qnet")  # the online controller loads the tuned network
+    controller = pickle.loads(pickle.dumps(StopRagController(out / "qnet")))  # travels to actors, loads lazily
     history = [{"iteration": 0, "doc_titles": [], "doc_texts": []},
                {"iteration": 1, "query": "q", "doc_ids": ["x"], "doc_titles": ["T"], "doc_texts": ["text"]}]
     assert not asyncio.run(controller.decide("Q?", history[:1])).stop  # before first_decision

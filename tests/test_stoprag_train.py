@@ -81,3 +81,28 @@ def test_ray_train_run_learns_and_checkpoints(tiny_encoder, tmp_path, ray_local)
     assert meta["threshold"] == 0.1 and meta["max_length"] == 16
     s, c = score(net, load_tokenizer(folder), ["good evidence 0", "bad 0"], 16)
     assert s[0] - c[0] > s[1] - c[1]  # the margin ranks the stop state above the continue state
+
+
+def test_online_controller_pickles_light_and_decides(tiny_encoder, tmp_path):
+    import asyncio
+    import pickle
+
+    from raypipe.control.qnet import StopRagController
+
+    net = QNetwork(tiny_encoder, dropout=0.0)
+    tok = load_tokenizer(tiny_encoder)
+    meta = {"max_length": 32, "state_input": "docs", "doc_chars": 100, "first_decision": 1}
+    net.save(tmp_path / "q", tok, extra=meta)
+    with pytest.raises(ValueError, match="no tuned threshold"):
+        StopRagController(tmp_path / "q")
+    history = [{"iteration": 0, "doc_titles": [], "doc_texts": []},
+               {"iteration": 1, "query": "q", "doc_ids": ["x"], "doc_titles": ["T"], "doc_texts": ["text"]}]
+    probe = StopRagController(tmp_path / "q", threshold=0.0)
+    margin = probe.margin("Q?", history)
+    assert margin == pytest.approx(score(net.eval(), tok, ["Question: Q?\nDocument: T: text"], 32)[0][0]
+                                   - score(net, tok, ["Question: Q?\nDocument: T: text"], 32)[1][0])
+    below, above = StopRagController(tmp_path / "q", margin - 0.01), StopRagController(tmp_path / "q", margin + 0.01)
+    assert len(pickle.dumps(below)) < 10_000  # the network is not in the pickle
+    assert asyncio.run(pickle.loads(pickle.dumps(below)).decide("Q?", history)).stop
+    assert not asyncio.run(above.decide("Q?", history)).stop
+    assert not asyncio.run(below.decide("Q?", history[:1])).stop  # iteration 0 < first_decision

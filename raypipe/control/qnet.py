@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -106,17 +106,29 @@ class StopRagController:
     ``first_decision`` on, score the state and stop when Q_stop - Q_cont > threshold.
 
     Built from a saved network folder, whose metadata holds the tuned threshold and the state settings.
+    The network loads on first use, so the controller pickles light (it travels to generation actors).
     Scoring is synchronous (a small encoder, one state per call); the hook awaits it.
     """
 
     def __init__(self, folder: str | Path, threshold: float | None = None):
-        self.net, self.meta = QNetwork.load(folder)
-        self.tokenizer = load_tokenizer(folder)
+        self.folder = Path(folder)
+        if not (self.folder / META).exists():
+            raise FileNotFoundError(f"{self.folder}: not a saved Stop-RAG Q-network (no {META}); run jobs/stoprag.py first")
+        self.meta = json.loads((self.folder / META).read_text())
+        if threshold is None and "threshold" not in self.meta:
+            raise ValueError(f"{self.folder}: no tuned threshold in {META}; pass one")
         self.threshold = float(self.meta["threshold"] if threshold is None else threshold)
+        self._net: tuple[QNetwork, Any] | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_net": None}
 
     def margin(self, question: str, history: list[dict]) -> float:
+        if self._net is None:
+            self._net = (QNetwork.load(self.folder)[0], load_tokenizer(self.folder))
+        net, tokenizer = self._net
         text = state_text(question, rounds_from_history(history), self.meta["state_input"], self.meta["doc_chars"])
-        q_stop, q_cont = score(self.net, self.tokenizer, [text], self.meta["max_length"])
+        q_stop, q_cont = score(net, tokenizer, [text], self.meta["max_length"])
         return q_stop[0] - q_cont[0]
 
     async def decide(self, question: str, history: list[dict]) -> StopDecision:

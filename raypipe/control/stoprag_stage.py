@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from raypipe.config import RunConfig, StopRagConfig
+from raypipe.config import EngineConfig, RunConfig, StopRagConfig
 from raypipe.control.caps import cap, natural
 from raypipe.control.evaluate import OfflineController, Summary, Trajectory, load_trajectories, replay, split_qids, summarise
 from raypipe.control.stoprag import (
@@ -134,10 +134,10 @@ def train_variant(
     return folder, threshold, val_summary, history, margin_rows, margins
 
 
-def vllm_engine(config: RunConfig) -> Engine:
-    from raypipe.llm.vllm_engine import VLLMEngine
+def default_engine(config: EngineConfig) -> Engine:
+    from raypipe.llm.factory import build_engine
 
-    return VLLMEngine(config.engine)
+    return build_engine(config)
 
 
 def llm_stop_margins(
@@ -145,7 +145,7 @@ def llm_stop_margins(
     questions: dict[str, str],
     histories: dict[str, list[dict]],
     test_t: list[Trajectory],
-    engine_factory: Callable[[RunConfig], Engine] = vllm_engine,
+    engine_factory: Callable[[EngineConfig], Engine] = default_engine,
 ) -> tuple[Margins, list[dict]]:
     """Run LLM-Stop through the engine on every decision point of the test trajectories (all at
     once, so the engine batches them); its verdicts become margins 1 (stop) / 0 (continue)."""
@@ -158,7 +158,7 @@ def llm_stop_margins(
         for it in range(max(cfg.first_decision, 1), t.n_iterations):
             items.append((t.qid, it, questions[t.qid], rounds[:it]))
     log.info("LLM-Stop: %d decision prompts for %d test questions", len(items), len(test_t))
-    engine = engine_factory(config)
+    engine = engine_factory(config.engine)
     try:
         controller = LLMStopController(
             engine, max_tokens=cfg.llm_stop_max_tokens, temperature=cfg.llm_stop_temperature, docs=cfg.llm_stop_docs,
@@ -253,7 +253,7 @@ def run_stoprag(
     *,
     llm_stop: bool | None = None,
     ablation: Sequence[str] = (),
-    engine_factory: Callable[[RunConfig], Engine] = vllm_engine,
+    engine_factory: Callable[[EngineConfig], Engine] = default_engine,
 ) -> StopRagReport:
     """The whole stage (Ray initialised by the caller). ``ablation``: more target types to train;
     ``llm_stop`` overrides ``stoprag.llm_stop``; ``engine_factory`` builds LLM-Stop's engine."""
