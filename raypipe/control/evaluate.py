@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 from raypipe.rundir import RunDir
@@ -116,6 +117,20 @@ def replay(trajectories: Iterable[Trajectory], controller: OfflineController) ->
     return [outcome(t, controller(t)) for t in trajectories]
 
 
+def relative_change(value, natural):
+    """value / natural - 1 (0 where natural is 0); scalars or arrays (sums or means alike)."""
+    value, natural = np.asarray(value, dtype=float), np.asarray(natural, dtype=float)
+    out = np.divide(value, natural, out=np.ones(np.broadcast(value, natural).shape), where=natural > 0) - 1
+    return out if out.ndim else float(out)
+
+
+def share(value, natural):
+    """value / natural (NaN where natural is 0); scalars or arrays."""
+    value, natural = np.asarray(value, dtype=float), np.asarray(natural, dtype=float)
+    out = np.divide(value, natural, out=np.full(np.broadcast(value, natural).shape, np.nan), where=natural > 0)
+    return out if out.ndim else float(out)
+
+
 @dataclass(frozen=True)
 class Summary:
     name: str
@@ -130,17 +145,17 @@ class Summary:
     @property
     def iterations_change(self) -> float:
         """Relative change of mean iterations against natural stopping (the paper's -10.89%)."""
-        return self.mean_iterations / self.natural_iterations - 1 if self.natural_iterations else 0.0
+        return relative_change(self.mean_iterations, self.natural_iterations)
 
     @property
     def f1_share(self) -> float:
         """Mean F1 as a share of natural stopping's (the paper's 97.60%)."""
-        return self.mean_f1 / self.natural_f1 if self.natural_f1 else float("nan")
+        return share(self.mean_f1, self.natural_f1)
 
     @property
     def tokens_saved(self) -> float:
         """Share of natural stopping's generated tokens that were not spent."""
-        return 1 - self.mean_tokens / self.natural_tokens if self.natural_tokens else 0.0
+        return -relative_change(self.mean_tokens, self.natural_tokens)
 
     def row(self) -> dict:
         return {

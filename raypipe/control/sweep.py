@@ -26,7 +26,7 @@ import pandas as pd
 import pyarrow as pa
 
 from raypipe.control.caps import cap, natural
-from raypipe.control.evaluate import OfflineController, Outcome, Trajectory, outcome, replay
+from raypipe.control.evaluate import OfflineController, Outcome, Trajectory, outcome, relative_change, replay, share
 from raypipe.control.heuristic import (
     HeuristicOptions,
     Predictions,
@@ -166,12 +166,12 @@ def add_metrics(df: pd.DataFrame) -> pd.DataFrame:
     n = out["n"]
     out["mean_iterations"] = out["iterations"] / n
     out["natural_mean_iterations"] = out["natural_iterations"] / n
-    out["iterations_change"] = np.where(out["natural_iterations"] > 0, out["iterations"] / out["natural_iterations"] - 1, 0.0)
+    out["iterations_change"] = relative_change(out["iterations"], out["natural_iterations"])
     out["mean_f1"] = out["f1"] / n
     out["natural_mean_f1"] = out["natural_f1"] / n
-    out["f1_share"] = np.where(out["natural_f1"] > 0, out["f1"] / out["natural_f1"], np.nan)
+    out["f1_share"] = share(out["f1"], out["natural_f1"])
     out["mean_tokens"] = out["tokens"] / n
-    out["tokens_saved"] = np.where(out["natural_tokens"] > 0, 1 - out["tokens"] / out["natural_tokens"], 0.0)
+    out["tokens_saved"] = -relative_change(out["tokens"], out["natural_tokens"])
     return out
 
 
@@ -188,10 +188,10 @@ def select(points: pd.DataFrame, min_f1_share: float) -> pd.Series:
     """
     if points.empty:
         raise ValueError("no points to select from")
-    share = points["f1_share"].fillna(1.0)
-    ok = points[share >= min_f1_share]
+    kept = points["f1_share"].fillna(1.0)
+    ok = points[kept >= min_f1_share]
     if ok.empty:
-        return points.assign(_s=share).sort_values(["_s", "mean_iterations"], ascending=[False, True]).iloc[0].drop("_s")
+        return points.assign(_s=kept).sort_values(["_s", "mean_iterations"], ascending=[False, True]).iloc[0].drop("_s")
     return ok.sort_values(
         ["mean_iterations", "mean_f1", "theta_p", "theta_u"], ascending=[True, False, False, False]
     ).iloc[0]
