@@ -12,7 +12,7 @@ The run's own config.yaml is the base configuration unless --config names anothe
 from __future__ import annotations
 
 from raypipe.config import DEFAULT_PRESET
-from raypipe.control.stage import FIGURE, TRADEOFF, run_sweep
+from raypipe.control.stage import FIGURE, TRADEOFF, check_inputs, run_sweep
 from raypipe.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.rundir import RunDir, RunDirError
 
@@ -26,6 +26,10 @@ def main() -> None:
     if args.config == DEFAULT_PRESET and (run.path / "config.yaml").exists():
         args.config = str(run.path / "config.yaml")
     config = config_from_args(args)
+    try:
+        check_inputs(run)
+    except RunDirError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
     import ray
 

@@ -206,6 +206,22 @@ def write_synthetic_run(path, n_questions=40, seed=0):
     return run
 
 
+def test_job_fails_early_on_a_run_without_predictions(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run = write_synthetic_run(tmp_path / "run", n_questions=4)
+    for part in (tmp_path / "run" / "predictions").glob("*.parquet"):
+        part.unlink()
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(repo / "jobs" / "sweep.py"), str(run.path)], capture_output=True, text=True,
+                          cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, timeout=120)  # fmt: skip
+    assert proc.returncode != 0
+    assert "no predictions table here; run jobs/train.py" in proc.stderr
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray")

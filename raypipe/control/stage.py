@@ -58,6 +58,12 @@ class SweepReport:
     seconds: float
 
 
+def check_inputs(run: RunDir) -> None:
+    """Fail early (before Ray starts) when an input table is missing, naming the job that makes it."""
+    for name in ("iterations", "trajectories", "predictions"):
+        run.read(name, columns=["qid"])
+
+
 def load_heads(run: RunDir, which: str) -> tuple[HeadKey, dict]:
     """The chosen head (``predictions``) and the heads to sweep (``which``: chosen, windows, all)."""
     chosen_all = predictions_by_head(run.read("predictions"))
