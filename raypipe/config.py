@@ -291,7 +291,7 @@ class StoppingConfig(StrictModel):
 
     theta_p: float = Field(default=0.3, description="θ_P of the online controller (default: the paper's operating point).")
     theta_u: float = Field(default=0.2, description="θ_U of the online controller.")
-    variant: Literal["paper", "delta_p", "mean_utility", "best_rollback", "quality_floor"] = Field(
+    variant: Literal["paper", "delta_p", "mean_utility", "best_rollback", "quality_floor", "give_up"] = Field(
         default="paper", description="Heuristic variant of the online controller (raypipe.control.sweep.VARIANTS)."
     )
     theta_p_grid: list[float] = Field(
@@ -303,8 +303,8 @@ class StoppingConfig(StrictModel):
     quantile_points: int = Field(
         default=9, ge=0, description="Also sweep this many quantiles of the validation P̂ / Û (weak models predict in a narrow range)."
     )
-    variants: list[Literal["paper", "delta_p", "mean_utility", "best_rollback", "quality_floor"]] = Field(
-        default_factory=lambda: ["paper", "delta_p", "mean_utility", "best_rollback", "quality_floor"],
+    variants: list[Literal["paper", "delta_p", "mean_utility", "best_rollback", "quality_floor", "give_up"]] = Field(
+        default_factory=lambda: ["paper", "delta_p", "mean_utility", "best_rollback", "quality_floor", "give_up"],
         description="Heuristic variants swept; 'paper' is the faithful one.",
     )
     heads: Literal["chosen", "windows", "all"] = Field(

@@ -137,6 +137,14 @@ def test_stop_on_high_p_option():
     assert run([2, 1], HeuristicOptions(stop_on_high_p=True)) == (2, StopDecision(True, 2, "state1"))
 
 
+def test_give_up_option():
+    opts = HeuristicOptions(give_up=True)
+    assert run([2, 3], opts) == (2, StopDecision(True, 2, "state3_give_up"))
+    # with an earlier high-quality answer, state 3 still rolls back to it
+    assert run([1, 3], opts) == (2, StopDecision(True, 1, "state3_rollback"))
+    assert run([2, 3]) is None  # the paper's heuristic does not give up
+
+
 def test_utility_options():
     # P̂ rises by 0.3 but the utility head says -0.2
     seq = [(0, 0.4, None), (1, 0.7, -0.2)]

@@ -54,6 +54,8 @@ class HeuristicOptions:
     rollback: which earlier high-quality answer state 3 returns: ``earliest`` (paper), ``best`` (the
       one with the highest P̂), or ``none`` (state 3 never stops).
     stop_on_high_p: also stop immediately in state 1 (a quality floor that ignores Û).
+    give_up: state 3 with no earlier high-quality answer also stops, returning the current answer (a
+      trajectory predicted to be going nowhere ends early; for weak agents whose answers rarely improve).
     first_iteration: the first iteration the states cover; 1 (paper) skips the pre-retrieval probe,
       0 lets the controller answer before any retrieval (there Û_0 = P̂_0: utility over no answer).
     utility: the Û the states use: ``predicted`` (paper: the utility head's output), ``delta_p``
@@ -62,6 +64,7 @@ class HeuristicOptions:
 
     rollback: Literal["earliest", "best", "none"] = "earliest"
     stop_on_high_p: bool = False
+    give_up: bool = False
     first_iteration: int = 1
     utility: Literal["predicted", "delta_p", "mean"] = "predicted"
 
@@ -126,6 +129,8 @@ class FourStateHeuristic:
             else:  # best: highest P̂, earliest on ties
                 target = max(self._candidates, key=lambda c: (c[1], -c[0]))[0]
             return StopDecision(stop=True, answer_iteration=target, reason="state3_rollback")
+        if state == LOW_LOW and not self._candidates and self.options.give_up:
+            return StopDecision(stop=True, answer_iteration=iteration, reason="state3_give_up")
         return CONTINUE
 
 
@@ -180,6 +185,6 @@ def classified_signals(
     preds = _predictions_of(predictions, trajectory)
     if preds is None:
         return []
-    never = FourStateHeuristic(Thresholds(math.inf, math.inf), options)  # nothing is high: never stops
+    never = FourStateHeuristic(Thresholds(math.inf, -math.inf), options)  # always state 2: never stops
     _feed(never, trajectory, preds)
     return never.signals

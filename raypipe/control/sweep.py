@@ -44,6 +44,7 @@ VARIANTS: dict[str, HeuristicOptions] = {
     "mean_utility": HeuristicOptions(utility="mean"),
     "best_rollback": HeuristicOptions(rollback="best"),
     "quality_floor": HeuristicOptions(stop_on_high_p=True),
+    "give_up": HeuristicOptions(give_up=True),
 }
 
 HeadKey = tuple[str, int]  # (feature_group, window)
