@@ -19,7 +19,6 @@ the same settings into a scratch run directory and reports its wall time and pea
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import subprocess
@@ -133,7 +132,7 @@ def run_variant(name: str, config: RunConfig, questions, retriever) -> Result:
     log.info("%s: starting an engine", name)
     stage = GenerateStage(config, retriever, engine_factory=factory)
     started = time.perf_counter()
-    outputs = stage._thread.run(stage.run_questions(questions))
+    outputs = stage.run(questions)
     wall = time.perf_counter() - started
     stage.close()
     rec = recorders[0]
@@ -192,7 +191,6 @@ def main() -> None:
         results = [run_variant("probe", config, questions, retriever), run_variant("no-probe", no_probe, questions, retriever)]
         if not args.skip_baseline:
             results.append(run_variant("sequential", sequential, questions[: args.baseline_questions], retriever))
-    asyncio.run(asyncio.sleep(0))
 
     probe, off = results[0], results[1]
     print(f"\n{len(questions)} questions ({', '.join(config.data.datasets)}), model {config.engine.model} on "

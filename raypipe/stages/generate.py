@@ -103,10 +103,13 @@ class GenerateStage:
             Question(qid=str(r["qid"]), dataset=r["dataset"], question=r["question"], golden_answers=list(r["golden_answers"]))
             for r in batch.select(list(INPUT_COLUMNS)).to_pylist()
         ]
-        outputs = self._thread.run(self.run_questions(questions))
-        return to_table(outputs, self.engine_info)
+        return to_table(self.run(questions), self.engine_info)
 
-    async def run_questions(self, questions: list[Question]) -> list[TrajectoryOutput]:
+    def run(self, questions: list[Question]) -> list[TrajectoryOutput]:
+        """Run the trajectories of ``questions`` concurrently (blocking; callable from any thread)."""
+        return self._thread.run(self._run_all(questions))
+
+    async def _run_all(self, questions: list[Question]) -> list[TrajectoryOutput]:
         async def one(question: Question) -> TrajectoryOutput:
             async with self._slots:
                 return await self.loop.run(question)
