@@ -52,7 +52,7 @@ def run_once(name: str, config: RunConfig, questions, retriever, controller) -> 
     log.info("%s: starting an engine", name)
     stage = GenerateStage(config, retriever, controller=controller)
     started = time.perf_counter()
-    outputs = stage._thread.run(stage.run_questions(questions))
+    outputs = stage.run(questions)
     wall = time.perf_counter() - started
     stage.close()
     trajs = [o.trajectory for o in outputs]
