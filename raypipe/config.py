@@ -286,6 +286,16 @@ class TrainConfig(StrictModel):
         return self
 
 
+class HeadRefit(StrictModel):
+    """A head training setting the stopping sweep refits (raypipe.control.refit)."""
+
+    group: str = Field(default="unsup+prob", description="Signal group held by features/ (unsup, prob; sup is not persisted).")
+    window: int = Field(default=1, ge=1)
+    head_hidden: list[int] = Field(default_factory=lambda: [16, 8])
+    head_alpha: float = Field(default=1e-3, ge=0)
+    head_learning_rate: float = Field(default=1e-3, gt=0)
+
+
 class StoppingConfig(StrictModel):
     """Prediction-guided early stopping: the online controller and the sweep (jobs/sweep.py)."""
 
@@ -311,6 +321,10 @@ class StoppingConfig(StrictModel):
         default="windows",
         description="Predictions swept: the chosen head only, every window of its feature group, or every "
         "feature group x window of prediction_grid.",
+    )
+    refits: list[HeadRefit] = Field(
+        default_factory=lambda: [HeadRefit(), HeadRefit(head_hidden=[32, 16], head_alpha=1e-2)],
+        description="Head training settings refit as extra Tune trials (needs features/); [] = none.",
     )
     val_fraction: float = Field(default=0.5, gt=0, lt=1, description="Share of questions (by qid hash) for choosing thresholds.")
     split_seed: int = 0
