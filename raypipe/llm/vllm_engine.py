@@ -176,12 +176,10 @@ class VLLMEngine:
         return await self._loop.call(self._generate(prompt_ids, request, max_tokens))
 
     async def _generate(self, prompt_ids: list[int], request: GenerationRequest, max_tokens: int) -> Generation:
-        from vllm.inputs import TokensPrompt
-
         final = None
         try:
             params = sampling_params(request, max_tokens)
-            stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, uuid.uuid4().hex)
+            stream = self._llm.generate(self._engine_input(prompt_ids), params, uuid.uuid4().hex)
             async for final in stream:
                 pass
         except EngineError:
@@ -192,6 +190,17 @@ class VLLMEngine:
         if final is None:
             raise EngineError("vLLM returned no output")
         return to_generation(final, request.logprobs)
+
+    def _engine_input(self, prompt_ids: list[int]):
+        """Token ids rendered for the engine (vLLM 0.32 deprecates passing raw prompts to ``generate``)."""
+        from vllm.inputs import TokensPrompt
+
+        prompt = TokensPrompt(prompt_token_ids=prompt_ids)
+        try:
+            from vllm.renderers.inputs.preprocess import parse_model_prompt
+        except ImportError:  # older vLLM: raw prompts are the API
+            return prompt
+        return self._llm.renderer.render_cmpl([parse_model_prompt(self._llm.model_config, prompt)])[0]
 
     async def warmup(self, regexes: Iterable[str] = ()) -> dict[str, float]:
         """One short request per regex so grammars are compiled (and cached) before real traffic.

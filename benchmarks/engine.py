@@ -1,0 +1,97 @@
+"""Engine micro-benchmark: start time, tokens/s for concurrent Search-R1 prompts, prefix-cache hits of
+probe prompts, regex warm-up time.
+
+    python benchmarks/engine.py --dtype bfloat16 --prompts 24
+    python benchmarks/engine.py --dtype float32 --block-size 128   # vLLM's CPU default block
+
+Prints one table row per run (and logs progress). Uses the first N bundled HotpotQA questions through
+the chat template, greedy, stopping at ``</search>``/``</answer>``; then, for each, a probe prompt
+(prompt + continuation + ``\\n\\n<answer>``) whose cached prompt tokens are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+
+from raypipe.config import EngineConfig
+from raypipe.data import load_questions
+from raypipe.llm.base import GenerationRequest
+from raypipe.llm.factory import build_engine
+
+SEARCH_R1 = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
+    "new information. After reasoning, if you find you lack some knowledge, you can call a search engine by "
+    "<search> query </search> and it will return the top searched results between <information> and "
+    "</information>. You can search as many times as your want. If you find no further external knowledge needed, "
+    "you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. For "
+    "example, <answer> Beijing </answer>. Question: {question}\n"
+)
+FORMAT = r"<think> ?[^\s<>][^<>]{0,398}</think>\n(<search> ?[^\s<>][^<>\n]{0,98}</search>|<answer> ?[^\s<>][^<>\n]{0,58}</answer>)"
+
+
+async def measure(engine, prompts: list[str], max_tokens: int, regex: bool) -> dict[str, float]:
+    row: dict[str, float] = {}
+    warm = await engine.warmup([FORMAT] if regex else [])
+    row["warmup_s"] = warm[""]
+    if regex:
+        row["regex_compile_s"] = warm[FORMAT]
+    started = time.perf_counter()
+    gens = await asyncio.gather(
+        *(engine.generate(GenerationRequest(prompt=p, max_tokens=max_tokens, stop=("</search>", "</answer>"))) for p in prompts)
+    )
+    elapsed = time.perf_counter() - started
+    tokens = sum(len(g.token_ids) for g in gens)
+    row.update(gen_s=elapsed, tokens=tokens, tokens_per_s=tokens / elapsed)
+    probes = [p + g.text + "\n\n<answer>" for p, g in zip(prompts, gens)]
+    started = time.perf_counter()
+    hits = await asyncio.gather(
+        *(engine.generate(GenerationRequest(prompt=p, max_tokens=16, stop=("</answer>",))) for p in probes)
+    )
+    row["probe_s"] = time.perf_counter() - started
+    row["probe_prompt_tokens"] = sum(h.prompt_tokens for h in hits)
+    row["probe_cached_tokens"] = sum(h.cached_prompt_tokens or 0 for h in hits)
+    if regex:
+        started = time.perf_counter()
+        forced = await asyncio.gather(
+            *(engine.generate(GenerationRequest(prompt=p, max_tokens=max_tokens, regex=FORMAT)) for p in prompts)
+        )
+        elapsed = time.perf_counter() - started
+        row["regex_tokens_per_s"] = sum(len(g.token_ids) for g in forced) / elapsed
+        row["regex_search_share"] = sum("<search>" in g.text for g in forced) / len(forced)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="vllm", choices=["vllm", "transformers"])
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--prompts", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--block-size", type=int, default=32, help="0 = vLLM's default")
+    parser.add_argument("--cpu-threads", default=None, help="VLLM_CPU_OMP_THREADS_BIND, e.g. 0-1")
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--regex", action="store_true", help="also time the format regex's warm-up and enforced decoding")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    config = EngineConfig(backend=args.backend, dtype=args.dtype, max_model_len=4096, kv_cache_gib=1,
+                          block_size=args.block_size or None, cpu_threads=args.cpu_threads,
+                          enforce_eager=args.enforce_eager)
+    started = time.perf_counter()
+    engine = build_engine(config)
+    start_s = time.perf_counter() - started
+    questions = load_questions("hotpotqa", limit=args.prompts)
+    prompts = [engine.apply_chat_template([{"role": "user", "content": SEARCH_R1.format(question=q.question)}])
+               for q in questions]
+    row = asyncio.run(measure(engine, prompts, args.max_tokens, args.regex))
+    asyncio.run(engine.close())
+    settings = f"{args.backend} {args.dtype} block={getattr(engine, 'block_size', '-')} eager={args.enforce_eager} threads={args.cpu_threads}"
+    print(f"{settings}: start {start_s:.1f} s | " + " | ".join(
+        f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+
+
+if __name__ == "__main__":
+    main()
