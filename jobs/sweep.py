@@ -2,7 +2,8 @@
 
 Reads RUN_DIR/iterations/, trajectories/ (jobs/probe.py) and predictions/ (+ prediction_grid/,
 jobs/train.py). Replays the seed paper's 4-state heuristic over the θ_P x θ_U grid for every named
-variant and prediction head as a Ray Tune experiment (one trial per head; TensorBoard:
+variant and prediction head (prediction_grid, plus head refits with other training settings,
+stopping.refits) as a Ray Tune experiment (one trial per head; TensorBoard:
 `tensorboard --logdir RUN_DIR/stopping/tune`), chooses thresholds on validation questions and reports
 them on test questions next to natural stopping and Cap@k. Writes RUN_DIR/stopping/: 01_tradeoff.md/.csv,
 02_figure5.png, selected.json (for the online controller), data/ (grid, selections, Pareto front), tune/.
@@ -35,7 +36,7 @@ def main() -> None:
 
     ray.init(address=config.ray.address, num_cpus=config.ray.num_cpus, include_dashboard=False, log_to_driver=False)
     try:
-        report = run_sweep(run, config.stopping)
+        report = run_sweep(run, config.stopping, train=config.train, seed=config.seed)
     except (RunDirError, ValueError) as exc:
         raise SystemExit(f"error: {exc}") from None
     finally:

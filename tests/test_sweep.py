@@ -3,11 +3,12 @@
 import json
 import random
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
 
-from raypipe.config import StoppingConfig
+from raypipe.config import HeadRefit, StoppingConfig, TrainConfig
 from raypipe.control.evaluate import Trajectory
 from raypipe.control.heuristic import Thresholds, replay_controller
 from raypipe.control.sweep import (
@@ -176,34 +177,63 @@ def test_beats_paper():
 
 
 def write_synthetic_run(path, n_questions=40, seed=0):
-    """A run directory with iterations, trajectories, predictions and a two-window prediction_grid."""
-    trajs, preds = synthetic(n_questions, seed)
-    run = RunDir(path)
-    its, trs, pred_rows = [], [], []
-    for t in trajs:
-        for i, f1 in enumerate(t.probe_f1):
-            its.append({
-                "qid": t.qid, "dataset": t.dataset, "iteration": i, "query": None if i == 0 else "q", "doc_ids": [],
-                "doc_scores": [], "reasoning": "", "probe_answer": "a", "probe_token_logprobs": [], "probe_f1": f1,
-                "utility": None if i == 0 else f1 - t.probe_f1[i - 1], "tokens_generated": 8, "probe_tokens": 2,
+    """The predictors' synthetic run (iterations, trajectories, features with planted signal) plus
+    predictions and a two-window prediction_grid (truth + noise)."""
+    from raypipe.predict.synthetic import write_run
+
+    run = write_run(path, n_questions=n_questions, seed=seed)
+    rng = random.Random(seed)
+    rows = []
+    for r in run.read("iterations").to_pylist():
+        if r["iteration"] == 0:
+            continue
+        for window, shift in ((1, 0.0), (3, 0.05)):
+            rows.append({
+                "qid": r["qid"], "dataset": r["dataset"], "iteration": r["iteration"], "fold": 0,
+                "feature_group": "unsup+sup", "window": window, "p_hat": r["probe_f1"] + rng.uniform(-0.1, 0.1) + shift,
+                "u_hat": r["utility"] + rng.uniform(-0.1, 0.1), "probe_f1": r["probe_f1"], "utility": r["utility"],
             })  # fmt: skip
-        trs.append({
-            "qid": t.qid, "dataset": t.dataset, "question": "?", "golden_answers": ["a"], "final_answer": "a",
-            "final_f1": t.final_f1, "n_iterations": t.n_iterations, "stop_reason": "answer", "error": None,
-            "tokens_generated": 8 * len(t.probe_f1), "probe_tokens": 2 * len(t.probe_f1), "wall_s": 1.0, "transcript": "",
-        })  # fmt: skip
-        for i, (p, u) in preds[t.qid].items():
-            for window, shift in ((1, 0.0), (3, 0.05)):
-                pred_rows.append({
-                    "qid": t.qid, "dataset": t.dataset, "iteration": i, "fold": 0, "feature_group": "unsup+sup",
-                    "window": window, "p_hat": p + shift, "u_hat": u, "probe_f1": t.probe_f1[i], "utility": 0.0,
-                })  # fmt: skip
-    run.write_part("iterations", conform(its, "iterations"), "part-0")
-    run.write_part("trajectories", conform(trs, "trajectories"), "part-0")
-    grid = pa.Table.from_pylist(pred_rows, schema=PREDICTIONS)
+    grid = pa.Table.from_pylist(rows, schema=PREDICTIONS)
     run.write_part("prediction_grid", grid, "part-0")
     run.write_part("predictions", grid.filter(pa.compute.equal(grid["window"], 1)), "part-0")
     return run
+
+
+def test_load_heads(tmp_path):
+    from raypipe.control.stage import load_heads
+
+    run = write_synthetic_run(tmp_path / "run", n_questions=6)
+    chosen, heads = load_heads(run, "chosen")
+    assert chosen == ("unsup+sup", 1) and list(heads) == [chosen]
+    _, heads = load_heads(run, "windows")
+    assert sorted(heads) == [("unsup+sup", 1), ("unsup+sup", 3)]
+    assert heads[("unsup+sup", 3)]["q0"][1][0] != heads[("unsup+sup", 1)]["q0"][1][0]
+
+
+def test_refit_predictions_use_the_predictors_head(tmp_path):
+    from raypipe.config import HeadRefit, TrainConfig
+    from raypipe.control.refit import head_frame, refit_label, refit_predictions
+
+    run = write_synthetic_run(tmp_path / "run", n_questions=60)
+    frame = head_frame(run)
+    train = TrainConfig(folds=3, head_max_iter=60)
+    preds = refit_predictions(frame, HeadRefit(group="prob", head_hidden=[8]), train)
+    truth = {(r.qid, r.iteration): r.probe_f1 for r in frame.itertuples()}
+    assert {(q, i) for q, its in preds.items() for i in its} == set(truth)
+    pairs = [(preds[q][i][0], f1) for (q, i), f1 in truth.items()]
+    r = np.corrcoef([a for a, _ in pairs], [b for _, b in pairs])[0, 1]
+    assert r > 0.5  # the planted probe-confidence signal is found out of fold
+    assert refit_label(HeadRefit(group="prob", head_hidden=[8])) == "prob[refit h=8 a=0.001 lr=0.001]"
+    with pytest.raises(ValueError, match="not persisted"):
+        refit_predictions(frame, HeadRefit(group="unsup+sup"), train)
+    # a Tune trial's head: from prediction_grid, or refit
+    from raypipe.control.sweep import _trial_head
+
+    payload = {"predictions": {("g", 3): {"q0": {1: (0.1, 0.2)}}}, "refits": [HeadRefit(group="prob", head_hidden=[8])],
+               "refit_frame": frame, "train": train, "seed": 0}  # fmt: skip
+    assert _trial_head(["grid", "g", 3], payload) == (("g", 3), {"q0": {1: (0.1, 0.2)}})
+    key, again = _trial_head(["refit", 0], payload)
+    assert key == ("prob[refit h=8 a=0.001 lr=0.001]", 1) and again == preds
 
 
 def test_job_fails_early_on_a_run_without_predictions(tmp_path):
@@ -237,15 +267,15 @@ def test_sweep_stage_on_tune(tmp_path, ray_local):
     run = write_synthetic_run(tmp_path / "run")
     cfg = StoppingConfig(
         theta_p_grid=[0.0, 0.3, 0.6, 2.0], theta_u_grid=[-0.1, 0.2], quantile_points=1,
-        variants=["paper", "delta_p"], heads="windows",
+        variants=["paper", "delta_p"], heads="chosen", refits=[HeadRefit(group="prob", head_hidden=[8])],
     )  # fmt: skip
-    report = run_sweep(run, cfg, experiment="t")
+    report = run_sweep(run, cfg, experiment="t", train=TrainConfig(folds=3, head_max_iter=60))
     out = tmp_path / "run" / "stopping"
     for name in ("01_tradeoff.md", "01_tradeoff.csv", "02_figure5.png", "selected.json", "data/grid.parquet",
                  "data/selections.csv", "data/pareto.csv"):  # fmt: skip
         assert (out / name).exists(), name
     grid = pd.read_parquet(out / "data" / "grid.parquet")
-    assert set(zip(grid["feature_group"], grid["window"])) == {("unsup+sup", 1), ("unsup+sup", 3)}
+    assert set(zip(grid["feature_group"], grid["window"])) == {("unsup+sup", 1), ("prob[refit h=8 a=0.001 lr=0.001]", 1)}
     assert set(grid["variant"]) == {"paper", "delta_p"}
     # TensorBoard event files from Tune, one per trial
     assert len(list((out / "tune" / "t").glob("*/events.out.tfevents.*"))) == 2
@@ -257,5 +287,7 @@ def test_sweep_stage_on_tune(tmp_path, ray_local):
     assert selected["paper"]["thresholds"] == {"*": {"theta_p": 0.3, "theta_u": 0.2}}
     assert selected["faithful"]["variant"] == "paper"
     assert selected["questions"]["val"] + selected["questions"]["test"] == 40
+    assert len(selections := pd.read_csv(out / "data" / "selections.csv")) > len(table) - 5
+    assert "prob[refit h=8 a=0.001 lr=0.001]" in set(selections["feature_group"])
     md = (out / "01_tradeoff.md").read_text()
     assert md.startswith("# Early stopping") and "| natural |" in md and "The paper's operating point is -10.89%" in md

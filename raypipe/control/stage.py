@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from raypipe.config import StoppingConfig
+from raypipe.config import StoppingConfig, TrainConfig
 from raypipe.control.evaluate import Trajectory, load_trajectories, split_qids
 from raypipe.control.heuristic import PAPER_THRESHOLDS, Thresholds, replay_controller
+from raypipe.control.refit import head_frame
 from raypipe.control.sweep import (
     VARIANTS,
     HeadKey,
@@ -111,8 +112,14 @@ def _config_json(group: str, window: int, variant: str, chosen: dict[str, Thresh
     }
 
 
-def run_sweep(run: RunDir, cfg: StoppingConfig, experiment: str | None = None) -> SweepReport:
-    """The whole stage on one run directory (Ray initialised by the caller)."""
+def run_sweep(
+    run: RunDir, cfg: StoppingConfig, experiment: str | None = None, train: TrainConfig | None = None, seed: int = 0
+) -> SweepReport:
+    """The whole stage on one run directory (Ray initialised by the caller).
+
+    ``train`` (the run's predictor settings) is needed for head refits (``cfg.refits``); without it, or
+    without ``features/``, the refits are skipped.
+    """
     started = time.monotonic()
     out = run.path / STOPPING_DIR
     data = out / DATA
@@ -132,15 +139,22 @@ def run_sweep(run: RunDir, cfg: StoppingConfig, experiment: str | None = None) -
     theta_p = threshold_grid(cfg.theta_p_grid, [p for p, _ in val_preds], cfg.quantile_points)
     theta_u = threshold_grid(cfg.theta_u_grid, [u for _, u in val_preds], cfg.quantile_points)
     log.info(
-        "%d questions (%d val, %d test), %d heads x %d variants x %d θ_P x %d θ_U",
-        len(keep), len(val), len(test), len(heads), len(cfg.variants), len(theta_p), len(theta_u),
+        "%d questions (%d val, %d test), %d heads (+%d refits) x %d variants x %d θ_P x %d θ_U",
+        len(keep), len(val), len(test), len(heads), len(cfg.refits), len(cfg.variants), len(theta_p), len(theta_u),
     )  # fmt: skip
 
+    refits, refit_frame = list(cfg.refits), None
+    if refits and (train is None or not run.has("features")):
+        log.warning("no %s: head refits skipped", "features table" if train is not None else "train config")
+        refits = []
+    if refits:
+        refit_frame = head_frame(run)
     grid = run_tune(
         keep, heads, split_of, variants=cfg.variants, theta_p=theta_p, theta_u=theta_u,
         min_f1_share=cfg.min_f1_share, storage_path=out / "tune",
         name=experiment or time.strftime("sweep-%Y%m%d-%H%M%S"),
         max_concurrent_trials=cfg.max_concurrent_trials, trial_num_cpus=cfg.trial_num_cpus,
+        refits=refits, refit_frame=refit_frame, train=train, seed=seed,
     )  # fmt: skip
     grid.to_parquet(data / "grid.parquet")
 

@@ -7,7 +7,7 @@ mean iterations among the points that keep at least ``min_f1_share`` of natural 
 operating point kept 97.6%). Choices are reported on test questions.
 
 Ray Tune adapter (:func:`run_tune`): one trial per prediction head (feature group × window from the
-predictors' ``prediction_grid``), each replaying the whole threshold grid for every variant (trial
+predictors' ``prediction_grid``, or a head refit with other training settings), each replaying the whole threshold grid for every variant (trial
 start-up dominates on small machines, so trials are few and fat). A trial reports, per variant, the
 validation-chosen operating point with its validation and test figures (browsable in TensorBoard
 under the Tune storage path) and checkpoints its full grid, which the driver collects.
@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from raypipe.config import HeadRefit, TrainConfig
 from raypipe.control.caps import cap, natural
 from raypipe.control.evaluate import OfflineController, Outcome, Trajectory, outcome, relative_change, replay, share
 from raypipe.control.heuristic import (
@@ -262,19 +263,31 @@ def pareto_front(points: pd.DataFrame, x: str = "mean_iterations", y: str = "mea
 # ---------------------------------------------------------------- Ray Tune adapter
 
 
+def _trial_head(head: list, payload: dict) -> tuple[HeadKey, Predictions]:
+    """A trial's head: ``["grid", group, window]`` (predictions of jobs/train.py) or ``["refit", i]``."""
+    if head[0] == "grid":
+        key = (head[1], int(head[2]))
+        return key, payload["predictions"][key]
+    from raypipe.control.refit import refit_label, refit_predictions
+
+    refit = payload["refits"][int(head[1])]
+    preds = refit_predictions(payload["refit_frame"], refit, payload["train"], payload["seed"])
+    return (refit_label(refit), refit.window), preds
+
+
 def stopping_trial(config: dict, payload: dict) -> None:
     """One Tune trial: the whole threshold grid of every variant for one prediction head."""
     from ray import tune
 
-    head = tuple(config["head"])
+    (group, window), predictions = _trial_head(config["head"], payload)
     grid = evaluate_grid(
         payload["trajectories"],
-        payload["predictions"][head],
+        predictions,
         payload["variants"],
         payload["theta_p"],
         payload["theta_u"],
         payload["split_of"],
-    )
+    ).assign(feature_group=group, window=window)
     with tempfile.TemporaryDirectory() as tmp:
         grid.to_parquet(Path(tmp) / "grid.parquet")
         checkpoint = tune.Checkpoint.from_directory(tmp)
@@ -306,13 +319,23 @@ def run_tune(
     name: str = "stopping",
     max_concurrent_trials: int = 2,
     trial_num_cpus: float = 0.5,
+    refits: Sequence[HeadRefit] = (),
+    refit_frame: pd.DataFrame | None = None,
+    train: TrainConfig | None = None,
+    seed: int = 0,
 ) -> pd.DataFrame:
-    """Run the sweep as a Tune experiment (Ray must be initialised); the grid of every head, with a ``head`` column."""
+    """Run the sweep as a Tune experiment (Ray must be initialised): the grid of every head.
+
+    One trial per head of ``heads`` and per refit (head training settings fit on ``refit_frame``,
+    :mod:`raypipe.control.refit`); the grid has ``feature_group`` and ``window`` columns naming it.
+    """
     from ray import tune
 
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         raise ValueError(f"unknown heuristic variants {sorted(unknown)}; known: {sorted(VARIANTS)}")
+    if refits and (refit_frame is None or train is None):
+        raise ValueError("head refits need the features frame and the train config")
     payload = {
         "trajectories": list(trajectories),
         "predictions": dict(heads),
@@ -321,11 +344,16 @@ def run_tune(
         "theta_p": list(theta_p),
         "theta_u": list(theta_u),
         "min_f1_share": min_f1_share,
+        "refits": list(refits),
+        "refit_frame": refit_frame,
+        "train": train,
+        "seed": seed,
     }
+    trial_heads = [["grid", g, w] for g, w in heads] + [["refit", i] for i in range(len(refits))]
     trainable = tune.with_resources(tune.with_parameters(stopping_trial, payload=payload), {"cpu": trial_num_cpus})
     tuner = tune.Tuner(
         trainable,
-        param_space={"head": tune.grid_search([list(h) for h in heads])},
+        param_space={"head": tune.grid_search(trial_heads)},
         tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent_trials),
         run_config=tune.RunConfig(storage_path=str(Path(storage_path).resolve()), name=name, verbose=0),
     )
@@ -335,8 +363,6 @@ def run_tune(
         if result.error is not None:
             raise RuntimeError(f"Tune trial {result.config.get('head')} failed: {result.error}")
         with result.checkpoint.as_directory() as folder:
-            grid = pd.read_parquet(Path(folder) / "grid.parquet")
-        head = tuple(result.config["head"])
-        frames.append(grid.assign(feature_group=head[0], window=int(head[1])))
+            frames.append(pd.read_parquet(Path(folder) / "grid.parquet"))
     log.info("Tune experiment %s: %d trials, logs in %s", name, len(frames), Path(storage_path) / name)
     return pd.concat(frames, ignore_index=True)
