@@ -1,5 +1,6 @@
 """Request handling of the generation backends, without loading a model."""
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -145,3 +146,58 @@ def test_factory_builds_the_http_backend_and_describes_it():
 def test_factory_rejects_an_http_backend_without_url():
     with pytest.raises(EngineError, match="base_url"):
         build_engine(EngineConfig(backend="openai"))
+
+
+class FakeAsyncLLM:
+    """Stands in for vLLM's AsyncLLM: records requests and the loop each ran on."""
+
+    def __init__(self):
+        self.requests, self.loops, self.shut = [], set(), False
+
+    async def generate(self, prompt, params, request_id):
+        self.loops.add(asyncio.get_running_loop())
+        self.requests.append((prompt, params))
+        if params.max_tokens == 13:
+            raise RuntimeError("boom")
+        yield _request_output(text=f"{len(prompt)} tokens")
+
+    def shutdown(self):
+        self.shut = True
+
+
+@pytest.fixture
+def fake_vllm_engine():
+    module = _vllm()
+    engine = object.__new__(module.VLLMEngine)  # no real engine: only the request plumbing
+    engine.config, engine.max_model_len = EngineConfig(), 64
+    engine.tokenizer = SimpleNamespace(encode=lambda text: list(range(len(text.split()))))
+    engine._llm, engine._loop = FakeAsyncLLM(), module._LoopThread("test-vllm")
+    engine._engine_input = lambda ids: ids
+    yield engine
+    asyncio.run(engine.close())
+
+
+def test_vllm_engine_serves_callers_on_any_event_loop(fake_vllm_engine):
+    engine, llm = fake_vllm_engine, fake_vllm_engine._llm
+    first = asyncio.run(engine.generate(GenerationRequest(prompt="a b c", max_tokens=5)))
+
+    async def many():
+        return await asyncio.gather(*(engine.generate(GenerationRequest(prompt="a " * n, max_tokens=100))
+                                      for n in range(1, 4)))
+
+    rest = asyncio.run(many())  # a second, different caller loop
+    assert first.text == "3 tokens" and [g.text for g in rest] == ["1 tokens", "2 tokens", "3 tokens"]
+    assert len(llm.loops) == 1 and llm.loops == {engine._loop.loop}  # vLLM always sees its own loop
+    assert [params.max_tokens for _, params in llm.requests] == [5, 63, 62, 61]  # clamped to the context
+
+
+def test_vllm_engine_request_failures(fake_vllm_engine):
+    engine, llm = fake_vllm_engine, fake_vllm_engine._llm
+    with pytest.raises(ContextOverflowError):
+        asyncio.run(engine.generate(GenerationRequest(prompt="a " * 64, max_tokens=1)))
+    assert llm.requests == []  # rejected before submission
+    with pytest.raises(EngineError, match="RuntimeError: boom"):
+        asyncio.run(engine.generate(GenerationRequest(prompt="a", max_tokens=13)))
+    assert asyncio.run(engine.generate(GenerationRequest(prompt="a", max_tokens=2))).text == "1 tokens"
+    asyncio.run(engine.close())
+    assert llm.shut and not engine._loop.thread.is_alive()

@@ -82,7 +82,7 @@ class TransformersEngine:
         text, finish, stop_string = "", "length", None
         with torch.inference_mode():
             for _ in range(max_tokens):
-                out = self.model(input_ids=inputs, past_key_values=past, use_cache=True)
+                out = self.model(input_ids=inputs, past_key_values=past, use_cache=True, logits_to_keep=1)
                 past = out.past_key_values
                 logits = out.logits[0, -1].float()
                 token = _sample(logits, request.temperature, request.top_p, generator)
@@ -92,14 +92,17 @@ class TransformersEngine:
                 if token in self.eos_ids:
                     finish = "stop"
                     break
-                previous, text = len(text), self.tokenizer.decode(token_ids)
-                hit = find_stop(text, request.stop, max(len(text) - previous, 0))
-                if hit is not None:
-                    text, stop_string, finish = text[: hit[0]], hit[1], "stop"
-                    break
+                if request.stop:
+                    previous, text = len(text), self.tokenizer.decode(token_ids)
+                    hit = find_stop(text, request.stop, max(len(text) - previous, 0))
+                    if hit is not None:
+                        text, stop_string, finish = text[: hit[0]], hit[1], "stop"
+                        break
                 inputs = torch.tensor([[token]], device=self.device)
+        if stop_string is None:
+            text = self.tokenizer.decode(token_ids)  # skips special tokens: EOS is not in the text, as in vLLM
         return Generation(
-            text=text,  # EOS is a special token: decoding stops short of it, as vLLM's text does
+            text=text,
             token_ids=token_ids,
             token_logprobs=logprobs if request.logprobs else None,
             finish_reason=finish,
