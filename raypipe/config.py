@@ -45,7 +45,8 @@ class RetrievalConfig(StrictModel):
     index_type: Literal["flat", "ivf", "hnsw", "pq"] = Field(default="flat", description="pq = IVF-PQ.")
     fp16: bool = Field(default=False, description="Store vectors as float16 (flat/ivf/hnsw): half the memory.")
     ivf_nlist: int | None = Field(default=None, ge=1, description="IVF lists; None: about 4*sqrt(N).")
-    pq_m: int | None = Field(default=None, ge=1, description="PQ bytes per vector; None: dimension // 8.")
+    pq_m: int | None = Field(default=None, ge=1, description="PQ sub-quantisers per vector; None: dimension // 8.")
+    pq_nbits: int = Field(default=8, ge=1, le=16, description="Bits per PQ code (8: m bytes per vector).")
     hnsw_m: int = Field(default=32, ge=4)
     nprobe: int = Field(default=16, ge=1, description="IVF lists searched per query.")
     hnsw_ef_search: int = Field(default=128, ge=1)
@@ -198,6 +199,11 @@ class StopRagConfig(StrictModel):
     llm_stop_docs: int = Field(default=1, ge=1, description="Top documents shown per round (the public prompt: one).")
     llm_stop_default: Literal["stop", "continue"] = Field(
         default="continue", description="Decision when the output names both tokens or neither (public parser: continue)."
+    )
+    llm_stop_enforce: bool = Field(
+        default=False,
+        description="Named option: constrain LLM-Stop's output to 'Analysis: ...' + 'Decision: <STOP>|<CONTINUE>' "
+        "(vLLM structured outputs), for small models that never name a decision; off = the public free-text prompt.",
     )
 
     @model_validator(mode="after")

@@ -8,6 +8,7 @@ tests), build the FAISS index and write the directory atomically.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import math
 import os
@@ -51,7 +52,12 @@ def encoder_spec(cfg: RetrievalConfig, threads: int | None = None) -> EncoderSpe
 
 def index_settings(cfg: RetrievalConfig) -> IndexSettings:
     return IndexSettings(
-        index_type=cfg.index_type, fp16=cfg.fp16, ivf_nlist=cfg.ivf_nlist, pq_m=cfg.pq_m, hnsw_m=cfg.hnsw_m
+        index_type=cfg.index_type,
+        fp16=cfg.fp16,
+        ivf_nlist=cfg.ivf_nlist,
+        pq_m=cfg.pq_m,
+        pq_nbits=cfg.pq_nbits,
+        hnsw_m=cfg.hnsw_m,
     )
 
 
@@ -86,20 +92,32 @@ def ensure_index(config: RunConfig, force: bool = False, use_ray: bool = True) -
     settings = index_settings(cfg)
     expected = expected_manifest(spec, settings, corpus, sha)
     target = index_dir_for(config, sha)
-    if target.exists():
-        if (target / MANIFEST).exists():
-            if not force:
-                problems = manifest_differences(read_manifest(target), expected)
-                if not problems:
-                    log.info("index %s is up to date (%s), nothing to do", target, sha[:12])
-                    return target
-                raise IndexMismatchError(
-                    f"index {target} was built differently: {'; '.join(problems)} (rebuild with --force)"
-                )
-        elif any(target.iterdir()):
-            raise IndexMismatchError(f"{target} exists and is not an index directory; refusing to overwrite it")
-    build_index(config, target, expected, use_ray=use_ray)
+    if _up_to_date(target, expected, force):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another job may be building the same index
+        if _up_to_date(target, expected, force):
+            return target
+        build_index(config, target, expected, use_ray=use_ray)
     return target
+
+
+def _up_to_date(target: Path, expected: dict, force: bool) -> bool:
+    """True if ``target`` holds this exact build; raises if it holds something else (unless ``force``)."""
+    if not target.exists():
+        return False
+    if (target / MANIFEST).exists():
+        if force:
+            return False
+        problems = manifest_differences(read_manifest(target), expected)
+        if problems:
+            raise IndexMismatchError(f"index {target} was built differently: {'; '.join(problems)} (rebuild with --force)")
+        log.info("index %s is up to date (corpus %s), nothing to do", target, expected["corpus_sha256"][:12])
+        return True
+    if any(target.iterdir()):
+        raise IndexMismatchError(f"{target} exists and is not an index directory; refusing to overwrite it")
+    return False
 
 
 def build_index(config: RunConfig, target: Path, manifest: dict, use_ray: bool = True) -> Path:
@@ -118,17 +136,18 @@ def build_index(config: RunConfig, target: Path, manifest: dict, use_ray: bool =
         DocStore.write(passages, docs_file)
         stats = CorpusStats.count(passages)
         del passages
-        log.info("corpus %s: %d passages, %d terms (%.1f s)", corpus.name, stats.n_docs, len(stats.df_table),
-                 time.perf_counter() - start)
+        prepare_s = time.perf_counter() - start
+        log.info("corpus %s: %d passages, %d terms (%.1f s)", corpus.name, stats.n_docs, len(stats.df_table), prepare_s)
         table = DocStore.read(docs_file).table
         start = time.perf_counter()
         spec = encoder_spec(cfg)
         embeddings = ray_encode(spec, table, cfg) if use_ray else local_encode(spec, table)
-        elapsed = time.perf_counter() - start
-        log.info("encoded %d passages with %s in %.1f s (%.0f passages/s)", len(embeddings), spec.name, elapsed,
-                 len(embeddings) / max(elapsed, 1e-9))
+        encode_s = time.perf_counter() - start
+        log.info("encoded %d passages with %s in %.1f s (%.0f passages/s)", len(embeddings), spec.name, encode_s,
+                 len(embeddings) / max(encode_s, 1e-9))
         start = time.perf_counter()
-        write_index_dir(target, embeddings, docs_file, stats, manifest, index_settings(cfg))
+        timing = {"prepare_seconds": round(prepare_s, 2), "encode_seconds": round(encode_s, 2)}
+        write_index_dir(target, embeddings, docs_file, stats, {**manifest, "build": timing}, index_settings(cfg))
         log.info("wrote %s index to %s (%.1f s)", cfg.index_type, target, time.perf_counter() - start)
     finally:
         shutil.rmtree(work, ignore_errors=True)

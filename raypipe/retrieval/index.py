@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import math
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import cached_property
@@ -60,7 +61,8 @@ class IndexSettings:
     index_type: str = "flat"  # flat | ivf | hnsw | pq (= IVF-PQ)
     fp16: bool = False  # store vectors as float16 (flat/ivf/hnsw), halving memory
     ivf_nlist: int | None = None  # None: about 4*sqrt(N), at least 39 training points per list
-    pq_m: int | None = None  # PQ sub-quantisers (bytes per vector); None: dim // 8
+    pq_m: int | None = None  # PQ sub-quantisers per vector; None: dim // 8
+    pq_nbits: int = 8  # bits per sub-quantiser code
     hnsw_m: int = 32
 
     @property
@@ -87,14 +89,14 @@ class IndexSettings:
             m = self.pq_m or max(1, dim // 8)
             if dim % m:
                 raise ValueError(f"pq_m={m} must divide the dimension {dim}")
-            return f"IVF{self.nlist(n)},PQ{m}x8"
+            return f"IVF{self.nlist(n)},PQ{m}x{self.pq_nbits}"
         raise ValueError(f"unknown index_type {self.index_type!r}; use flat, ivf, hnsw or pq")
 
     def min_training_points(self, n: int, dim: int) -> int:
         if self.index_type == "ivf":
             return self.nlist(n)
         if self.index_type == "pq":
-            return max(self.nlist(n), 256)  # 8-bit codes: 256 centroids per sub-quantiser
+            return max(self.nlist(n), 2**self.pq_nbits)  # centroids per sub-quantiser
         return 0
 
 
@@ -132,6 +134,7 @@ def expected_manifest(spec: EncoderSpec, settings: IndexSettings, corpus: Path, 
         "fp16": settings.fp16,
         "ivf_nlist": settings.ivf_nlist,
         "pq_m": settings.pq_m,
+        "pq_nbits": settings.pq_nbits,
         "hnsw_m": settings.hnsw_m,
     }
 
@@ -139,7 +142,7 @@ def expected_manifest(spec: EncoderSpec, settings: IndexSettings, corpus: Path, 
 # Fields that must agree for an existing index to count as "the same build" (corpus path may move).
 BUILD_KEYS = (
     "format_version", "encoder", "query_prefix", "passage_prefix", "max_length", "dimension",
-    "corpus_sha256", "index_type", "fp16", "ivf_nlist", "pq_m", "hnsw_m",
+    "corpus_sha256", "index_type", "fp16", "ivf_nlist", "pq_m", "pq_nbits", "hnsw_m",
 )
 # Fields a searcher needs to agree with: the query encoder must embed into the same space.
 ENCODER_KEYS = ("encoder", "dimension", "query_prefix")
@@ -204,7 +207,9 @@ def write_index_dir(
     import faiss
     import shutil
 
+    start = time.perf_counter()
     index, factory = build_faiss(embeddings, settings)
+    faiss_s = time.perf_counter() - start
     tmp = target.with_name(f".{target.name}.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -214,6 +219,7 @@ def write_index_dir(
     stats.write(tmp / STATS_FILE)
     full = {
         **manifest,
+        "build": {**manifest.get("build", {}), "faiss_seconds": round(faiss_s, 2)},
         "count": int(index.ntotal),
         "factory": factory,
         "n_docs": stats.n_docs,
@@ -270,7 +276,7 @@ class IndexDir:
         if isinstance(index, faiss.IndexHNSW):
             index.hnsw.efSearch = params.hnsw_ef_search
         if params.faiss_gpu != "none":
-            index = to_gpus(index, shard=params.faiss_gpu == "shard", fp16=bool(self.manifest.get("fp16")))
+            index = to_gpus(index, shard=params.faiss_gpu == "shard")
         return index
 
     def vectors(self, rows) -> np.ndarray:
@@ -284,8 +290,11 @@ class IndexDir:
         return np.stack([index.reconstruct(int(r)) for r in rows]).astype(np.float32)
 
 
-def to_gpus(index, shard: bool, fp16: bool):
-    """Spread an index over all visible GPUs (faiss-gpu): sharded (each GPU holds 1/n) or replicated."""
+def to_gpus(index, shard: bool, fp16: bool = True):
+    """Spread an index over all visible GPUs (faiss-gpu): sharded (each GPU holds 1/n) or replicated.
+
+    Vectors are held in float16 on the GPUs by default, as Search-R1's retrieval server does.
+    """
     import faiss
 
     if not hasattr(faiss, "GpuMultipleClonerOptions") or faiss.get_num_gpus() == 0:

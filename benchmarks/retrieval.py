@@ -1,0 +1,157 @@
+"""Retrieval benchmark: encode speed, index build time, search throughput, recall@k and index memory.
+
+For each encoder (--encoders, default the configured one) it builds or reuses the index of the
+configured corpus (--force rebuilds and so times the build; otherwise the build times recorded in the
+manifest are shown), then measures on this machine:
+  - passages/s encoding a sample of the corpus in-process (wall clock, and per CPU-second of this
+    process, which is steadier on a shared machine),
+  - queries/s of the in-process retriever at batch 1 (the sequential baseline), 32 and 256 (k = deep_k),
+    and of the Ray service with 64 concurrent single-query callers (coalesced into batches),
+  - recall@3 / @10 of the supporting paragraphs (title match) with the original questions as queries,
+  - the FAISS index's memory (its serialised size) and the doc store's size on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from raypipe.config import RunConfig
+from raypipe.data import load_corpus, load_datasets
+from raypipe.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.retrieval.build import encoder_spec, ensure_index, search_params
+from raypipe.retrieval.encoders import passage_text
+from raypipe.retrieval.evaluate import dataset_recall
+from raypipe.retrieval.index import DOCSTORE_FILE, load_index_dir
+from raypipe.retrieval.searcher import LocalRetriever
+from raypipe.retrieval.service import init_ray, launch_replicas
+
+log = logging.getLogger("benchmarks.retrieval")
+
+
+def timed(fn):
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def search_rate(retriever: LocalRetriever, queries: list[str], batch: int, k: int, budget_s: float = 20.0) -> float:
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < budget_s:
+        chunk = [queries[(done + i) % len(queries)] for i in range(batch)]
+        retriever.search_batch(chunk, k)
+        done += batch
+        if done >= 2 * len(queries):
+            break
+    return done / (time.perf_counter() - start)
+
+
+def service_rate(config: RunConfig, index_path, queries: list[str], k: int, callers: int = 64) -> float:
+    client = launch_replicas(config, index_path)
+    try:
+        async def burst(qs):
+            return await asyncio.gather(*(client.search([q], k) for q in qs))
+
+        asyncio.run(burst(queries[:8]))  # warm-up
+        qs = [queries[i % len(queries)] for i in range(4 * callers)]
+        start = time.perf_counter()
+        for offset in range(0, len(qs), callers):
+            asyncio.run(burst(qs[offset : offset + callers]))
+        return len(qs) / (time.perf_counter() - start)
+    finally:
+        client.shutdown()
+
+
+def bench_encoder(base: RunConfig, encoder: str, args) -> dict:
+    config = base.model_copy(update={"retrieval": base.retrieval.model_copy(update={"encoder": encoder})})
+    cfg = config.retrieval
+    log.info("%s: building or reusing the index", encoder)
+    path, build_wall, _ = timed(lambda: ensure_index(config, force=args.force))
+    idx = load_index_dir(path, encoder_spec(cfg))
+    build = idx.manifest.get("build", {})
+    row = {
+        "encoder": encoder,
+        "passages": idx.manifest["count"],
+        "build_s": build_wall if args.force else sum(build.values()),
+        "build_from": "this run" if args.force else "manifest",
+        "encode_s": build.get("encode_seconds"),
+    }
+    encoder_obj, row["encoder_load_s"], _ = timed(lambda: encoder_spec(cfg, threads=args.threads).load())
+    sample = [passage_text(p.title, p.text) for p in load_corpus(idx.manifest["corpus"])[: args.sample]]
+    encoder_obj.encode_passages(sample[:16])  # warm-up
+    _, wall, cpu = timed(lambda: encoder_obj.encode_passages(sample))
+    row["passages_per_s"] = len(sample) / wall
+    row["passages_per_cpu_s"] = len(sample) / cpu
+
+    retriever = LocalRetriever(idx, encoder_obj, search_params(cfg))
+    questions = load_datasets(config.data.datasets, args.limit)
+    texts = [q.question for q in questions]
+    results = retriever.search_batch(texts, 10)
+    row["recall"] = dataset_recall(questions, results, ks=(3, 10))
+    for batch in (1, 32, 256):
+        row[f"qps@{batch}"] = search_rate(retriever, texts, batch, cfg.deep_k)
+    if not args.no_service:
+        row["qps_service"] = service_rate(config, path, texts, cfg.deep_k)
+
+    import faiss
+
+    row["index_bytes"] = len(faiss.serialize_index(retriever.index))
+    row["docstore_bytes"] = (path / DOCSTORE_FILE).stat().st_size
+    row["index_type"] = idx.manifest["factory"]
+    return row
+
+
+def print_table(rows: list[dict]) -> None:
+    names = [r["encoder"] for r in rows]
+    width = max(14, *(len(n) + 2 for n in names))
+    lines = [f"{'':<34}" + "".join(f"{n:>{width}}" for n in names)]
+
+    def add(label, values):
+        lines.append(f"{label:<34}" + "".join(f"{v:>{width}}" for v in values))
+
+    add("passages", [r["passages"] for r in rows])
+    add("FAISS index", [r["index_type"] for r in rows])
+    add("encode passages/s (wall)", [f"{r['passages_per_s']:.0f}" for r in rows])
+    add("encode passages per CPU-second", [f"{r['passages_per_cpu_s']:.0f}" for r in rows])
+    add("index build s (" + rows[0]["build_from"] + ")", [f"{r['build_s']:.0f}" for r in rows])
+    add("  of which encoding s", [f"{r['encode_s'] or 0:.0f}" for r in rows])
+    for batch in (1, 32, 256):
+        add(f"search q/s, batch {batch} (in-process)", [f"{r[f'qps@{batch}']:.0f}" for r in rows])
+    if "qps_service" in rows[0]:
+        add("search q/s, service, 64 callers", [f"{r['qps_service']:.0f}" for r in rows])
+    datasets = sorted({d for r in rows for d in r["recall"]})
+    for dataset in datasets:
+        for k in (3, 10):
+            add(f"recall@{k} {dataset}", [f"{r['recall'].get(dataset, {}).get(f'recall@{k}', 0):.3f}" for r in rows])
+    add("index memory MB", [f"{r['index_bytes'] / 1e6:.1f}" for r in rows])
+    add("doc store MB (Parquet)", [f"{r['docstore_bytes'] / 1e6:.1f}" for r in rows])
+    print("\n".join(lines))
+
+
+def main() -> None:
+    parser = job_parser(__doc__)
+    parser.add_argument("--encoders", default=None, help="comma-separated encoders (default: retrieval.encoder)")
+    parser.add_argument("--sample", type=int, default=1024, help="passages encoded to measure encode speed")
+    parser.add_argument("--limit", type=int, default=None, help="questions per dataset for recall (default all)")
+    parser.add_argument("--threads", type=int, default=None, help="encoder threads (default: library default)")
+    parser.add_argument("--force", action="store_true", help="rebuild the indexes (times the build)")
+    parser.add_argument("--no-service", action="store_true", help="skip the Ray service measurement")
+    args = parser.parse_args()
+    setup_logging(args.verbose)
+    config = config_from_args(args)
+    encoders = args.encoders.split(",") if args.encoders else [config.retrieval.encoder]
+
+    import ray
+
+    init_ray(config)
+    try:
+        rows = [bench_encoder(config, encoder, args) for encoder in encoders]
+    finally:
+        ray.shutdown()
+    print()
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

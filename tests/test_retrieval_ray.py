@@ -1,0 +1,80 @@
+"""Retrieval on a local Ray: Ray Data index build, and the service under concurrent callers."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from raypipe.config import load_config
+from raypipe.data import BUNDLED_CORPUS
+from raypipe.retrieval import LocalRetriever, passage_text, encoder_spec, ensure_index, load_index_dir, start_retrieval_service
+
+ray = pytest.importorskip("ray")
+
+N_PASSAGES = 40
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+    with BUNDLED_CORPUS.open() as src:
+        corpus.write_text("".join(next(src) for _ in range(N_PASSAGES)))
+    index_dir = tmp_path_factory.mktemp("idx") / "tiny"
+    return load_config(
+        "embedded",
+        [
+            f"data.corpus={corpus}",
+            f"retrieval.index_dir={index_dir}",
+            "retrieval.replicas=2",
+            "retrieval.encode_batch_size=16",
+            "retrieval.max_wait_ms=20",
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def local(config, ray_local):
+    path = ensure_index(config)  # Ray Data actor pool build
+    return LocalRetriever.open(path, encoder_spec(config.retrieval))
+
+
+def test_ray_data_build_keeps_corpus_order(local):
+    docs = local.docs.get(range(N_PASSAGES))
+    assert [d.doc_id for d in docs] == [f"p{i}" for i in range(N_PASSAGES)]
+    stored = load_index_dir(local.index_dir.path).vectors(range(N_PASSAGES))
+    fresh = local.encoder.encode_passages([passage_text(d.title, d.text) for d in docs])
+    assert np.allclose(stored, fresh, atol=1e-4)
+
+
+@ray.remote(num_cpus=0.25)
+def ask(client, queries, k):
+    return asyncio.run(client.search(queries, k))
+
+
+def test_service_answers_concurrent_calls_from_ray_tasks(config, local):
+    client = start_retrieval_service(config)  # reuses the index built above
+    try:
+        docs = local.docs.get(range(N_PASSAGES))
+        calls = [[docs[i].text[:80], f"Who is {docs[i + 1].title}?", " "] for i in range(0, 24, 3)]
+        answers = ray.get([ask.remote(client, queries, 5) for queries in calls], timeout=120)
+        batches = sum(s["batches"] for s in ray.get([a.stats.remote() for a in client.actors]))
+    finally:
+        client.shutdown()
+    assert len(answers) == len(calls)
+    for queries, got in zip(calls, answers):
+        want = local.search_batch(queries, 5)
+        assert [r.query for r in got] == queries
+        assert [r.empty_query for r in got] == [False, False, True]
+        for g, w in zip(got, want):
+            assert [h.doc_id for h in g.hits] == [h.doc_id for h in w.hits]
+            assert [h.title for h in g.hits] == [h.title for h in w.hits]
+            assert np.allclose([h.score for h in g.hits], [h.score for h in w.hits], atol=1e-4)
+    assert answers[0][0].hits[0].doc_id == "p0"  # a passage's own text finds it
+    assert 1 <= batches <= len(calls)
