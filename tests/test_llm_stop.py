@@ -68,13 +68,14 @@ class FakeEngine:
 
     def __init__(self, outputs):
         self.outputs = list(outputs)
-        self.prompts = []
+        self.prompts, self.regexes = [], []
 
     def apply_chat_template(self, messages, add_generation_prompt=True):
         return "|".join(m["content"] for m in messages)
 
     async def generate(self, request):
         self.prompts.append(request.prompt)
+        self.regexes.append(request.regex)
         out = self.outputs.pop(0)
         if isinstance(out, Exception):
             raise out
@@ -113,3 +114,18 @@ def test_judge_prefixes_keys_results():
     items = [("a", 1, "Q", ROUNDS[:1]), ("a", 2, "Q", ROUNDS)]
     out = asyncio.run(judge_prefixes(ctl, items, concurrency=1))
     assert out["a"][1][0].verdict == "stop" and out["a"][2][0].verdict == "continue"
+
+
+def test_enforced_format_is_parseable():
+    import re
+
+    from raypipe.control.llm_stop import DECISION_REGEX
+
+    engine = FakeEngine(["Analysis: enough.\nDecision: <STOP>"])
+    ctl = LLMStopController(engine, enforce=True)
+    assert asyncio.run(ctl.decide("Q", _history(1))).stop and engine.regexes == [DECISION_REGEX]
+    for verdict in ("STOP", "CONTINUE"):
+        text = f"Analysis: some reasoning, with commas.\nDecision: <{verdict}>"
+        assert re.fullmatch(DECISION_REGEX, text)
+        assert parse_decision(text) == Parsed(verdict.lower(), "decision_line")
+    assert LLMStopController(FakeEngine([])).regex is None  # the faithful default: free text

@@ -78,6 +78,8 @@ USER_INSTRUCTION = (
 )
 
 Verdict = Literal["stop", "continue"]
+# The named option ``enforce``: the output format as a bounded regex (vLLM structured outputs).
+DECISION_REGEX = r"Analysis: [^\n<>]{1,400}\nDecision: <(STOP|CONTINUE)>"
 
 
 def format_rounds(rounds: Sequence[Round], docs: int = 1, doc_chars: int = 300) -> str:
@@ -123,7 +125,8 @@ class LLMStopController:
     """LLM-Stop as an online controller (:class:`raypipe.control.base.StopController`) over an Engine.
 
     Iterations before ``first_decision`` always continue (0: the probe before any retrieval). An engine
-    error on the decision prompt is the default verdict, not a failed trajectory.
+    error on the decision prompt is the default verdict, not a failed trajectory. ``enforce`` constrains
+    the output to :data:`DECISION_REGEX` (needs an engine with structured outputs).
     """
 
     def __init__(
@@ -137,15 +140,19 @@ class LLMStopController:
         default: Verdict = "continue",
         first_decision: int = 1,
         seed: int | None = None,
+        enforce: bool = False,
     ):
         self.engine = engine
         self.max_tokens, self.temperature, self.seed = max_tokens, temperature, seed
+        self.regex = DECISION_REGEX if enforce else None
         self.docs, self.doc_chars, self.default, self.first_decision = docs, doc_chars, default, first_decision
 
     async def judge(self, question: str, rounds: Sequence[Round]) -> tuple[Parsed, str]:
         """The parsed verdict and the raw output for a state given by its rounds."""
         prompt = self.engine.apply_chat_template(build_messages(question, rounds, self.docs, self.doc_chars))
-        request = GenerationRequest(prompt=prompt, max_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed)
+        request = GenerationRequest(
+            prompt=prompt, max_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed, regex=self.regex
+        )
         try:
             gen = await self.engine.generate(request)
         except EngineError as exc:

@@ -4,7 +4,7 @@ Reads ``iterations/`` and ``trajectories/`` (and ``predictions/`` for the 4-stat
 predictors have run) and writes ``RUN_DIR/stoprag/``:
 
 - ``qnet/``: the trained network with its tuned threshold (loadable by :class:`StopRagController`);
-  ``qnet_<target>/`` for ablation targets; ``ray_train/``: Ray Train's run folders (checkpoints);
+  ``qnet_<target>/`` for ablation targets (Ray Train's checkpoints live in ``ray_train/`` while it runs);
 - ``comparison.csv``/``.md``/``.png``: natural, Cap@k, the heuristic, Stop-RAG (and its target
   ablations) and LLM-Stop on the test questions: mean iterations, F1, share of natural F1, tokens;
 - ``outcomes.parquet``: every controller's decision per test question; ``margins.parquet``: Q_stop,
@@ -163,7 +163,11 @@ def llm_stop_margins(
         controller = LLMStopController(
             engine, max_tokens=cfg.llm_stop_max_tokens, temperature=cfg.llm_stop_temperature, docs=cfg.llm_stop_docs,
             doc_chars=cfg.doc_chars, default=cfg.llm_stop_default, first_decision=cfg.first_decision, seed=config.seed,
+            enforce=cfg.llm_stop_enforce,
         )  # fmt: skip
+        warmup = getattr(engine, "warmup", None)
+        if cfg.llm_stop_enforce and warmup is not None:  # compile the grammar before the real requests
+            asyncio.run(warmup([controller.regex]))
         started = time.perf_counter()
         judged = asyncio.run(judge_prefixes(controller, items))
         log.info("LLM-Stop: judged in %.1f s", time.perf_counter() - started)
@@ -203,7 +207,7 @@ def comparison_rows(test_t: list[Trajectory], controllers: dict[str, tuple[Offli
 
 
 def markdown(table: pd.DataFrame, title: str) -> str:
-    lines = [f"{title}\n", "| controller | questions | mean iterations | vs natural | mean F1 | share of natural F1 | tokens saved | note |",
+    lines = [f"{title.replace(chr(10), ' ')}\n", "| controller | questions | mean iterations | vs natural | mean F1 | share of natural F1 | tokens saved | note |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in table.itertuples(index=False):
         lines.append(
@@ -224,9 +228,11 @@ def plot(table: pd.DataFrame, path: Path, title: str) -> Path:
     ax.plot(caps["mean_iterations"], caps["mean_f1"], "s--", c="tab:blue", ms=5, label="Cap@k")
     for r in caps.itertuples():
         ax.annotate(r.controller.removeprefix("cap@"), (r.mean_iterations, r.mean_f1), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    markers = iter("*oD^v<>Ph")
-    for r in table[~table["controller"].str.startswith("cap@")].itertuples():
-        ax.scatter(r.mean_iterations, r.mean_f1, marker=next(markers, "o"), s=90, zorder=5, label=f"{r.controller} (n={r.questions})")
+    others = table[~table["controller"].str.startswith("cap@")]
+    markers = "*oD^v<>Ph"
+    for i, r in enumerate(others.itertuples()):  # shrinking sizes keep coinciding points visible
+        ax.scatter(r.mean_iterations, r.mean_f1, marker=markers[i % len(markers)], s=max(30, 260 - 45 * i), zorder=5 + i,
+                   edgecolors="k", linewidths=0.5, label=f"{r.controller} (n={r.questions})")
     ax.set_xlabel("mean retrieval iterations (cost counted to the decision)")
     ax.set_ylabel("mean F1")
     ax.set_title(title, fontsize=10)
@@ -299,7 +305,7 @@ def run_stoprag(
         margins, llm_rows = llm_stop_margins(config, questions, histories, subset, engine_factory)
         pd.DataFrame(llm_rows).to_parquet(out / "llm_stop.parquet")
         sources = pd.Series([r["source"] for r in llm_rows]).value_counts().to_dict() if llm_rows else {}
-        note = f"{config.engine.model}; parsed by: " + ", ".join(f"{k} {v}" for k, v in sorted(sources.items()))
+        note = f"{config.engine.model}{', enforced' if cfg.llm_stop_enforce else ''}; parsed by: " + ", ".join(f"{k} {v}" for k, v in sorted(sources.items()))
         more, more_out = comparison_rows(subset, {"llm_stop": (margin_controller(margins, 0.5, "llm_stop"), note)})
         if len(subset) < len(test_t):
             nat, _ = comparison_rows(subset, {"natural (LLM-Stop questions)": (natural, "")})
@@ -308,7 +314,7 @@ def run_stoprag(
         outcomes += more_out
     table = pd.DataFrame(rows)
     table.to_csv(out / "comparison.csv", index=False)
-    title = f"Stopping controllers on {len(test_t)} held-out test questions (threshold tuned on {len(splits.val)} validation questions)"
+    title = f"Stopping controllers on {len(test_t)} held-out test questions\n(Stop-RAG threshold tuned on {len(splits.val)} validation questions)"
     (out / "comparison.md").write_text(markdown(table, title))
     plot(table, out / "comparison.png", title)
     pd.DataFrame(outcomes).to_parquet(out / "outcomes.parquet")

@@ -19,6 +19,7 @@ import math
 import random
 import shutil
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 TRAINER_STATE = "trainer_state.pt"
 HISTORY = "history.json"  # per-epoch metrics, in every checkpoint
 MAX_FAILURES = 2
+LOG_EVERY = 10  # optimizer steps between progress lines
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -42,6 +44,7 @@ def train_loop(config: dict[str, Any]) -> None:
 
     from raypipe.control.qnet import QNetwork, load_tokenizer, score
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     cfg = StopRagConfig.model_validate(config["stoprag"])
     texts: list[str] = config["texts"]
     samples = [Sample(**s) for s in config["samples"]]
@@ -71,6 +74,7 @@ def train_loop(config: dict[str, Any]) -> None:
         log.info("resuming from epoch %d (step %d)", start_epoch, step)
 
     mse, bce = torch.nn.MSELoss(), torch.nn.BCEWithLogitsLoss()
+    started, first_step = time.perf_counter(), step
     for epoch in range(start_epoch, cfg.epochs):
         order = list(range(len(samples)))
         random.Random(config["seed"] + epoch).shuffle(order)  # the same permutation on every worker
@@ -94,6 +98,9 @@ def train_loop(config: dict[str, Any]) -> None:
             scheduler.step()
             step += 1
             total_loss += loss.item()
+            if rank == 0 and (step % LOG_EVERY == 0 or step == total_steps):
+                rate = (step - first_step) / (time.perf_counter() - started)
+                log.info("step %d/%d  loss %.4f  lambda %.3f  %.2f steps/s", step, total_steps, loss.item(), lam, rate)
         metrics = {"epoch": epoch, "step": step, "loss": total_loss / steps_per_epoch,
                    "lambda": cosine_lambda(step, total_steps, cfg.lambda_start, cfg.lambda_end)}
         history.append(metrics)
@@ -138,7 +145,7 @@ def train_qnetwork(
     """Train on Ray (``ray.init`` already done) and copy the final network to the folder ``dest``.
 
     Returns ``dest`` and the per-epoch metrics. Ray Train's own run folder (checkpoints) is
-    ``ray_train/<name>`` beside ``dest``.
+    ``ray_train/<name>`` beside ``dest`` while training; it is removed once the network is copied out.
     """
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -176,4 +183,5 @@ def train_qnetwork(
             shutil.rmtree(target)
         shutil.copytree(Path(folder) / "qnet", target)
         history = json.loads((Path(folder) / HISTORY).read_text())
+    shutil.rmtree(storage / name, ignore_errors=True)  # checkpoints (network + optimizer state) served their purpose
     return target, history
