@@ -147,29 +147,47 @@ def head_grid(
     seed: int = 0,
     label: str = "group",
 ) -> HeadGrid:
-    """Out-of-fold head predictions and scores for every column set x target x window."""
-    results, preds = [], {}
-    qids = data["qid"].to_numpy()
-    for name, columns in column_sets.items():
-        for short, target in TARGETS.items():
-            y = data[target].to_numpy(dtype=float)
-            base = None
-            for window in sorted(cfg.windows):
-                x, _ = build_window(data, columns, window)
-                pred = out_of_fold(x, y, fold_of_row, cfg, seed)
-                preds.setdefault((name, window), {})[short] = pred
-                s = evaluate.score(y, pred, qids, cfg.bootstrap_samples, cfg.confidence, seed)
-                if window == 1:
-                    base = s
-                    z, p = float("nan"), float("nan")
-                else:
-                    z, p = evaluate.fisher_z_test(s["pearson"], s["n"], base["pearson"], base["n"], cfg.fisher_alternative)
-                results.append(
-                    {label: name, "target": short, "window": window, **s, "fisher_z": z, "fisher_p": p,
-                     "significant": bool(p < cfg.significance) if not np.isnan(p) else False}
-                )  # fmt: skip
-                log.info("%s=%s target=%s w=%d: r=%.3f tau=%.3f", label, name, short, window, s["pearson"], s["kendall"])
+    """Out-of-fold head predictions and scores for every column set x target x window.
+
+    The fits run as Ray tasks when Ray is initialised (one CPU each), else in this process.
+    """
+    jobs = [(name, short, w) for name in column_sets for short in TARGETS for w in sorted(cfg.windows)]
+    outputs = _map_jobs(data, fold_of_row, [(column_sets[n], TARGETS[s], w) for n, s, w in jobs], cfg, seed)
+    results, preds, base = [], {}, {}
+    for (name, short, window), (pred, s) in zip(jobs, outputs):
+        preds.setdefault((name, window), {})[short] = pred
+        if window == 1:
+            base[(name, short)] = s
+            z, p = float("nan"), float("nan")
+        else:
+            b = base[(name, short)]
+            z, p = evaluate.fisher_z_test(s["pearson"], s["n"], b["pearson"], b["n"], cfg.fisher_alternative)
+        results.append(
+            {label: name, "target": short, "window": window, **s, "fisher_z": z, "fisher_p": p,
+             "significant": bool(p < cfg.significance) if not np.isnan(p) else False}
+        )  # fmt: skip
+        log.info("%s=%s target=%s w=%d: r=%.3f tau=%.3f", label, name, short, window, s["pearson"], s["kendall"])
     return HeadGrid(pd.DataFrame(results), preds)
+
+
+def fit_and_score(
+    data: pd.DataFrame, fold_of_row: np.ndarray, columns: list[str], target: str, window: int, cfg: TrainConfig, seed: int
+) -> tuple[np.ndarray, dict[str, float]]:
+    """One grid cell: out-of-fold predictions of ``target`` from the window of ``columns``, and its scores."""
+    x, _ = build_window(data, columns, window)
+    y = data[target].to_numpy(dtype=float)
+    pred = out_of_fold(x, y, fold_of_row, cfg, seed)
+    return pred, evaluate.score(y, pred, data["qid"].to_numpy(), cfg.bootstrap_samples, cfg.confidence, seed)
+
+
+def _map_jobs(data, fold_of_row, specs, cfg: TrainConfig, seed: int) -> list:
+    import ray
+
+    if not ray.is_initialized():
+        return [fit_and_score(data, fold_of_row, cols, target, w, cfg, seed) for cols, target, w in specs]
+    remote = ray.remote(num_cpus=1)(fit_and_score)
+    data_ref, folds_ref = ray.put(data), ray.put(fold_of_row)
+    return ray.get([remote.remote(data_ref, folds_ref, cols, target, w, cfg, seed) for cols, target, w in specs])
 
 
 def ablation_sets(cfg: TrainConfig) -> dict[str, list[str]]:
