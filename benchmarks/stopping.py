@@ -37,7 +37,9 @@ log = logging.getLogger("benchmarks.stopping")
 
 def unseen_questions(config: RunConfig, run: RunDir, limit: int):
     """The first ``limit`` questions per dataset that the run (and so the bundle) has not seen."""
-    seen = set(run.read("trajectories", columns=["qid"]).column("qid").to_pylist()) if run.has("trajectories") else set()
+    seen = (
+        set(run.read("trajectories", columns=["qid"]).column("qid").to_pylist()) if run.has("trajectories") else set()
+    )
     picked, per_dataset = [], Counter()
     for q in load_datasets(config.data.datasets, None):
         if q.qid not in seen and per_dataset[q.dataset] < limit:
@@ -74,7 +76,9 @@ def main() -> None:
     parser = job_parser(__doc__)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory with the predictor bundle under models/")
     parser.add_argument("--limit", type=int, default=8, help="questions per dataset (default 8)")
-    parser.add_argument("--which", choices=["paper", "faithful", "best"], default="paper", help="thresholds (see above)")
+    parser.add_argument(
+        "--which", choices=["paper", "faithful", "best"], default="paper", help="thresholds (see above)"
+    )
     args = parser.parse_args()
     setup_logging(args.verbose)
     run = RunDir(args.run_dir)
@@ -88,11 +92,15 @@ def main() -> None:
     if args.which == "paper":
         controller = controller_from_path(run.path, config)
     else:
-        controller = OnlineController.from_selected(run.path / "stopping" / "selected.json", run.path / "models", args.which, config)
+        controller = OnlineController.from_selected(
+            run.path / "stopping" / "selected.json", run.path / "models", args.which, config
+        )
     questions = unseen_questions(config, run, args.limit)
     if not questions:
         sys.exit("error: no questions left that the run has not seen")
-    retriever = LocalRetriever.open(ensure_index(config, use_ray=False), encoder_spec(config.retrieval), search_params(config.retrieval))
+    retriever = LocalRetriever.open(
+        ensure_index(config, use_ray=False), encoder_spec(config.retrieval), search_params(config.retrieval)
+    )
     natural = run_once("natural", config, questions, retriever, None)
     stopped = run_once("controller", config, questions, retriever, controller)
 

@@ -44,9 +44,13 @@ def main() -> None:
     run.write_config(config, "sweep")
 
     q = report.selected["questions"]
-    print(f"\n{q['val']} validation / {q['test']} test questions, {report.seconds:.0f} s; left out: {report.excluded or 'none'}\n")
+    print(
+        f"\n{q['val']} validation / {q['test']} test questions, {report.seconds:.0f} s; left out: {report.excluded or 'none'}\n"
+    )
     print((report.out_dir / f"{TRADEOFF}.md").read_text())
-    print(f"(tables, {FIGURE} and selected.json in {report.out_dir}; TensorBoard: tensorboard --logdir {report.out_dir / 'tune'})")
+    print(
+        f"(tables, {FIGURE} and selected.json in {report.out_dir}; TensorBoard: tensorboard --logdir {report.out_dir / 'tune'})"
+    )
 
 
 if __name__ == "__main__":

@@ -105,29 +105,58 @@ def test_split_is_deterministic_disjoint_and_near_the_fraction():
 
 def _iteration_row(qid, i, f1, tokens=7, probe=3):
     return {
-        "qid": qid, "dataset": "hotpotqa", "iteration": i, "query": None if i == 0 else "q",
-        "doc_ids": [], "doc_scores": [], "reasoning": "", "probe_answer": "a", "probe_token_logprobs": [],
-        "probe_f1": f1, "utility": None, "tokens_generated": tokens, "probe_tokens": probe,
+        "qid": qid,
+        "dataset": "hotpotqa",
+        "iteration": i,
+        "query": None if i == 0 else "q",
+        "doc_ids": [],
+        "doc_scores": [],
+        "reasoning": "",
+        "probe_answer": "a",
+        "probe_token_logprobs": [],
+        "probe_f1": f1,
+        "utility": None,
+        "tokens_generated": tokens,
+        "probe_tokens": probe,
     }
 
 
 def _trajectory_row(qid, n, final_f1, tokens, probes, stop="answer"):
     return {
-        "qid": qid, "dataset": "hotpotqa", "question": "?", "golden_answers": ["a"], "final_answer": "a",
-        "final_f1": final_f1, "n_iterations": n, "stop_reason": stop, "error": None,
-        "tokens_generated": tokens, "probe_tokens": probes, "wall_s": 1.0, "transcript": "",
+        "qid": qid,
+        "dataset": "hotpotqa",
+        "question": "?",
+        "golden_answers": ["a"],
+        "final_answer": "a",
+        "final_f1": final_f1,
+        "n_iterations": n,
+        "stop_reason": stop,
+        "error": None,
+        "tokens_generated": tokens,
+        "probe_tokens": probes,
+        "wall_s": 1.0,
+        "transcript": "",
     }
 
 
 def test_trajectories_from_tables():
     its = conform(
-        [_iteration_row("a", 0, 0.0), _iteration_row("a", 1, None), _iteration_row("a", 2, 0.5),
-         _iteration_row("b", 0, 1.0), _iteration_row("e", 0, 0.0)],
+        [
+            _iteration_row("a", 0, 0.0),
+            _iteration_row("a", 1, None),
+            _iteration_row("a", 2, 0.5),
+            _iteration_row("b", 0, 1.0),
+            _iteration_row("e", 0, 0.0),
+        ],
         "iterations",
     )
     trs = conform(
-        [_trajectory_row("a", 2, 0.5, 21, 9), _trajectory_row("b", 0, 1.0, 7, 3),
-         _trajectory_row("e", 0, None, 0, 0, stop="engine_error"), _trajectory_row("m", 0, None, 0, 0, stop="answer")],
+        [
+            _trajectory_row("a", 2, 0.5, 21, 9),
+            _trajectory_row("b", 0, 1.0, 7, 3),
+            _trajectory_row("e", 0, None, 0, 0, stop="engine_error"),
+            _trajectory_row("m", 0, None, 0, 0, stop="answer"),
+        ],
         "trajectories",
     )
     records, excluded = trajectories_from_tables(its, trs)

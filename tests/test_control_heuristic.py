@@ -23,9 +23,9 @@ TH = Thresholds(theta_p=0.5, theta_u=0.0)
 S = {0: (0.8, 0.2), 1: (0.8, -0.2), 2: (0.2, 0.2), 3: (0.2, -0.2)}
 
 
-def run(states, options=HeuristicOptions(), iteration0=None):
+def run(states, options=None, iteration0=None):
     """Feed iterations 1..len(states) (and optionally iteration 0) in the given states; first stop or None."""
-    h = FourStateHeuristic(TH, options)
+    h = FourStateHeuristic(TH, options or HeuristicOptions())
     if iteration0 is not None:
         d = h.step(0, *iteration0)
         if d.stop:

@@ -146,7 +146,9 @@ class ProbePredictor:
 
 def run_loop(controller):
     engine = FakeEngine(agent_turns([SEARCH_1, SEARCH_2, SEARCH_3, ANSWER], probe))
-    loop = AgentLoop(engine, FakeRetriever(n=5), SearchR1("pyterrier"), LoopSettings(max_turns=5, top_k=3, deep_k=5), controller)
+    loop = AgentLoop(
+        engine, FakeRetriever(n=5), SearchR1("pyterrier"), LoopSettings(max_turns=5, top_k=3, deep_k=5), controller
+    )
     return asyncio.run(loop.run(Q)), engine
 
 

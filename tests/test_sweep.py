@@ -27,8 +27,7 @@ from raypipe.control.sweep import (
     select,
     threshold_grid,
 )
-from raypipe.rundir import RunDir
-from raypipe.schema import PREDICTIONS, conform
+from raypipe.schema import PREDICTIONS
 
 
 def synthetic(n_questions=60, seed=0, noise=0.1):
@@ -40,9 +39,12 @@ def synthetic(n_questions=60, seed=0, noise=0.1):
         ps = [0.0]
         for _ in range(n):
             ps.append(min(1.0, max(0.0, ps[-1] + rng.choice([-0.3, 0.0, 0.2, 0.5]))))
-        trajs.append(Trajectory(qid, ["hotpotqa", "musique"][k % 2], tuple(ps), tuple([10] * (n + 1)), ps[-1], 10 * (n + 1)))
+        trajs.append(
+            Trajectory(qid, ["hotpotqa", "musique"][k % 2], tuple(ps), tuple([10] * (n + 1)), ps[-1], 10 * (n + 1))
+        )
         preds[qid] = {
-            i: (ps[i] + rng.uniform(-noise, noise), ps[i] - ps[i - 1] + rng.uniform(-noise, noise)) for i in range(1, n + 1)
+            i: (ps[i] + rng.uniform(-noise, noise), ps[i] - ps[i - 1] + rng.uniform(-noise, noise))
+            for i in range(1, n + 1)
         }
     return trajs, preds
 
@@ -71,12 +73,14 @@ def test_threshold_grid_adds_quantiles():
 def test_grid_sums_match_a_direct_replay_and_natural():
     trajs, preds = synthetic(20)
     split_of = {t.qid: ("val" if i % 2 else "test") for i, t in enumerate(trajs)}
-    grid = (evaluate_grid(trajs, preds, ["paper"], [0.3, 2.0], [0.2], split_of))
+    grid = evaluate_grid(trajs, preds, ["paper"], [0.3, 2.0], [0.2], split_of)
     assert set(grid["split"]) == {"val", "test"} and set(grid["dataset"]) == {"hotpotqa", "musique"}
     assert grid.groupby(["theta_p", "theta_u"])["n"].sum().tolist() == [20, 20]
     # θ_P above every prediction: nothing is ever high quality, so it is natural stopping
     never = aggregate(grid[grid["theta_p"] == 2.0], ["theta_p"]).iloc[0]
-    nat = aggregate(pd.DataFrame(baseline_rows(trajs, split_of)).query("controller == 'natural'"), ["controller"]).iloc[0]
+    nat = aggregate(pd.DataFrame(baseline_rows(trajs, split_of)).query("controller == 'natural'"), ["controller"]).iloc[
+        0
+    ]
     assert never["mean_iterations"] == pytest.approx(nat["mean_iterations"])
     assert (never["f1_share"], never["iterations_change"]) == (pytest.approx(1.0), pytest.approx(0.0))
     stopped = aggregate(grid[grid["theta_p"] == 0.3], ["theta_p"]).iloc[0]
@@ -130,7 +134,7 @@ def test_select_rule():
 def test_choose_on_validation_score_on_test_and_per_dataset():
     trajs, preds = synthetic(80, seed=1)
     split_of = {t.qid: ("val" if (i // 2) % 2 else "test") for i, t in enumerate(trajs)}
-    grid = (evaluate_grid(trajs, preds, ["paper"], [0.2, 0.4, 0.6, 2.0], [-0.1, 0.1, 0.3], split_of))
+    grid = evaluate_grid(trajs, preds, ["paper"], [0.2, 0.4, 0.6, 2.0], [-0.1, 0.1, 0.3], split_of)
     chosen = choose_thresholds(grid, 0.95)
     val = score_choice(grid, chosen, "val")
     assert val["f1_share"] >= 0.95
@@ -158,7 +162,9 @@ def test_cross_fit_scores_each_half_with_the_other_halfs_choice():
     on_test = score_choice(grid, choose_thresholds(grid, 0.95), "test")
     on_val = score_choice(grid, choose_thresholds(grid, 0.95, split="test"), "val")
     assert both["iterations"] == on_test["iterations"] + on_val["iterations"]
-    assert both["f1_share"] == pytest.approx((on_test["f1"] + on_val["f1"]) / (on_test["natural_f1"] + on_val["natural_f1"]))
+    assert both["f1_share"] == pytest.approx(
+        (on_test["f1"] + on_val["f1"]) / (on_test["natural_f1"] + on_val["natural_f1"])
+    )
 
 
 def test_pareto_front():
@@ -246,7 +252,7 @@ def test_job_fails_early_on_a_run_without_predictions(tmp_path):
     for part in (tmp_path / "run" / "predictions").glob("*.parquet"):
         part.unlink()
     repo = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, str(repo / "jobs" / "sweep.py"), str(run.path)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(repo / "jobs" / "sweep.py"), str(run.path)], capture_output=True, text=True, check=False,
                           cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, timeout=120)  # fmt: skip
     assert proc.returncode != 0
     assert "no predictions table here; run jobs/train.py" in proc.stderr
@@ -275,7 +281,10 @@ def test_sweep_stage_on_tune(tmp_path, ray_local):
                  "data/selections.csv", "data/pareto.csv"):  # fmt: skip
         assert (out / name).exists(), name
     grid = pd.read_parquet(out / "data" / "grid.parquet")
-    assert set(zip(grid["feature_group"], grid["window"])) == {("unsup+sup", 1), ("prob[refit h=8 a=0.001 lr=0.001]", 1)}
+    assert set(zip(grid["feature_group"], grid["window"])) == {
+        ("unsup+sup", 1),
+        ("prob[refit h=8 a=0.001 lr=0.001]", 1),
+    }
     assert set(grid["variant"]) == {"paper", "delta_p"}
     # TensorBoard event files from Tune, one per trial
     assert len(list((out / "tune" / "t").glob("*/events.out.tfevents.*"))) == 2

@@ -52,7 +52,9 @@ class Trajectory:
         if not self.probe_f1:
             raise ValueError(f"trajectory {self.qid}: no iterations")
         if len(self.iteration_tokens) != len(self.probe_f1):
-            raise ValueError(f"trajectory {self.qid}: {len(self.iteration_tokens)} token counts for {len(self.probe_f1)} iterations")
+            raise ValueError(
+                f"trajectory {self.qid}: {len(self.iteration_tokens)} token counts for {len(self.probe_f1)} iterations"
+            )
 
     @property
     def n_iterations(self) -> int:

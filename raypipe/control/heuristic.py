@@ -91,10 +91,13 @@ def effective_utility(
     return delta if options.utility == "delta_p" else (u_hat + delta) / 2
 
 
+PAPER_OPTIONS = HeuristicOptions()
+
+
 class FourStateHeuristic:
     """The heuristic over one trajectory, fed iteration by iteration in order."""
 
-    def __init__(self, thresholds: Thresholds, options: HeuristicOptions = HeuristicOptions()):
+    def __init__(self, thresholds: Thresholds, options: HeuristicOptions = PAPER_OPTIONS):
         self.thresholds = thresholds
         self.options = options
         self.states: list[int] = []
@@ -157,7 +160,7 @@ def _predictions_of(predictions: Predictions, trajectory: Trajectory) -> Mapping
 
 
 def replay_controller(
-    predictions: Predictions, thresholds: Thresholds, options: HeuristicOptions = HeuristicOptions()
+    predictions: Predictions, thresholds: Thresholds, options: HeuristicOptions = PAPER_OPTIONS
 ) -> OfflineController:
     """The heuristic as an offline controller over per-qid predictions (for :mod:`evaluate`).
 
@@ -175,7 +178,7 @@ def replay_controller(
 
 
 def classified_signals(
-    predictions: Predictions, trajectory: Trajectory, options: HeuristicOptions = HeuristicOptions()
+    predictions: Predictions, trajectory: Trajectory, options: HeuristicOptions = PAPER_OPTIONS
 ) -> list[tuple[float, float]]:
     """The (P̂, Û) pairs the heuristic classifies on a whole trajectory (Û as ``options.utility`` forms it).
 

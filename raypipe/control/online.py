@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from raypipe.config import RunConfig
 from raypipe.control.base import CONTINUE, StopDecision
-from raypipe.control.heuristic import PAPER_THRESHOLDS, FourStateHeuristic, HeuristicOptions, Thresholds
+from raypipe.control.heuristic import PAPER_OPTIONS, PAPER_THRESHOLDS, FourStateHeuristic, HeuristicOptions, Thresholds
 
 log = logging.getLogger(__name__)
 MAX_TRACKED = 10_000  # trajectories whose predictions are kept between calls
@@ -79,7 +79,7 @@ class OnlineController:
         self,
         bundle_path: str | Path | None,
         thresholds: Thresholds | tuple[float, float] | Mapping[str, Thresholds] = PAPER_THRESHOLDS,
-        options: HeuristicOptions = HeuristicOptions(),
+        options: HeuristicOptions = PAPER_OPTIONS,
         *,
         config: RunConfig | None = None,
         predictor_factory: PredictorFactory | None = None,
@@ -99,8 +99,12 @@ class OnlineController:
 
     @classmethod
     def from_selected(
-        cls, selected_json: str | Path, bundle_path: str | Path, which: str = "faithful", config: RunConfig | None = None
-    ) -> "OnlineController":
+        cls,
+        selected_json: str | Path,
+        bundle_path: str | Path,
+        which: str = "faithful",
+        config: RunConfig | None = None,
+    ) -> OnlineController:
         """The controller a sweep chose (``RUN_DIR/stopping/selected.json``: paper, faithful or best).
 
         The chosen head must be the bundle's (the bundle holds one head configuration).
@@ -184,9 +188,13 @@ def controller_from_path(path: str | Path, config: RunConfig) -> OnlineControlle
     if not (folder / BUNDLE_MANIFEST).exists() and (folder / "models" / BUNDLE_MANIFEST).exists():
         folder = folder / "models"
     if not (folder / BUNDLE_MANIFEST).exists():
-        raise FileNotFoundError(f"{path}: no predictor bundle ({BUNDLE_MANIFEST}) here or under models/; run jobs/train.py first")
+        raise FileNotFoundError(
+            f"{path}: no predictor bundle ({BUNDLE_MANIFEST}) here or under models/; run jobs/train.py first"
+        )
     stopping = config.stopping
-    return OnlineController(folder, Thresholds(stopping.theta_p, stopping.theta_u), VARIANTS[stopping.variant], config=config)
+    return OnlineController(
+        folder, Thresholds(stopping.theta_p, stopping.theta_u), VARIANTS[stopping.variant], config=config
+    )
 
 
 def _threshold_map(thresholds: Thresholds | tuple[float, float] | Mapping[str, Thresholds]) -> dict[str, Thresholds]:

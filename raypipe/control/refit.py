@@ -31,7 +31,9 @@ def head_frame(run: RunDir) -> pd.DataFrame:
     rows = prediction_rows(run.read("iterations").to_pandas())
     features = run.read("features").to_pandas()
     signals = [c for c in features.columns if c not in ("qid", "dataset", "iteration", "probe_f1", "utility")]
-    return rows.merge(features[["qid", "iteration", *signals]], on=["qid", "iteration"], how="left", validate="one_to_one")
+    return rows.merge(
+        features[["qid", "iteration", *signals]], on=["qid", "iteration"], how="left", validate="one_to_one"
+    )
 
 
 def refit_predictions(frame: pd.DataFrame, refit: HeadRefit, train: TrainConfig, seed: int = 0) -> Predictions:

@@ -91,7 +91,11 @@ def _selection_rows(grid: pd.DataFrame, min_share: float) -> tuple[list[dict], d
             val, test = score_choice(part, chosen, "val"), score_choice(part, chosen, "test")
             every = cross_fit(part, min_share, per_dataset)
             th = chosen["*"] if selection == "global" else None
-            note = "" if th else " ".join(f"{ds}:({t.theta_p:.3g},{t.theta_u:.3g})" for ds, t in chosen.items() if ds != "*")
+            note = (
+                ""
+                if th
+                else " ".join(f"{ds}:({t.theta_p:.3g},{t.theta_u:.3g})" for ds, t in chosen.items() if ds != "*")
+            )
             rows.append(
                 table_row(
                     f"heuristic[{variant}]", test, val, every, feature_group=group, window=int(window), variant=variant,
@@ -163,7 +167,9 @@ def run_sweep(
     base_val = aggregate(base[base["split"] == "val"], ["controller"]).set_index("controller")
     base_all = aggregate(base, ["controller"]).set_index("controller")
     rows = [
-        table_row(r["controller"], r, base_val.loc[r["controller"]], base_all.loc[r["controller"]], selection="baseline")
+        table_row(
+            r["controller"], r, base_val.loc[r["controller"]], base_all.loc[r["controller"]], selection="baseline"
+        )
         for _, r in base_test.iterrows()
     ]
     group, window = chosen_head
@@ -180,9 +186,11 @@ def run_sweep(
 
     faithful = sel[(sel["feature_group"] == group) & (sel["window"] == window) & (sel["variant"] == "paper")]
     admissible = sel[sel["val_f1_share"].fillna(1.0) >= cfg.min_f1_share]
-    best = (admissible if not admissible.empty else faithful).sort_values(
-        ["val_iterations_change", "val_f1_share"], ascending=[True, False]
-    ).iloc[0]
+    best = (
+        (admissible if not admissible.empty else faithful)
+        .sort_values(["val_iterations_change", "val_f1_share"], ascending=[True, False])
+        .iloc[0]
+    )
     per_variant = (
         admissible.sort_values(["val_iterations_change", "val_f1_share"], ascending=[True, False])
         .groupby("variant", sort=False)
@@ -190,7 +198,9 @@ def run_sweep(
     )
     shown = pd.concat([to_frame(rows), faithful, per_variant])
     table = shown.drop_duplicates(subset=[c for c in shown.columns if c != "note"], keep="first").reset_index(drop=True)
-    same = (table[["feature_group", "variant", "selection"]] == best[["feature_group", "variant", "selection"]].values).all(axis=1)
+    same = (
+        table[["feature_group", "variant", "selection"]] == best[["feature_group", "variant", "selection"]].values
+    ).all(axis=1)
     mark = same & (table["window"] == best["window"])
     table.loc[mark, "note"] = ("best on validation " + table.loc[mark, "note"].fillna("")).str.strip()
     to_frame(rows + sel_rows).to_csv(data / "selections.csv", index=False)
@@ -204,8 +214,14 @@ def run_sweep(
     marked = pd.DataFrame(
         [
             {**paper_points[0], "label": f"paper θ=({PAPER_THRESHOLDS.theta_p}, {PAPER_THRESHOLDS.theta_u})"},
-            {**faithful_global.to_dict(), "label": f"paper heuristic, val-chosen θ=({faithful_global['theta_p']:.3g}, {faithful_global['theta_u']:.3g})"},
-            {**best.to_dict(), "label": f"best on val: {best['variant']} {best['feature_group']}/w{int(best['window'])} ({best['selection']})"},
+            {
+                **faithful_global.to_dict(),
+                "label": f"paper heuristic, val-chosen θ=({faithful_global['theta_p']:.3g}, {faithful_global['theta_u']:.3g})",
+            },
+            {
+                **best.to_dict(),
+                "label": f"best on val: {best['variant']} {best['feature_group']}/w{int(best['window'])} ({best['selection']})",
+            },
         ]
     )
     figure5(out / FIGURE, points, front, base_test, marked,
@@ -222,6 +238,11 @@ def run_sweep(
         "variants": {name: vars(opts) for name, opts in VARIANTS.items()},
     }
     (out / SELECTED).write_text(json.dumps(selected, indent=2, default=str))
-    named = {"natural": base_test.set_index("controller").loc["natural"], "paper": paper_points[0], "faithful": faithful_global, "best": best}
+    named = {
+        "natural": base_test.set_index("controller").loc["natural"],
+        "paper": paper_points[0],
+        "faithful": faithful_global,
+        "best": best,
+    }
     (out / f"{TRADEOFF}.md").write_text(markdown(table, summary(named, selected["questions"], cfg.min_f1_share)))
     return SweepReport(table, selected, out, excluded, time.monotonic() - started)

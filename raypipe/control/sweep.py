@@ -29,6 +29,7 @@ from raypipe.config import HeadRefit, TrainConfig
 from raypipe.control.caps import cap, natural
 from raypipe.control.evaluate import OfflineController, Outcome, Trajectory, outcome, relative_change, replay, share
 from raypipe.control.heuristic import (
+    PAPER_OPTIONS,
     HeuristicOptions,
     Predictions,
     Thresholds,
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 
 # Named heuristic variants; "paper" is the faithful one.
 VARIANTS: dict[str, HeuristicOptions] = {
-    "paper": HeuristicOptions(),
+    "paper": PAPER_OPTIONS,
     "delta_p": HeuristicOptions(utility="delta_p"),
     "mean_utility": HeuristicOptions(utility="mean"),
     "best_rollback": HeuristicOptions(rollback="best"),

@@ -16,13 +16,18 @@ TABLE_COLUMNS = [
 ]  # fmt: skip
 
 
-def table_row(controller: str, metrics: pd.Series, val: pd.Series | None = None, every: pd.Series | None = None, **labels) -> dict:
+def table_row(
+    controller: str, metrics: pd.Series, val: pd.Series | None = None, every: pd.Series | None = None, **labels
+) -> dict:
     """One row: test metrics, validation figures, and ``every``: all questions (cross-fitted for chosen θ)."""
     row = {
         "controller": controller,
         **labels,
         "questions": int(metrics["n"]),
-        **{k: float(metrics[k]) for k in ("mean_iterations", "iterations_change", "mean_f1", "f1_share", "mean_tokens", "tokens_saved")},
+        **{
+            k: float(metrics[k])
+            for k in ("mean_iterations", "iterations_change", "mean_f1", "f1_share", "mean_tokens", "tokens_saved")
+        },
         "val_iterations_change": float(val["iterations_change"]) if val is not None else float("nan"),
         "val_f1_share": float(val["f1_share"]) if val is not None else float("nan"),
         "all_iterations_change": float(every["iterations_change"]) if every is not None else float("nan"),
@@ -47,11 +52,17 @@ def summary(rows: dict[str, pd.Series | dict], questions: dict[str, int], min_f1
 
     nat = rows["natural"]
     lines = [
-        f"{questions['test']} test questions; thresholds chosen on {questions['val']} validation questions as the fewest "
-        f"iterations keeping at least {100 * min_f1_share:.1f}% of natural F1.",
+        (
+            f"{questions['test']} test questions; thresholds chosen on {questions['val']} validation questions as the "
+            f"fewest iterations keeping at least {100 * min_f1_share:.1f}% of natural F1."
+        ),
         f"Natural stopping: {nat['mean_iterations']:.3f} iterations, F1 {nat['mean_f1']:.3f}.",
     ]
-    for label, key in (("Paper's heuristic at the paper's θ (0.3, 0.2)", "paper"), ("Paper's heuristic, θ chosen on validation", "faithful"), ("Best configuration on validation", "best")):
+    for label, key in (
+        ("Paper's heuristic at the paper's θ (0.3, 0.2)", "paper"),
+        ("Paper's heuristic, θ chosen on validation", "faithful"),
+        ("Best configuration on validation", "best"),
+    ):
         if key in rows:
             lines.append(f"{label}: {point(rows[key])}.")
     best = rows["best"]
@@ -110,12 +121,20 @@ def figure5(
     caps = baselines[baselines["controller"].str.startswith("cap@")]
     ax.plot(caps["mean_iterations"], caps["mean_f1"], "s--", c="tab:blue", ms=5, label="Cap@k")
     for _, r in caps.iterrows():
-        ax.annotate(r["controller"].removeprefix("cap@"), (r["mean_iterations"], r["mean_f1"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.annotate(
+            r["controller"].removeprefix("cap@"),
+            (r["mean_iterations"], r["mean_f1"]),
+            fontsize=7,
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
     nat = baselines[baselines["controller"] == "natural"]
     ax.scatter(nat["mean_iterations"], nat["mean_f1"], marker="*", s=160, c="k", zorder=5, label="natural")
     markers = "o^vD<>Ph"
     for i, (_, r) in enumerate(marked.iterrows()):
-        ax.scatter(r["mean_iterations"], r["mean_f1"], marker=markers[i % len(markers)], s=60, zorder=6, label=r["label"])
+        ax.scatter(
+            r["mean_iterations"], r["mean_f1"], marker=markers[i % len(markers)], s=60, zorder=6, label=r["label"]
+        )
     ax.set_xlabel("mean retrieval iterations (cost counted to the decision)")
     ax.set_ylabel("mean F1")
     ax.set_title(title, fontsize=10)
