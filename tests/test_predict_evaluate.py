@@ -46,6 +46,8 @@ def test_bootstrap_resamples_questions():
     lo, hi = evaluate.bootstrap_ci(y, p, groups, evaluate.pearson, samples=200)
     r = evaluate.pearson(y, p)
     assert lo < r < hi and hi - lo < 0.4
-    assert evaluate.bootstrap_ci(y, p, groups, samples=50, seed=3) == evaluate.bootstrap_ci(y, p, groups, samples=50, seed=3)
+    assert evaluate.bootstrap_ci(y, p, groups, samples=50, seed=3) == evaluate.bootstrap_ci(
+        y, p, groups, samples=50, seed=3
+    )
     s = evaluate.score(y, p, groups, samples=50)
     assert s["n"] == 200 and s["pearson_lo"] < s["pearson"] < s["pearson_hi"]

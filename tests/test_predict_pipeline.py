@@ -37,7 +37,12 @@ def trained_run(tmp_path_factory, untrained):
 
     run = synthetic.write_run(tmp_path_factory.mktemp("run"), n_questions=40)
     cfg = TrainConfig(
-        relations=["intra_iteration"], folds=2, windows=[1, 2], chosen_window=2, bootstrap_samples=20, groups=["prob", "unsup+sup+prob"]
+        relations=["intra_iteration"],
+        folds=2,
+        windows=[1, 2],
+        chosen_window=2,
+        bootstrap_samples=20,
+        groups=["prob", "unsup+sup+prob"],
     )
     summary = run_train(run, cfg, synthetic.doc_lookup, trainer=fake_trainer)
     return run, cfg, summary, calls
@@ -86,7 +91,9 @@ def test_bundle_online_equals_offline(trained_run):
     features = run.read("features").to_pandas()
     question = run.read("trajectories").to_pandas().set_index("qid")["question"]
     qid = iterations.groupby("qid")["iteration"].max().idxmax()
-    history = iterations[iterations["qid"] == qid].merge(features.drop(columns=["dataset", "probe_f1", "utility"]), on=["qid", "iteration"])
+    history = iterations[iterations["qid"] == qid].merge(
+        features.drop(columns=["dataset", "probe_f1", "utility"]), on=["qid", "iteration"]
+    )
     rows = [{k: v for k, v in r.items() if k not in ("probe_f1", "utility")} for r in history.to_dict("records")]
     p_hat, u_hat = bundle.predict(rows, question[qid])
     # offline: the same features through the window builder and the saved heads

@@ -22,7 +22,10 @@ def test_adjacent_think_golden():
 
 
 def test_long_distance_golden():
-    assert format_relation("long_distance", IT) == "Who wrote X? [SEP] [ORIG] r0 text [SEP] [CURR_SUBQ] q2 text [CURR] r2 text"
+    assert (
+        format_relation("long_distance", IT)
+        == "Who wrote X? [SEP] [ORIG] r0 text [SEP] [CURR_SUBQ] q2 text [CURR] r2 text"
+    )
 
 
 def test_intra_iteration_golden():
@@ -46,9 +49,36 @@ def test_unknown_relation():
 def _tables():
     iterations = pd.DataFrame(
         [
-            {"qid": "a", "dataset": "d", "iteration": 0, "query": None, "reasoning": "r0", "doc_ids": [], "probe_f1": 0.0, "utility": None},
-            {"qid": "a", "dataset": "d", "iteration": 2, "query": "q2", "reasoning": "r2", "doc_ids": ["x9"], "probe_f1": 1.0, "utility": 0.5},
-            {"qid": "a", "dataset": "d", "iteration": 1, "query": "q1", "reasoning": "r1", "doc_ids": ["x1", "x2"], "probe_f1": 0.5, "utility": 0.5},
+            {
+                "qid": "a",
+                "dataset": "d",
+                "iteration": 0,
+                "query": None,
+                "reasoning": "r0",
+                "doc_ids": [],
+                "probe_f1": 0.0,
+                "utility": None,
+            },
+            {
+                "qid": "a",
+                "dataset": "d",
+                "iteration": 2,
+                "query": "q2",
+                "reasoning": "r2",
+                "doc_ids": ["x9"],
+                "probe_f1": 1.0,
+                "utility": 0.5,
+            },
+            {
+                "qid": "a",
+                "dataset": "d",
+                "iteration": 1,
+                "query": "q1",
+                "reasoning": "r1",
+                "doc_ids": ["x1", "x2"],
+                "probe_f1": 0.5,
+                "utility": 0.5,
+            },
         ]
     )
     trajectories = pd.DataFrame([{"qid": "a", "question": "Q?"}])

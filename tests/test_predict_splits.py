@@ -6,7 +6,12 @@ from raypipe.predict.splits import assign_folds, fold_column, train_test_masks
 
 
 def _questions(n=23):
-    return pd.DataFrame({"qid": [f"q{i}" for i in range(n)], "dataset": ["hotpotqa", "2wiki", "musique"] * (n // 3) + ["musique"] * (n % 3)})
+    return pd.DataFrame(
+        {
+            "qid": [f"q{i}" for i in range(n)],
+            "dataset": ["hotpotqa", "2wiki", "musique"] * (n // 3) + ["musique"] * (n % 3),
+        }
+    )
 
 
 def test_every_question_in_exactly_one_fold_and_balanced():

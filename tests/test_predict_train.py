@@ -26,18 +26,33 @@ def tiny_base(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("tiny-bert")
     tok = AutoTokenizer.from_pretrained(str(resolve_sentence_model("minilm")))
-    config = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, num_labels=1)
+    config = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=1,
+    )
     BertForSequenceClassification(config).save_pretrained(folder)
     tok.save_pretrained(folder)
     return str(folder)
 
 
 def test_ray_train_two_models_checkpointed_with_curves(ray_local, tiny_base, tmp_path):
-    texts = [f"question {i} [SEP] [ORIG] step [SEP] [CURR_SUBQ] q [CURR] {'good' if i % 2 else 'bad'}" for i in range(12)]
+    texts = [
+        f"question {i} [SEP] [ORIG] step [SEP] [CURR_SUBQ] q [CURR] {'good' if i % 2 else 'bad'}" for i in range(12)
+    ]
     labels = [float(i % 2) for i in range(12)]
     tasks = [crossencoder.Task(f"long_distance_{t}_fold0", "long_distance", texts, labels) for t in ("p", "u")]
     cfg = TrainConfig(
-        base_model=tiny_base, epochs=2, batch_size=2, effective_batch_size=8, max_tokens=32, num_workers=2, learning_rate=1e-4
+        base_model=tiny_base,
+        epochs=2,
+        batch_size=2,
+        effective_batch_size=8,
+        max_tokens=32,
+        num_workers=2,
+        learning_rate=1e-4,
     )
     assert crossencoder.accumulation_steps(cfg) == 2
     trained = crossencoder.train_crossencoders(tasks, cfg, tmp_path, seed=0)

@@ -65,7 +65,9 @@ def test_gap_in_iterations_is_missing_not_shifted():
 def test_online_window_matches_offline():
     frame = _frame()
     offline, _ = build_window(frame, ["f", "g"], 3)
-    history = pd.concat([pd.DataFrame({"qid": ["a"], "iteration": [0], "f": [99.0], "g": [99.0]}), frame[frame["qid"] == "a"]])
+    history = pd.concat(
+        [pd.DataFrame({"qid": ["a"], "iteration": [0], "f": [99.0], "g": [99.0]}), frame[frame["qid"] == "a"]]
+    )
     online = window_for_last(history, ["f", "g"], 3)
     row = offline[(frame["qid"] == "a").to_numpy() & (frame["iteration"] == 3).to_numpy()]
     np.testing.assert_array_equal(online, row)

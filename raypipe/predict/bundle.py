@@ -83,8 +83,12 @@ class PredictorBundle:
         if not rows or int(rows[-1]["iteration"]) < FIRST_ITERATION:
             raise ValueError("predictions start at iteration 1 (the first retrieval iteration)")
         current = int(rows[-1]["iteration"])
-        wanted = [r for r in rows if current - self.window < int(r["iteration"]) and int(r["iteration"]) >= FIRST_ITERATION]
-        frame = pd.DataFrame({"qid": [str(r.get("qid", "")) for r in wanted], "iteration": [int(r["iteration"]) for r in wanted]})
+        wanted = [
+            r for r in rows if current - self.window < int(r["iteration"]) and int(r["iteration"]) >= FIRST_ITERATION
+        ]
+        frame = pd.DataFrame(
+            {"qid": [str(r.get("qid", "")) for r in wanted], "iteration": [int(r["iteration"]) for r in wanted]}
+        )
         others = [c for c in self.feature_columns if c not in self.sup_models]
         missing = [c for c in others if any(c not in r for r in wanted)]
         if missing:

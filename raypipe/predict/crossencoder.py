@@ -74,7 +74,13 @@ def predict_texts(model, texts: list[str], max_tokens: int, batch_size: int = 64
     out = []
     with torch.no_grad():
         for start in range(0, len(texts), batch_size):
-            enc = tok(texts[start : start + batch_size], truncation=True, max_length=max_tokens, padding=True, return_tensors="pt")
+            enc = tok(
+                texts[start : start + batch_size],
+                truncation=True,
+                max_length=max_tokens,
+                padding=True,
+                return_tensors="pt",
+            )
             enc = {k: v.to(net.device) for k, v in enc.items()}
             out.append(net(**enc).logits.squeeze(-1).float().cpu().numpy())
     return np.concatenate(out) if out else np.zeros(0)
@@ -114,7 +120,13 @@ def train_loop_per_worker(config: dict) -> None:
         net = ray.train.torch.prepare_model(ce.model)
 
         def collate(batch, tok=tok):
-            enc = tok([t for t, _ in batch], truncation=True, max_length=config["max_tokens"], padding=True, return_tensors="pt")
+            enc = tok(
+                [t for t, _ in batch],
+                truncation=True,
+                max_length=config["max_tokens"],
+                padding=True,
+                return_tensors="pt",
+            )
             enc["labels"] = torch.tensor([y for _, y in batch], dtype=torch.float32)
             return enc
 
@@ -165,12 +177,18 @@ def train_loop_per_worker(config: dict) -> None:
                     pd.DataFrame(curve).to_csv(Path(tmp) / CURVE_FILE, index=False)
                     meta = {**metrics, "rows": len(task.texts), "relation": task.relation}
                     (Path(tmp) / META_FILE).write_text(json.dumps(meta))
-                    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp), checkpoint_dir_name=f"{task.name}_epoch{epoch}")
+                    ray.train.report(
+                        metrics,
+                        checkpoint=Checkpoint.from_directory(tmp),
+                        checkpoint_dir_name=f"{task.name}_epoch{epoch}",
+                    )
             else:
                 ray.train.report(metrics)
 
 
-def train_crossencoders(tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int = 0) -> dict[str, TrainedModel]:
+def train_crossencoders(
+    tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int = 0
+) -> dict[str, TrainedModel]:
     """Fine-tune every task in one TorchTrainer run; each last-epoch model lands in ``model_dir(task)``.
 
     A task whose folder is already complete (an earlier run) is not trained again.
@@ -240,7 +258,15 @@ def train_crossencoders(tasks: list[Task], cfg: TrainConfig, models_dir: Path, s
 def task_key(task: Task, cfg: TrainConfig, seed: int) -> str:
     """Fingerprint of a task's data and training settings: a rerun reuses a model only when it matches."""
     settings = cfg.model_dump(
-        include={"base_model", "max_tokens", "learning_rate", "epochs", "effective_batch_size", "batch_size", "num_workers"}
+        include={
+            "base_model",
+            "max_tokens",
+            "learning_rate",
+            "epochs",
+            "effective_batch_size",
+            "batch_size",
+            "num_workers",
+        }
     )
     payload = json.dumps([task.relation, task.texts, [None if y != y else y for y in task.labels], settings, seed])
     return hashlib.sha256(payload.encode()).hexdigest()

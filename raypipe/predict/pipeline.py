@@ -74,7 +74,9 @@ def supervised_signals(
             for fold in fold_names:
                 train = np.ones(len(texts), bool) if fold == "all" else fold_of_row != int(fold)
                 name = f"{relation}_{short}_fold{fold}"
-                tasks.append(crossencoder.Task(name, relation, [t for t, k in zip(text, train) if k], y[train].tolist()))
+                tasks.append(
+                    crossencoder.Task(name, relation, [t for t, k in zip(text, train) if k], y[train].tolist())
+                )
                 plan.append((name, relation, short, fold))
     trained = trainer(tasks, cfg, models_dir, seed)
 
@@ -117,7 +119,11 @@ def crossencoder_scores(texts: pd.DataFrame, sup: SupervisedResult, cfg: TrainCo
         for short, target in TARGETS.items():
             column = groups.sup_column(relation, short)
             s = evaluate.score(
-                texts[target].to_numpy(float), sup.signals[column].to_numpy(float), groups_, cfg.bootstrap_samples, cfg.confidence
+                texts[target].to_numpy(float),
+                sup.signals[column].to_numpy(float),
+                groups_,
+                cfg.bootstrap_samples,
+                cfg.confidence,
             )
             m = sup.models[(sup.models["relation"] == relation) & (sup.models["target"] == short)]
             rows.append(
@@ -171,7 +177,13 @@ def head_grid(
 
 
 def fit_and_score(
-    data: pd.DataFrame, fold_of_row: np.ndarray, columns: list[str], target: str, window: int, cfg: TrainConfig, seed: int
+    data: pd.DataFrame,
+    fold_of_row: np.ndarray,
+    columns: list[str],
+    target: str,
+    window: int,
+    cfg: TrainConfig,
+    seed: int,
 ) -> tuple[np.ndarray, dict[str, float]]:
     """One grid cell: out-of-fold predictions of ``target`` from the window of ``columns``, and its scores."""
     x, _ = build_window(data, columns, window)
@@ -209,7 +221,9 @@ def prediction_table(data: pd.DataFrame, fold_of_row: np.ndarray, group: str, wi
     return pa.Table.from_pandas(frame[PREDICTIONS.names], schema=PREDICTIONS, preserve_index=False)
 
 
-def fit_bundle_heads(data: pd.DataFrame, columns: list[str], cfg: TrainConfig, seed: int, models_dir: Path, sup: dict) -> Path:
+def fit_bundle_heads(
+    data: pd.DataFrame, columns: list[str], cfg: TrainConfig, seed: int, models_dir: Path, sup: dict
+) -> Path:
     """Heads of the chosen configuration fit on every question, saved with the manifest."""
     x, names = build_window(data, columns, cfg.chosen_window)
     models_dir.mkdir(parents=True, exist_ok=True)
@@ -252,10 +266,19 @@ def run_train(
     log.info("%d questions, %d rows, %d folds", len(questions), len(data), cfg.folds)
 
     texts = relation_frame(
-        iterations[iterations["qid"].isin(questions["qid"])], trajectories, cfg.relations, doc_lookup, cfg.field_chars, cfg.title_chars
+        iterations[iterations["qid"].isin(questions["qid"])],
+        trajectories,
+        cfg.relations,
+        doc_lookup,
+        cfg.field_chars,
+        cfg.title_chars,
     )
-    texts = data[KEYS].merge(texts.drop(columns=["dataset"]), on=["qid", "iteration"], how="left", validate="one_to_one")
-    ce_folds = folds if cfg.crossencoder_folds in (None, cfg.folds) else assign_folds(questions, cfg.crossencoder_folds, seed)
+    texts = data[KEYS].merge(
+        texts.drop(columns=["dataset"]), on=["qid", "iteration"], how="left", validate="one_to_one"
+    )
+    ce_folds = (
+        folds if cfg.crossencoder_folds in (None, cfg.folds) else assign_folds(questions, cfg.crossencoder_folds, seed)
+    )
     sup = supervised_signals(texts, ce_folds, cfg, models_dir, seed, trainer)
     ce_table = crossencoder_scores(texts, sup, cfg)
     curves_dir = out_dir / "curves"
@@ -265,7 +288,9 @@ def run_train(
     sup.models.to_csv(tables_dir / "crossencoder_models.csv", index=False)
 
     feature_cols = [c for c in features.columns if c not in (*KEYS, "probe_f1", "utility")]
-    data = data.merge(features[["qid", "iteration", *feature_cols]], on=["qid", "iteration"], how="left", validate="one_to_one")
+    data = data.merge(
+        features[["qid", "iteration", *feature_cols]], on=["qid", "iteration"], how="left", validate="one_to_one"
+    )
     data = data.merge(sup.signals, on=["qid", "iteration"], how="left", validate="one_to_one")
 
     sets = {g: groups.group_columns(g, cfg.unsup_columns, cfg.relations) for g in cfg.groups}
@@ -275,7 +300,9 @@ def run_train(
     ablation = head_grid(data, fold_of_row, ablation_sets(cfg), cfg, seed, label="source")
 
     chosen = grid.predictions[(cfg.chosen_group, cfg.chosen_window)]
-    run.write_part("predictions", prediction_table(data, fold_of_row, cfg.chosen_group, cfg.chosen_window, chosen), "part-0")
+    run.write_part(
+        "predictions", prediction_table(data, fold_of_row, cfg.chosen_group, cfg.chosen_window, chosen), "part-0"
+    )
     grid_tables = [prediction_table(data, fold_of_row, g, w, p) for (g, w), p in grid.predictions.items()]
     run.write_part("prediction_grid", pa.concat_tables(grid_tables), "part-0")
     fit_bundle_heads(data, sets[cfg.chosen_group], cfg, seed, models_dir, sup.bundle_models)

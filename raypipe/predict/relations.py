@@ -84,16 +84,21 @@ def trajectory_texts(
     for i in sorted(k for k in by_it if k >= 1):
         row, prev = by_it[i], by_it.get(i - 1, {})
         title, text = top_doc(row)
-        out.append((i, IterationText(
-                question=question,
-                reasoning=row.get("reasoning"),
-                query=row.get("query"),
-                first_reasoning=first.get("reasoning"),
-                prev_reasoning=prev.get("reasoning"),
-                prev_query=prev.get("query"),
-                top_title=title,
-                top_text=text,
-            )))
+        out.append(
+            (
+                i,
+                IterationText(
+                    question=question,
+                    reasoning=row.get("reasoning"),
+                    query=row.get("query"),
+                    first_reasoning=first.get("reasoning"),
+                    prev_reasoning=prev.get("reasoning"),
+                    prev_query=prev.get("query"),
+                    top_title=title,
+                    top_text=text,
+                ),
+            )
+        )
     return out
 
 

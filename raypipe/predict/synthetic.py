@@ -16,6 +16,9 @@ from raypipe.rundir import RunDir
 from raypipe.schema import FEATURE_COLUMNS, STOP_ANSWER, conform
 
 
+FILLER = "the river castle novel author born city war king album film band queen bridge island painter".split()
+
+
 def doc_lookup(doc_id: str) -> tuple[str, str] | None:
     if not doc_id.startswith("doc"):
         return None
@@ -37,13 +40,14 @@ def write_run(path: str | Path, n_questions: int = 60, max_iterations: int = 4, 
             util = None if prev_f1 is None else f1 - prev_f1
             conf = -2 + 2 * f1 + rng.normal(0, 0.3)
             word = "good" if f1 > 0.5 else "bad"
+            filler = " ".join(FILLER[int(k)] for k in rng.integers(0, len(FILLER), 40))  # realistic text length
             iterations.append(
                 {
                     "qid": qid, "dataset": dataset, "iteration": i,
                     "query": None if i == 0 else f"query {q} {i}",
                     "doc_ids": [] if i == 0 else [f"doc{q * 10 + i}", f"doc{q * 10 + i + 1}"],
                     "doc_scores": [] if i == 0 else [0.9, 0.8],
-                    "reasoning": f"step {i} looks {word}", "probe_answer": "a",
+                    "reasoning": f"step {i} looks {word}. {filler}", "probe_answer": "a",
                     "probe_token_logprobs": [conf], "probe_f1": f1, "utility": util,
                     "tokens_generated": 10, "probe_tokens": 1,
                 }

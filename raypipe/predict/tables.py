@@ -61,7 +61,9 @@ def crossencoder_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_tables(folder: Path, table3: pd.DataFrame, table4: pd.DataFrame, ce: pd.DataFrame, cfg: TrainConfig) -> list[Path]:
+def write_tables(
+    folder: Path, table3: pd.DataFrame, table4: pd.DataFrame, ce: pd.DataFrame, cfg: TrainConfig
+) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, frame in (("table3_signal_groups", table3), ("table4_unsup_sources", table4), ("crossencoders", ce)):
