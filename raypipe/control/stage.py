@@ -224,8 +224,9 @@ def run_sweep(
             },
         ]
     )
-    figure5(out / FIGURE, points, front, base_test, marked,
-            f"Iterations vs F1 on {len(test)} test questions ({head_name(chosen_head)})")  # fmt: skip
+    everything = aggregate(grid[grid["split"] == "test"], ["feature_group", "window", "variant", "theta_p", "theta_u"])
+    title = f"Iterations vs F1 on {len(test)} test questions ({head_name(chosen_head)})"
+    figure5(out / FIGURE, points, front, base_test, marked, title, envelope=pareto_front(everything))
 
     key_best = (best["feature_group"], int(best["window"]), best["variant"], best["selection"])
     selected = {

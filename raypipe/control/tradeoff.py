@@ -108,8 +108,12 @@ def figure5(
     baselines: pd.DataFrame,
     marked: pd.DataFrame,
     title: str,
+    envelope: pd.DataFrame | None = None,
 ) -> Path:
-    """Mean iterations vs mean F1 (test): the grid, its Pareto front, natural, Cap@k and marked points."""
+    """Mean iterations vs mean F1 (test): the grid, its Pareto front, natural, Cap@k and marked points.
+
+    ``envelope``: the Pareto front over every head and variant swept, for comparison.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,6 +122,15 @@ def figure5(
     fig, ax = plt.subplots(figsize=(7, 5))
     ax.scatter(grid_points["mean_iterations"], grid_points["mean_f1"], s=8, c="0.75", label="θ grid (paper heuristic)")
     ax.plot(front["mean_iterations"], front["mean_f1"], "-", c="tab:orange", lw=1.5, label="Pareto front")
+    if envelope is not None:
+        ax.plot(
+            envelope["mean_iterations"],
+            envelope["mean_f1"],
+            ":",
+            c="tab:green",
+            lw=1.5,
+            label="Pareto front, all heads and variants",
+        )
     caps = baselines[baselines["controller"].str.startswith("cap@")]
     ax.plot(caps["mean_iterations"], caps["mean_f1"], "s--", c="tab:blue", ms=5, label="Cap@k")
     for _, r in caps.iterrows():
