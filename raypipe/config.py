@@ -219,6 +219,7 @@ class FeaturesConfig(StrictModel):
     sentence_model: str = Field(default="minilm", description="SBERT model for the similarity signals (embedded name or folder).")
     actors: int = Field(default=1, ge=1, description="Actor pool size; each actor holds the sentence encoder and the index.")
     actor_num_cpus: float = Field(default=0.5, ge=0, description="Per actor (0.5: see ENVIRONMENT.md).")
+    batch_trajectories: int = Field(default=32, ge=1, description="Trajectories per map_batches batch (one encoder call each).")
     partitions: int | None = Field(
         default=None, ge=1, description="Shuffle partitions of the group-by-trajectory; None: one per 5000 rows, at least actors."
     )

@@ -2,12 +2,13 @@
 
 import math
 import random
+from collections import defaultdict
 
 import numpy as np
 import pytest
 
 from raypipe.features import overlap, qpp
-from raypipe.features.extract import SignalSettings, TrajectoryError, extract_trajectory
+from raypipe.features.extract import SignalSettings, TrajectoryError, extract_many, extract_trajectory
 from raypipe.features.resources import InMemoryCorpus
 from raypipe.schema import FEATURE_COLUMNS, RBO_COLUMNS, conform
 
@@ -215,3 +216,32 @@ def test_each_encoder_is_called_once_per_trajectory(corpus):
     encoder = DictEncoder(SENTENCES)
     extract_trajectory(trajectory(), "Who wrote Hamlet?", corpus, encoder)
     assert encoder.calls == 1
+
+
+class CountingCorpus:
+    def __init__(self, corpus):
+        self.corpus, self.num_docs, self.calls = corpus, corpus.num_docs, defaultdict(int)
+
+    def __getattr__(self, name):
+        fn = getattr(self.corpus, name)
+
+        def counted(*args):
+            self.calls[name] += 1
+            return fn(*args)
+
+        return counted
+
+
+def test_extract_many_batches_the_calls_and_matches_one_by_one(corpus):
+    second = [dict(r, qid="q2") for r in trajectory()[:3]]
+    second[2] = dict(second[2], reasoning="r1", doc_ids=["d", "a", "b"])
+    pairs = [(trajectory(), "Who wrote Hamlet?"), (second, "hamlet author"), ([trajectory()[0]], None)]
+    encoder, counting = DictEncoder(SENTENCES), CountingCorpus(corpus)
+    batched = extract_many(pairs, counting, encoder)
+    assert encoder.calls == 1
+    assert {k: counting.calls[k] for k in ("doc_vectors", "encode_queries", "search")} == {
+        "doc_vectors": 1, "encode_queries": 1, "search": 1
+    }
+    one_by_one = [extract_trajectory(rows, q, corpus, DictEncoder(SENTENCES)) for rows, q in pairs]
+    assert batched == one_by_one
+    assert batched[1][2]["rbo_prev_3"] == pytest.approx(overlap.rbo_truncated(["d", "a", "b"], ["a", "b", "c"], 3))

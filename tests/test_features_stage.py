@@ -12,7 +12,7 @@ from raypipe.features.extract import extract_trajectory
 from raypipe.features.synthetic import HashEncoder, synthetic_corpus, write_synthetic_run
 from raypipe.rundir import RunDir, RunDirError
 from raypipe.schema import FEATURE_COLUMNS, FEATURES
-from raypipe.stages.features import FeatureStage, SbertEncoder, run_features, signal_settings
+from raypipe.stages.features import FeatureStage, SbertEncoder, pack_trajectory, run_features, signal_settings
 
 
 def expected_rows(run, config):
@@ -65,15 +65,25 @@ def test_missing_inputs_name_the_producer(tmp_path):
         run_features(RunDir(tmp_path / "empty"), load_config("embedded"), synthetic_corpus, HashEncoder)
 
 
-def test_stage_call_on_one_group(tmp_path):
-    run = write_synthetic_run(tmp_path / "run", n_questions=2, parts=1)
+def test_pack_and_stage_on_one_batch(tmp_path):
+    run = write_synthetic_run(tmp_path / "run", n_questions=3, parts=1)
     iterations = run.read("iterations")
-    first = iterations.filter(pa.compute.equal(iterations.column("qid"), "syn-0"))
+    groups = [iterations.filter(pa.compute.equal(iterations.column("qid"), f"syn-{i}")) for i in range(3)]
+    packed = pa.concat_tables([pack_trajectory(g) for g in groups])
+    assert packed.column("qid").to_pylist() == ["syn-0", "syn-1", "syn-2"]
     stage = FeatureStage({"syn-0": "a question?"}, synthetic_corpus, HashEncoder)
-    out = stage(first)
-    assert out.schema.equals(FEATURES) and out.num_rows == first.num_rows
+    out = stage(packed)
+    assert out.schema.equals(FEATURES) and out.num_rows == iterations.num_rows
+    assert out.column("rbo_question_3").to_pylist()[: groups[0].num_rows][1] is not None  # syn-0 has a question
+    assert set(out.filter(pa.compute.equal(out.column("qid"), "syn-1")).column("rbo_question_3").to_pylist()) == {None}
+
+
+def test_iterations_without_the_needed_columns_are_refused(tmp_path):
+    run = RunDir(tmp_path / "run")
+    write_synthetic_run(run.path, n_questions=1, parts=1)
+    pq.write_table(pa.table({"qid": ["q"], "iteration": [0]}), run.table_dir("iterations") / "part-0.parquet")
     with pytest.raises(ValueError, match="lacks columns"):
-        stage(pa.table({"qid": ["q"], "iteration": [0]}))
+        run_features(run, load_config("embedded"), synthetic_corpus, HashEncoder)
 
 
 def test_sbert_encoder_is_minilm():

@@ -1,8 +1,9 @@
 """Turn one trajectory's iteration rows into feature rows (the pure core of the features stage).
 
 A trajectory is processed as a whole because the inter-iteration signals look backwards: iteration i
-needs the lists, reasoning and probes of iterations < i. Texts and vectors are fetched once per
-trajectory (one call per kind), so a caller that batches can also pre-warm its encoders.
+needs the lists, reasoning and probes of iterations < i. :func:`extract_trajectory` calls each encoder
+and the index once per trajectory; :func:`extract_many` does a batch of trajectories with one call per
+kind for the whole batch (bigger encoder batches, one index search for all the questions).
 """
 
 from __future__ import annotations
@@ -72,6 +73,28 @@ def _prepare(rows: Sequence[Mapping[str, Any]]) -> list[_Iteration]:
     return out
 
 
+@dataclass
+class _Needs:
+    """What one trajectory asks of the encoders and the index (each list de-duplicated, in order)."""
+
+    texts: list[str]  # sentence-encoder inputs: question, queries, reasoning
+    doc_ids: list[str]  # documents whose vectors the dense signals read
+    queries: list[str]  # queries with a retrieval list, for the index's query encoder
+    search: str | None  # the question, when its own list is needed
+
+
+def _needs(its: list[_Iteration], question: str | None, settings: SignalSettings) -> _Needs:
+    retrieved = [it for it in its if it.doc_ids]
+    texts = [question, *(_text(it.row.get("query")) for it in its), *(_text(it.row.get("reasoning")) for it in its)]
+    depth = max(settings.a_pair_depth, settings.dense_qpp_k)
+    return _Needs(
+        texts=list(dict.fromkeys(t for t in texts if t is not None)),
+        doc_ids=list(dict.fromkeys(d for it in retrieved for d in it.doc_ids[:depth])),
+        queries=list(dict.fromkeys(q for q in (_text(it.row.get("query")) for it in retrieved) if q is not None)),
+        search=question if question and retrieved else None,
+    )
+
+
 def extract_trajectory(
     rows: Sequence[Mapping[str, Any]],
     question: str | None,
@@ -79,29 +102,22 @@ def extract_trajectory(
     sentences: SentenceEncoder,
     settings: SignalSettings = SignalSettings(),
 ) -> list[dict[str, Any]]:
-    """Feature rows (FEATURES schema, ordered by iteration) for one trajectory's ITERATIONS rows."""
+    """Feature rows (FEATURES schema, ordered by iteration) for one trajectory's ITERATIONS rows.
+
+    Each encoder and the index are called at most once per kind (see :func:`extract_many` for batches).
+    """
     its = _prepare(rows)
     by_index = {it.index: it for it in its}
-    retrieved = [it for it in its if it.doc_ids]
     question = _text(question)
-
-    # Sentence embeddings: question, queries, reasoning — one encode call.
-    texts = [question, *(_text(it.row.get("query")) for it in its), *(_text(it.row.get("reasoning")) for it in its)]
-    unique = list(dict.fromkeys(t for t in texts if t is not None))
-    sent = dict(zip(unique, sentences.encode(unique))) if unique else {}
+    needs = _needs(its, question, settings)
+    sent = dict(zip(needs.texts, sentences.encode(needs.texts))) if needs.texts else {}
+    doc_vec = dict(zip(needs.doc_ids, corpus.doc_vectors(needs.doc_ids))) if needs.doc_ids else {}
+    query_vec = dict(zip(needs.queries, corpus.encode_queries(needs.queries))) if needs.queries else {}
+    question_list = corpus.search([needs.search], max(RBO_DEPTHS))[0] if needs.search else None
 
     def embed(value: Any) -> np.ndarray | None:
         text = _text(value)
         return None if text is None else sent[text]
-
-    # Index-side vectors: the documents the dense signals look at, the queries, the question's own list.
-    doc_depth = max(settings.a_pair_depth, settings.dense_qpp_k)
-    needed = list(dict.fromkeys(d for it in retrieved for d in it.doc_ids[:doc_depth]))
-    doc_vec = dict(zip(needed, corpus.doc_vectors(needed))) if needed else {}
-    queries = [_text(it.row.get("query")) for it in retrieved]
-    encodable = [q for q in dict.fromkeys(queries) if q is not None]
-    query_vec = dict(zip(encodable, corpus.encode_queries(encodable))) if encodable else {}
-    question_list = corpus.search([question], max(RBO_DEPTHS))[0] if question and retrieved else None
 
     out = []
     confs: dict[int, dict[str, float | None]] = {}
@@ -174,3 +190,59 @@ def _qpp(
             else None
         ),
     }
+
+
+def extract_many(
+    trajectories: Sequence[tuple[Sequence[Mapping[str, Any]], str | None]],
+    corpus: CorpusResources,
+    sentences: SentenceEncoder,
+    settings: SignalSettings = SignalSettings(),
+) -> list[list[dict[str, Any]]]:
+    """:func:`extract_trajectory` over many ``(rows, question)`` pairs, with one batched call per encoder
+    and one index search for all of them (what an actor does with a batch of trajectories)."""
+    needs = [_needs(_prepare(rows), _text(question), settings) for rows, question in trajectories]
+    texts = list(dict.fromkeys(t for n in needs for t in n.texts))
+    doc_ids = list(dict.fromkeys(d for n in needs for d in n.doc_ids))
+    queries = list(dict.fromkeys(q for n in needs for q in n.queries))
+    searches = list(dict.fromkeys(n.search for n in needs if n.search))
+    k = max(RBO_DEPTHS)
+    cached_corpus = _Prefetched(
+        corpus,
+        doc_vectors=dict(zip(doc_ids, corpus.doc_vectors(doc_ids))) if doc_ids else {},
+        query_vectors=dict(zip(queries, corpus.encode_queries(queries))) if queries else {},
+        lists={(q, k): ids for q, ids in zip(searches, corpus.search(searches, k))} if searches else {},
+    )
+    cached_sentences = _PrefetchedSentences(dict(zip(texts, sentences.encode(texts))) if texts else {})
+    return [extract_trajectory(rows, q, cached_corpus, cached_sentences, settings) for rows, q in trajectories]
+
+
+class _PrefetchedSentences:
+    def __init__(self, vectors: Mapping[str, np.ndarray]):
+        self.vectors = vectors
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return np.stack([self.vectors[t] for t in texts])
+
+
+class _Prefetched:
+    """A :class:`CorpusResources` answering from prefetched vectors and lists (statistics pass through)."""
+
+    def __init__(self, corpus: CorpusResources, doc_vectors, query_vectors, lists):
+        self.corpus = corpus
+        self.num_docs = corpus.num_docs
+        self._docs, self._queries, self._lists = doc_vectors, query_vectors, lists
+
+    def terms(self, text: str) -> list[str]:
+        return self.corpus.terms(text)
+
+    def document_frequency(self, term: str) -> int:
+        return self.corpus.document_frequency(term)
+
+    def doc_vectors(self, doc_ids: Sequence[str]) -> np.ndarray:
+        return np.stack([self._docs[d] for d in doc_ids])
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return np.stack([self._queries[t] for t in texts])
+
+    def search(self, texts: Sequence[str], k: int) -> list[list[str]]:
+        return [self._lists[(t, k)] for t in texts]

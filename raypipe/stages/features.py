@@ -1,10 +1,10 @@
-"""Ray adapter of the trajectory signals: one trajectory in, its feature rows out.
+"""Ray adapter of the trajectory signals: batches of whole trajectories in, their feature rows out.
 
-The iterations table is grouped by ``qid`` (``groupby("qid").map_groups``: Ray sorts or hash-partitions
-by the key so one trajectory never straddles two calls, however the input files were split), and an
-actor pool runs :class:`FeatureStage`, each actor holding the sentence encoder and the retrieval index
-(its statistics, vectors and query encoder; see :class:`IndexCorpus`). The pure work is
-:func:`raypipe.features.extract.extract_trajectory`.
+Two steps, so that a trajectory never straddles two calls however the input files were split:
+``groupby("qid").map_groups(pack_trajectory)`` (cheap tasks) turns each trajectory's iteration rows into
+one row, then ``map_batches(FeatureStage)`` on an actor pool (each actor holding the sentence encoder
+and the retrieval index, see :class:`IndexCorpus`) computes a batch of trajectories with one encoder
+call per kind (:func:`raypipe.features.extract.extract_many`, the pure core).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,10 +21,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypipe.config import FeaturesConfig, RunConfig
-from raypipe.features.extract import SignalSettings, extract_trajectory
+from raypipe.features.extract import SignalSettings, extract_many
 from raypipe.features.resources import CorpusResources, SentenceEncoder
 from raypipe.rundir import RunDir
-from raypipe.schema import FEATURES, conform
+from raypipe.schema import FEATURES, ITERATIONS, conform
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +127,17 @@ def _direct_map(index: Any) -> bool:
     return True
 
 
+PACKED_ROWS = pa.list_(pa.struct([ITERATIONS.field(c) for c in REQUIRED_COLUMNS]))
+
+
+def pack_trajectory(group: pa.Table) -> pa.Table:
+    """``map_groups`` function: one trajectory's iteration rows -> one row ``(qid, rows)``."""
+    rows = group.select(list(REQUIRED_COLUMNS)).to_pylist()
+    return pa.table({"qid": [rows[0]["qid"]], "rows": pa.array([rows], type=PACKED_ROWS)})
+
+
 class FeatureStage:
-    """Callable class for ``map_groups``: one trajectory's iteration rows -> its FEATURES rows."""
+    """Callable class for ``map_batches``: a batch of packed trajectories -> their FEATURES rows."""
 
     def __init__(
         self,
@@ -145,17 +153,15 @@ class FeatureStage:
         self.trajectories = self.rows = 0
         self.started = self.logged = time.monotonic()
 
-    def __call__(self, group: pa.Table) -> pa.Table:
-        missing = [c for c in REQUIRED_COLUMNS if c not in group.column_names]
-        if missing:
-            raise ValueError(f"iterations table lacks columns {missing}")
-        rows = group.select(list(REQUIRED_COLUMNS)).to_pylist()
-        out = extract_trajectory(rows, self.questions.get(rows[0]["qid"]), self.corpus, self.sentences, self.settings)
-        self._progress(len(out))
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        trajectories = batch.column("rows").to_pylist()
+        pairs = [(rows, self.questions.get(rows[0]["qid"])) for rows in trajectories]
+        out = [row for rows in extract_many(pairs, self.corpus, self.sentences, self.settings) for row in rows]
+        self._progress(len(trajectories), len(out))
         return conform(out, "features")
 
-    def _progress(self, rows: int) -> None:
-        self.trajectories += 1
+    def _progress(self, trajectories: int, rows: int) -> None:
+        self.trajectories += trajectories
         self.rows += rows
         now = time.monotonic()
         if now - self.logged >= LOG_EVERY_S:
@@ -182,13 +188,20 @@ def run_features(
     parts = sorted(str(p) for p in run.table_dir("iterations").glob("*.parquet"))
     if not parts:
         run.read("iterations")  # raises the error that names the producing stage
+    missing = [c for c in REQUIRED_COLUMNS if c not in pq.read_schema(parts[0]).names]
+    if missing:
+        raise ValueError(f"{parts[0]}: iterations table lacks columns {missing}")
     n_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
     partitions = cfg.partitions or max(cfg.actors, min(-(-n_rows // ROWS_PER_PARTITION), MAX_PARTITIONS))
     log.info("features: %d iteration rows, %d questions, %d partitions, %d actors", n_rows, len(questions), partitions, cfg.actors)
     ds = ray.data.read_parquet(parts, columns=list(REQUIRED_COLUMNS))
     # Ray's default shuffle makes 200 partitions: far too many aggregators for a small run.
-    features = ds.groupby("qid", num_partitions=partitions).map_groups(
+    packed = ds.groupby("qid", num_partitions=partitions).map_groups(
+        pack_trajectory, batch_format="pyarrow", num_cpus=cfg.actor_num_cpus
+    )
+    features = packed.map_batches(
         FeatureStage,
+        batch_size=cfg.batch_trajectories,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=cfg.actors),
         num_cpus=cfg.actor_num_cpus,
