@@ -147,6 +147,7 @@ def test_trajectories_from_tables():
             _iteration_row("a", 2, 0.5),
             _iteration_row("b", 0, 1.0),
             _iteration_row("e", 0, 0.0),
+            _iteration_row("c", 0, 0.0),
         ],
         "iterations",
     )
@@ -156,11 +157,12 @@ def test_trajectories_from_tables():
             _trajectory_row("b", 0, 1.0, 7, 3),
             _trajectory_row("e", 0, None, 0, 0, stop="engine_error"),
             _trajectory_row("m", 0, None, 0, 0, stop="answer"),
+            _trajectory_row("c", 0, 0.0, 7, 3, stop="controller"),
         ],
         "trajectories",
     )
     records, excluded = trajectories_from_tables(its, trs)
-    assert excluded == {"engine_error": 1, "no_iterations": 1}
+    assert excluded == {"engine_error": 1, "no_iterations": 1, "controller": 1}
     a, b = records
     assert a.probe_f1 == (0.0, 0.0, 0.5)  # a missing probe F1 counts as 0
     assert a.iteration_tokens == (10, 10, 10) and a.total_tokens == 30

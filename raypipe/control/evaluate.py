@@ -31,12 +31,13 @@ import numpy as np
 import pyarrow as pa
 
 from raypipe.rundir import RunDir
-from raypipe.schema import STOP_ENGINE_ERROR, STOP_RETRIEVAL_ERROR
+from raypipe.schema import STOP_CONTROLLER, STOP_ENGINE_ERROR, STOP_RETRIEVAL_ERROR
 
 log = logging.getLogger(__name__)
 
-# Trajectories that ended in an infrastructure failure have no natural outcome to compare against.
-EXCLUDED_STOP_REASONS = (STOP_ENGINE_ERROR, STOP_RETRIEVAL_ERROR)
+# Trajectories with no natural outcome to compare against: infrastructure failures, and trajectories an
+# online controller already cut short.
+EXCLUDED_STOP_REASONS = (STOP_ENGINE_ERROR, STOP_RETRIEVAL_ERROR, STOP_CONTROLLER)
 
 
 @dataclass(frozen=True)
