@@ -121,12 +121,27 @@ FEATURES = pa.schema(
     ]
 )
 
+# Out-of-fold cross-encoder predictions (jobs/train.py), one row per qid x iteration >= 1: the "sup" signal
+# family, sup_<target p|u>_<relation at|ld|ii>, each from a model that never saw the question (null when
+# that relation was not trained). With features/ they let other heads be fit without the cross-encoders.
+SUP_COLUMNS = tuple(f"sup_{t}_{r}" for t in ("p", "u") for r in ("at", "ld", "ii"))
+SUP_SIGNALS = pa.schema(
+    [
+        pa.field("qid", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("iteration", pa.int32(), nullable=False),
+        pa.field("fold", pa.int32(), nullable=False),  # the cross-encoders' question fold
+        *(pa.field(name, pa.float64()) for name in SUP_COLUMNS),
+    ]
+)
+
 TABLES: dict[str, pa.Schema] = {
     "iterations": ITERATIONS,
     "trajectories": TRAJECTORIES,
     "predictions": PREDICTIONS,
     "prediction_grid": PREDICTIONS,
     "features": FEATURES,
+    "sup_signals": SUP_SIGNALS,
 }
 
 

@@ -65,6 +65,8 @@ def test_predictions_table(trained_run):
     assert frame[["p_hat", "u_hat"]].notna().all().all()
     assert (frame["feature_group"] == cfg.chosen_group).all() and (frame["window"] == 2).all()
     assert frame.groupby("qid")["fold"].nunique().max() == 1  # a question lives in one fold
+    sup = run.read("sup_signals").to_pandas()
+    assert len(sup) == len(frame) and sup["sup_p_ii"].notna().all() and sup["sup_p_at"].isna().all()
     grid = run.read("prediction_grid").to_pandas()
     assert len(grid) == len(frame) * 2 * 2  # 2 groups x 2 windows
 

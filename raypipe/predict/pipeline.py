@@ -27,7 +27,7 @@ from raypipe.predict.splits import assign_folds, fold_column
 from raypipe.predict.tables import write_tables
 from raypipe.predict.window import build_window
 from raypipe.rundir import RunDir
-from raypipe.schema import PREDICTIONS
+from raypipe.schema import PREDICTIONS, SUP_COLUMNS, SUP_SIGNALS
 
 log = logging.getLogger(__name__)
 KEYS = ["qid", "dataset", "iteration"]
@@ -209,6 +209,16 @@ def ablation_sets(cfg: TrainConfig) -> dict[str, list[str]]:
     return {src: [*cols, *extra] for src, cols in groups.ablation_groups(cfg.unsup_columns).items()}
 
 
+def sup_signals_table(texts: pd.DataFrame, fold_of_row: np.ndarray, signals: pd.DataFrame) -> pa.Table:
+    """The out-of-fold cross-encoder predictions as the SUP_SIGNALS table (untrained relations null)."""
+    frame = texts[KEYS].copy()
+    frame["iteration"] = frame["iteration"].astype(np.int32)
+    frame["fold"] = fold_of_row.astype(np.int32)
+    for column in SUP_COLUMNS:
+        frame[column] = signals[column].to_numpy(dtype=float) if column in signals else np.nan
+    return pa.Table.from_pandas(frame[SUP_SIGNALS.names], schema=SUP_SIGNALS, preserve_index=False)
+
+
 def prediction_table(data: pd.DataFrame, fold_of_row: np.ndarray, group: str, window: int, preds: dict) -> pa.Table:
     frame = data[[*KEYS]].copy()
     frame["fold"] = fold_of_row.astype(np.int32)
@@ -286,6 +296,7 @@ def run_train(
     for name, curve in sup.curves.items():
         curve.to_csv(curves_dir / f"{name}.csv", index=False)
     sup.models.to_csv(tables_dir / "crossencoder_models.csv", index=False)
+    run.write_part("sup_signals", sup_signals_table(texts, fold_column(texts, ce_folds), sup.signals), "part-0")
 
     feature_cols = [c for c in features.columns if c not in (*KEYS, "probe_f1", "utility")]
     data = data.merge(
