@@ -132,6 +132,7 @@ class VLLMEngine:
     the engine starts (20-35 s on CPU; ``start_seconds`` records it)."""
 
     def __init__(self, config: EngineConfig):
+        started = time.perf_counter()  # start time includes importing vLLM and loading the tokenizer
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
 
@@ -142,7 +143,6 @@ class VLLMEngine:
         self.on_cpu = current_platform.is_cpu()
         os.environ.update(vllm_environment(config))
         args = AsyncEngineArgs(**engine_kwargs(config, str(self.model_path), self.on_cpu))
-        started = time.perf_counter()
         self._loop = _LoopThread("raypipe-vllm")
         try:
             self._llm = self._loop.run(self._start(args))
