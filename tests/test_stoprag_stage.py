@@ -48,10 +48,12 @@ def write_synthetic_run(path, n_questions=30, seed=0, max_iterations=4, predicti
     run = RunDir(path)
     run.write_part("iterations", conform(its, "iterations"), "part-0")
     run.write_part("trajectories", conform(trajs, "trajectories"), "part-0")
-    if predictions:  # noisy P̂/Û around the truth, as the predictors would write them
+    if predictions:  # noisy P̂/Û around the truth, as the predictors would write them; a few questions lack them
+        skipped = {q.qid for q in questions[::4]}
         preds = [{"qid": r["qid"], "dataset": r["dataset"], "iteration": r["iteration"], "fold": 0, "feature_group": "g",
                   "window": 1, "p_hat": r["probe_f1"] + rng.gauss(0, 0.1), "u_hat": r["utility"] + rng.gauss(0, 0.1),
-                  "probe_f1": r["probe_f1"], "utility": r["utility"]} for r in its if r["iteration"] > 0]  # fmt: skip
+                  "probe_f1": r["probe_f1"], "utility": r["utility"]}
+                 for r in its if r["iteration"] > 0 and r["qid"] not in skipped]  # fmt: skip
         run.write_part("predictions", conform(preds, "predictions"), "part-0")
     return run
 
@@ -79,6 +81,7 @@ def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):  # noqa: F811
     assert table.loc["natural", "f1_share"] == pytest.approx(1.0)
     assert table.loc["stoprag", "questions"] == report.splits["test"]
     assert table.loc["llm_stop", "questions"] == 3
+    assert 0 < table.loc["heuristic", "questions"] <= table.loc["natural", "questions"]  # only questions with predictions
     assert table.loc["stoprag", "mean_iterations"] <= table.loc["natural", "mean_iterations"] + 1e-9
     out = report.out
     for name in ("comparison.csv", "comparison.md", "comparison.png", "outcomes.parquet", "margins.parquet",

@@ -182,9 +182,10 @@ def llm_stop_margins(
     return margins, rows
 
 
-def heuristic_controller(run: RunDir, config: RunConfig) -> OfflineController | None:
+def heuristic_controller(run: RunDir, config: RunConfig) -> tuple[OfflineController, set[str]] | None:
     """The 4-state heuristic at the online controller's thresholds (``stopping.theta_p/theta_u``, the
-    paper's by default) over the run's predictions, or None when the predictors have not run."""
+    paper's by default) over the run's predictions, and the questions they cover; None when the
+    predictors have not run."""
     if not run.has("predictions"):
         return None
     from raypipe.control.heuristic import Thresholds, replay_controller
@@ -194,13 +195,18 @@ def heuristic_controller(run: RunDir, config: RunConfig) -> OfflineController | 
     if len(heads) != 1:
         raise ValueError(f"predictions/ holds {len(heads)} heads; expected the chosen one only")
     (preds,) = heads.values()
-    return replay_controller(preds, Thresholds(config.stopping.theta_p, config.stopping.theta_u))
+    return replay_controller(preds, Thresholds(config.stopping.theta_p, config.stopping.theta_u)), set(preds)
 
 
-def comparison_rows(test_t: list[Trajectory], controllers: dict[str, tuple[OfflineController, str]]) -> tuple[list[dict], list[dict]]:
+def comparison_rows(
+    test_t: list[Trajectory], controllers: dict[str, tuple[OfflineController, str]], covered: dict[str, set[str]] | None = None
+) -> tuple[list[dict], list[dict]]:
+    """Summary rows and per-question outcomes; ``covered`` limits a controller to the questions it has
+    inputs for (trajectories without retrieval need none)."""
     rows, outcomes = [], []
     for name, (controller, note) in controllers.items():
-        outs = replay(test_t, controller)
+        qids = (covered or {}).get(name)
+        outs = replay([t for t in test_t if qids is None or t.qid in qids or t.n_iterations == 0], controller)
         rows.append({**summarise(name, outs).row(), "note": note})
         outcomes.extend({**asdict(o), "controller": name} for o in outs)
     return rows, outcomes
@@ -283,10 +289,12 @@ def run_stoprag(
     controllers: dict[str, tuple[OfflineController, str]] = {"natural": (natural, "")}
     for k in range(1, max(t.n_iterations for t in test_t) + 1):
         controllers[f"cap@{k}"] = (cap(k), "")
+    covered: dict[str, set[str]] = {}
     heuristic = heuristic_controller(run, config)
     if heuristic is not None:
         th = config.stopping
-        controllers["heuristic"] = (heuristic, f"4-state, θ_P={th.theta_p}, θ_U={th.theta_u}")
+        controllers["heuristic"] = (heuristic[0], f"4-state, θ_P={th.theta_p}, θ_U={th.theta_u}")
+        covered["heuristic"] = heuristic[1]
     histories_out, margin_rows = [], []
     for target in [cfg.target, *[a for a in ablation if a != cfg.target]]:
         variant = cfg.model_copy(update={"target": target})
@@ -299,7 +307,7 @@ def run_stoprag(
     pd.DataFrame(histories_out).to_csv(out / "training.csv", index=False)
     pd.DataFrame(margin_rows).to_parquet(out / "margins.parquet")
 
-    rows, outcomes = comparison_rows(test_t, controllers)
+    rows, outcomes = comparison_rows(test_t, controllers, covered)
     if cfg.llm_stop if llm_stop is None else llm_stop:
         subset = test_t[: cfg.llm_stop_max_questions]
         margins, llm_rows = llm_stop_margins(config, questions, histories, subset, engine_factory)
