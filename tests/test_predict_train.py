@@ -1,5 +1,7 @@
 """Cross-encoder fine-tuning on Ray Train (2 CPU workers), on a tiny dataset and a tiny BERT."""
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -68,6 +70,9 @@ def test_ray_train_two_models_checkpointed_with_curves(ray_local, tiny_base, tmp
     # every epoch was checkpointed through Ray Train; the last epoch of each task survives
     checkpoints = sorted(p.name for p in (tmp_path / "ray_train").glob("*/*_epoch*"))
     assert {"long_distance_p_fold0_epoch2", "long_distance_u_fold0_epoch2"} <= set(checkpoints)
-    # a rerun with the same data and settings reuses the models without training
+    # a rerun with the same data and settings reuses the models without training, and recovers a model
+    # whose copy is gone from its Ray Train checkpoint (as after an interrupted run)
+    shutil.rmtree(trained["long_distance_u_fold0"].path)
     again = crossencoder.train_crossencoders(tasks, cfg, tmp_path, seed=0)
-    assert again["long_distance_p_fold0"].seconds == trained["long_distance_p_fold0"].seconds
+    for name, model in trained.items():
+        assert again[name].seconds == model.seconds and (again[name].path / crossencoder.DONE).exists()

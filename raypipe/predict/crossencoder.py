@@ -94,6 +94,7 @@ class Task:
     relation: str
     texts: list[str]
     labels: list[float]
+    key: str = ""  # fingerprint of data and settings (task_key), written next to the model
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -175,7 +176,7 @@ def train_loop_per_worker(config: dict) -> None:
                 with tempfile.TemporaryDirectory() as tmp:
                     ce.save(tmp)
                     pd.DataFrame(curve).to_csv(Path(tmp) / CURVE_FILE, index=False)
-                    meta = {**metrics, "rows": len(task.texts), "relation": task.relation}
+                    meta = {**metrics, "rows": len(task.texts), "relation": task.relation, "key": task.key}
                     (Path(tmp) / META_FILE).write_text(json.dumps(meta))
                     ray.train.report(
                         metrics,
@@ -200,8 +201,8 @@ def train_crossencoders(
 
     done, todo = {}, []
     for task in tasks:
-        folder = model_dir(models_dir, task.name)
-        if (folder / DONE).exists() and (folder / DONE).read_text() == task_key(task, cfg, seed):
+        folder, key = model_dir(models_dir, task.name), task_key(task, cfg, seed)
+        if _reuse(folder, key, models_dir / "ray_train", task.name):
             log.info("%s: already trained with the same data and settings, reusing %s", task.name, folder)
             done[task.name] = load_trained(folder, cfg)
             continue
@@ -210,7 +211,7 @@ def train_crossencoders(
         labels = [float(y) for y, k in zip(task.labels, keep) if k]
         if len(texts) < cfg.num_workers * 2:
             raise ValueError(f"{task.name}: {len(texts)} training rows are too few for {cfg.num_workers} workers")
-        todo.append(Task(task.name, task.relation, texts, labels))
+        todo.append(Task(task.name, task.relation, texts, labels, key))
     if not todo:
         return done
     config = {
@@ -243,14 +244,13 @@ def train_crossencoders(
     missing = [t.name for t in todo if t.name not in finals]
     if missing:
         raise RuntimeError(f"Ray Train finished without final checkpoints for {missing}")
-    keys = {t.name: task_key(t, cfg, seed) for t in tasks}
     for task in todo:
         target = model_dir(models_dir, task.name)
         if target.exists():
             shutil.rmtree(target)
         with finals[task.name].as_directory() as ckpt:
             shutil.copytree(ckpt, target)
-        (target / DONE).write_text(keys[task.name])
+        (target / DONE).write_text(task.key)
         done[task.name] = load_trained(target, cfg)
     return done
 
@@ -270,6 +270,21 @@ def task_key(task: Task, cfg: TrainConfig, seed: int) -> str:
     )
     payload = json.dumps([task.relation, task.texts, [None if y != y else y for y in task.labels], settings, seed])
     return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _reuse(folder: Path, key: str, ray_storage: Path, name: str) -> bool:
+    """Whether ``folder`` holds this task's model, recovering it from an interrupted Ray Train run if needed."""
+    if (folder / DONE).exists() and (folder / DONE).read_text() == key:
+        return True
+    for meta_path in sorted(ray_storage.glob(f"*/{name}_epoch*/{META_FILE}")):
+        meta = json.loads(meta_path.read_text())
+        if meta.get("final") and meta.get("key") == key:
+            if folder.exists():
+                shutil.rmtree(folder)
+            shutil.copytree(meta_path.parent, folder)
+            (folder / DONE).write_text(key)
+            return True
+    return False
 
 
 def model_dir(models_dir: Path, name: str) -> Path:
