@@ -122,3 +122,14 @@ def test_job_help_lists_its_flags():
     assert proc.returncode == 0
     for flag in ("--dataset", "--limit", "--out", "--config", "--set", "--no-probe"):
         assert flag in proc.stdout
+
+
+def test_enforcement_on_an_engine_without_structured_outputs_is_refused():
+    def no_regex_engine(config):
+        engine = scripted_engine(config)
+        engine.supports_regex = False
+        return engine
+
+    with pytest.raises(ValueError, match="needs structured outputs"):
+        GenerateStage(CONFIG, FakeRetriever(), engine_factory=no_regex_engine)
+    GenerateStage(load_config("embedded", ["agent.enforcement=none"]), FakeRetriever(), engine_factory=no_regex_engine).close()

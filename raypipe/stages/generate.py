@@ -81,7 +81,7 @@ class GenerateStage:
         started = time.perf_counter()
         engine = (engine_factory or default_engine_factory)(self.config.engine)
         self.engine: Engine = self._thread.run(engine) if inspect.isawaitable(engine) else engine
-        if agent.enforcement != "none" and not getattr(self.engine, "supports_regex", False):
+        if agent.enforcement != "none" and getattr(self.engine, "supports_regex", True) is False:
             raise ValueError(
                 f"agent.enforcement={agent.enforcement} needs structured outputs, which the "
                 f"{self.config.engine.backend} backend does not offer; use engine.backend=vllm or agent.enforcement=none"
