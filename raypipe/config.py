@@ -264,6 +264,7 @@ class TrainConfig(StrictModel):
     )
     windows: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5], description="Head windows w (w=1 is the baseline).")
     ablation_group: str = Field(default="unsup", description="Table 4: this group with each unsupervised source alone.")
+    ablation_windows: list[int] | None = Field(default=None, description="Table 4 windows; None = windows.")
     chosen_group: str = Field(default="unsup+sup+prob", description="Head configuration written to predictions/ and the bundle.")
     chosen_window: int = Field(default=3, ge=1)
     head_hidden: list[int] = Field(default_factory=lambda: [16, 8])
@@ -288,6 +289,8 @@ class TrainConfig(StrictModel):
                 raise ValueError(f"feature group {group!r}: families are unsup, sup, prob joined by '+'")
         if 1 not in self.windows:
             raise ValueError("windows must include 1 (the baseline of the Fisher z test)")
+        if self.ablation_windows is not None and 1 not in self.ablation_windows:
+            raise ValueError("ablation_windows must include 1 (the baseline of the Fisher z test)")
         if self.chosen_window not in self.windows:
             raise ValueError(f"chosen_window {self.chosen_window} is not among windows {self.windows}")
         return self
