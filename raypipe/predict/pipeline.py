@@ -152,12 +152,14 @@ def head_grid(
     cfg: TrainConfig,
     seed: int = 0,
     label: str = "group",
+    windows: list[int] | None = None,
 ) -> HeadGrid:
-    """Out-of-fold head predictions and scores for every column set x target x window.
+    """Out-of-fold head predictions and scores for every column set x target x window (default cfg.windows).
 
     The fits run as Ray tasks when Ray is initialised (one CPU each), else in this process.
     """
-    jobs = [(name, short, w) for name in column_sets for short in TARGETS for w in sorted(cfg.windows)]
+    windows = sorted(windows or cfg.windows)
+    jobs = [(name, short, w) for name in column_sets for short in TARGETS for w in windows]
     outputs = _map_jobs(data, fold_of_row, [(column_sets[n], TARGETS[s], w) for n, s, w in jobs], cfg, seed)
     results, preds, base = [], {}, {}
     for (name, short, window), (pred, s) in zip(jobs, outputs):
@@ -308,7 +310,7 @@ def run_train(
     if cfg.chosen_group not in sets:
         sets[cfg.chosen_group] = groups.group_columns(cfg.chosen_group, cfg.unsup_columns, cfg.relations)
     grid = head_grid(data, fold_of_row, sets, cfg, seed)
-    ablation = head_grid(data, fold_of_row, ablation_sets(cfg), cfg, seed, label="source")
+    ablation = head_grid(data, fold_of_row, ablation_sets(cfg), cfg, seed, "source", cfg.ablation_windows)
 
     chosen = grid.predictions[(cfg.chosen_group, cfg.chosen_window)]
     run.write_part(
