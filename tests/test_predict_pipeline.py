@@ -83,6 +83,7 @@ def test_tables_written(trained_run):
     assert prob_p["pearson"] > 0.5  # the planted signal is found
     assert set(pd.read_csv(tables / "table4_unsup_sources.csv")["source"]) == {"intra", "inter", "alignment", "all"}
     assert "| prob |" in (tables / "table3_signal_groups.md").read_text()
+    assert (tables / "crossencoder_curves.png").stat().st_size > 1000
 
 
 def test_bundle_online_equals_offline(trained_run):

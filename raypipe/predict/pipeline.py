@@ -24,7 +24,7 @@ from raypipe.predict import evaluate, groups
 from raypipe.predict.head import fit_head, out_of_fold
 from raypipe.predict.relations import TARGETS, DocLookup, relation_frame
 from raypipe.predict.splits import assign_folds, fold_column
-from raypipe.predict.tables import write_tables
+from raypipe.predict.tables import plot_curves, write_tables
 from raypipe.predict.window import build_window
 from raypipe.rundir import RunDir
 from raypipe.schema import PREDICTIONS, SUP_COLUMNS, SUP_SIGNALS
@@ -297,6 +297,7 @@ def run_train(
     curves_dir.mkdir(parents=True, exist_ok=True)
     for name, curve in sup.curves.items():
         curve.to_csv(curves_dir / f"{name}.csv", index=False)
+    plot_curves(sup.curves, tables_dir / "crossencoder_curves.png")
     sup.models.to_csv(tables_dir / "crossencoder_models.csv", index=False)
     run.write_part("sup_signals", sup_signals_table(texts, fold_column(texts, ce_folds), sup.signals), "part-0")
 

@@ -81,3 +81,27 @@ def write_tables(
         (folder / name).write_text(text)
         written.append(folder / name)
     return written
+
+
+def plot_curves(curves: dict[str, pd.DataFrame], path: Path) -> Path:
+    """Training loss per optimizer step of every cross-encoder, one panel per relation x target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({name.rsplit("_fold", 1)[0] for name in curves})
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.8), squeeze=False, sharey=False)
+    for ax, panel in zip(axes[0], panels):
+        for name, curve in sorted(curves.items()):
+            if name.rsplit("_fold", 1)[0] == panel:
+                ax.plot(curve["step"], curve["loss"], label=name.rsplit("_", 1)[-1], linewidth=1)
+        ax.set_title(panel, fontsize=8)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("MSE (train)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
