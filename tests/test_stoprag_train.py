@@ -87,7 +87,7 @@ def test_online_controller_pickles_light_and_decides(tiny_encoder, tmp_path):
     import asyncio
     import pickle
 
-    from raypipe.control.qnet import StopRagController
+    from raypipe.control.qnet import StopRagController, controller_from_path
 
     net = QNetwork(tiny_encoder, dropout=0.0)
     tok = load_tokenizer(tiny_encoder)
@@ -106,3 +106,8 @@ def test_online_controller_pickles_light_and_decides(tiny_encoder, tmp_path):
     assert asyncio.run(pickle.loads(pickle.dumps(below)).decide("Q?", history)).stop
     assert not asyncio.run(above.decide("Q?", history)).stop
     assert not asyncio.run(below.decide("Q?", history[:1])).stop  # iteration 0 < first_decision
+    (tmp_path / "run" / "stoprag").mkdir(parents=True)
+    (tmp_path / "q").rename(tmp_path / "run" / "stoprag" / "qnet")
+    assert controller_from_path(tmp_path / "run", threshold=0.5).folder == tmp_path / "run" / "stoprag" / "qnet"
+    with pytest.raises(FileNotFoundError, match="jobs/stoprag.py"):
+        controller_from_path(tmp_path)

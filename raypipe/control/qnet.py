@@ -9,8 +9,10 @@ Dropout -> Linear(h, h) -> SiLU -> Linear(h, 1). The encoder is any Hugging Face
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -106,8 +108,8 @@ class StopRagController:
     ``first_decision`` on, score the state and stop when Q_stop - Q_cont > threshold.
 
     Built from a saved network folder, whose metadata holds the tuned threshold and the state settings.
-    The network loads on first use, so the controller pickles light (it travels to generation actors).
-    Scoring is synchronous (a small encoder, one state per call); the hook awaits it.
+    The network loads on first use, so the controller pickles light (it travels to generation actors);
+    scoring runs in a worker thread so the actor's event loop keeps serving other trajectories.
     """
 
     def __init__(self, folder: str | Path, threshold: float | None = None):
@@ -119,23 +121,36 @@ class StopRagController:
             raise ValueError(f"{self.folder}: no tuned threshold in {META}; pass one")
         self.threshold = float(self.meta["threshold"] if threshold is None else threshold)
         self._net: tuple[QNetwork, Any] | None = None
+        self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_net": None}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_net", "_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _net=None, _lock=threading.Lock())
 
     def margin(self, question: str, history: list[dict]) -> float:
-        if self._net is None:
-            self._net = (QNetwork.load(self.folder)[0], load_tokenizer(self.folder))
-        net, tokenizer = self._net
-        text = state_text(question, rounds_from_history(history), self.meta["state_input"], self.meta["doc_chars"])
-        q_stop, q_cont = score(net, tokenizer, [text], self.meta["max_length"])
+        with self._lock:  # one forward pass at a time; the first call loads the network
+            if self._net is None:
+                self._net = (QNetwork.load(self.folder)[0], load_tokenizer(self.folder))
+            net, tokenizer = self._net
+            text = state_text(question, rounds_from_history(history), self.meta["state_input"], self.meta["doc_chars"])
+            q_stop, q_cont = score(net, tokenizer, [text], self.meta["max_length"])
         return q_stop[0] - q_cont[0]
 
     async def decide(self, question: str, history: list[dict]) -> StopDecision:
         current = max(row["iteration"] for row in history)
         if current < self.meta["first_decision"]:
             return CONTINUE
-        margin = self.margin(question, history)
+        margin = await asyncio.to_thread(self.margin, question, history)
         if margin > self.threshold:
             return StopDecision(stop=True, reason=f"stoprag:{margin:.3f}")
         return CONTINUE
+
+
+def controller_from_path(path: str | Path, threshold: float | None = None) -> StopRagController:
+    """The Stop-RAG controller for a network folder or a run directory holding one at ``stoprag/qnet``."""
+    folder = Path(path)
+    if not (folder / META).exists() and (folder / "stoprag" / "qnet" / META).exists():
+        folder = folder / "stoprag" / "qnet"
+    return StopRagController(folder, threshold)
