@@ -74,6 +74,8 @@ class GenerateStage:
         engine_factory: Callable[[EngineConfig], Engine] | None = None,
     ):
         self.config = config if isinstance(config, RunConfig) else RunConfig.model_validate(config)
+        if not logging.getLogger().handlers:  # a Ray worker: show raypipe's progress lines in the driver's log
+            logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         agent = self.config.agent
         self.protocol = build_protocol(agent)
         self.settings = loop_settings(self.config, self.protocol)
