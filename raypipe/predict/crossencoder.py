@@ -188,12 +188,28 @@ def train_loop_per_worker(config: dict) -> None:
 
 
 def train_crossencoders(
-    tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int = 0
+    tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int = 0, attempts: int = 3
 ) -> dict[str, TrainedModel]:
     """Fine-tune every task in one TorchTrainer run; each last-epoch model lands in ``model_dir(task)``.
 
-    A task whose folder is already complete (an earlier run) is not trained again.
+    A task whose model is already complete (an earlier or interrupted run) is not trained again, so when
+    the run fails (a worker killed, e.g. by the node's memory monitor) it is retried for the rest.
     """
+    for attempt in range(1, attempts + 1):
+        try:
+            return _train_once(tasks, cfg, models_dir, seed)
+        except _RunFailed as exc:
+            if attempt == attempts:
+                raise RuntimeError(f"cross-encoder training failed {attempts} times; last error: {exc}") from exc
+            log.warning("Ray Train run failed (%s); retrying the unfinished models (attempt %d)", exc, attempt + 1)
+    raise AssertionError("unreachable")
+
+
+class _RunFailed(RuntimeError):
+    """trainer.fit() raised: the finished tasks' checkpoints are kept for the next attempt."""
+
+
+def _train_once(tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int) -> dict[str, TrainedModel]:
     from ray.train import CheckpointConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -238,7 +254,10 @@ def train_crossencoders(
         ),
     )
     started = time.monotonic()
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    except Exception as exc:  # Ray Train wraps worker failures in several error types
+        raise _RunFailed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
     log.info("Ray Train: %d models in %.0f s", len(todo), time.monotonic() - started)
     finals = {m["task"]: c for c, m in result.best_checkpoints if m.get("final")}
     missing = [t.name for t in todo if t.name not in finals]
