@@ -299,8 +299,8 @@ class TrainConfig(StrictModel):
 class HeadRefit(StrictModel):
     """A head training setting the stopping sweep refits (raypipe.control.refit)."""
 
-    group: str = Field(default="unsup+prob", description="Signal group held by features/ (unsup, prob; sup is not persisted).")
-    window: int = Field(default=1, ge=1)
+    group: str | None = Field(default=None, description="Signal group, e.g. 'unsup+sup+prob'; None = train.chosen_group.")
+    window: int | None = Field(default=None, ge=1, description="Head window; None = train.chosen_window.")
     head_hidden: list[int] = Field(default_factory=lambda: [16, 8])
     head_alpha: float = Field(default=1e-3, ge=0)
     head_learning_rate: float = Field(default=1e-3, gt=0)

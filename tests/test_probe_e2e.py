@@ -1,6 +1,7 @@
 """End to end with the real engine and retriever: jobs/probe.py on 3 questions; vLLM trajectories equal transformers'."""
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -10,17 +11,28 @@ import pytest
 
 from raypipe.agents import AgentLoop, build_protocol, loop_settings
 from raypipe.config import load_config
-from raypipe.data import load_questions
+from raypipe.data import BUNDLED_CORPUS, load_questions
 from raypipe.rundir import RunDir
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_main_job_on_three_questions(tmp_path):
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    """The paragraphs of the first 3 HotpotQA questions: a corpus that indexes in seconds."""
+    wanted = {pid for q in load_questions("hotpotqa", limit=3) for pid in q.extra["paragraph_ids"]}
+    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+    with BUNDLED_CORPUS.open() as src, path.open("w") as dst:
+        dst.writelines(line for line in src if json.loads(line)["id"] in wanted)
+    return path
+
+
+def test_main_job_on_three_questions(tmp_path, small_corpus):
     out = tmp_path / "run"
     cmd = [sys.executable, str(ROOT / "jobs" / "probe.py"), "--dataset", "hotpotqa", "--limit", "3", "--out", str(out),
-           "--set", "agent.max_turns=2", "--set", "agent.max_new_tokens=96", "--set", "ray.num_cpus=2"]  # fmt: skip
+           "--set", "agent.max_turns=2", "--set", "agent.max_new_tokens=96", "--set", "ray.num_cpus=2",
+           "--set", f"data.corpus={small_corpus}"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -37,12 +49,12 @@ def test_main_job_on_three_questions(tmp_path):
     assert run.read("trajectories").sort_by("qid").equals(trajectories.sort_by("qid"))
 
 
-def test_vllm_trajectories_equal_transformers_float32():
+def test_vllm_trajectories_equal_transformers_float32(small_corpus):
     from raypipe.llm.factory import build_engine
     from raypipe.retrieval import LocalRetriever, encoder_spec, ensure_index, search_params
 
     config = load_config("embedded", ["engine.dtype=float32", "agent.enforcement=none", "agent.max_turns=2",
-                                      "agent.max_new_tokens=48", "agent.probe_max_tokens=16"])  # fmt: skip
+                                      "agent.max_new_tokens=48", "agent.probe_max_tokens=16", f"data.corpus={small_corpus}"])  # fmt: skip
     questions = load_questions("hotpotqa", limit=2)
     retriever = LocalRetriever.open(ensure_index(config, use_ray=False), encoder_spec(config.retrieval), search_params(config.retrieval))
     protocol = build_protocol(config.agent)
