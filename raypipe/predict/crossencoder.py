@@ -257,7 +257,7 @@ def _train_once(tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int
     try:
         result = trainer.fit()
     except Exception as exc:  # Ray Train wraps worker failures in several error types
-        raise _RunFailed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+        raise _RunFailed(" ".join(str(exc).split())[:400] or type(exc).__name__) from exc
     log.info("Ray Train: %d models in %.0f s", len(todo), time.monotonic() - started)
     finals = {m["task"]: c for c, m in result.best_checkpoints if m.get("final")}
     missing = [t.name for t in todo if t.name not in finals]
