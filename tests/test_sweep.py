@@ -218,28 +218,50 @@ def test_load_heads(tmp_path):
 
 def test_refit_predictions_use_the_predictors_head(tmp_path):
     from raypipe.config import HeadRefit, TrainConfig
-    from raypipe.control.refit import head_frame, refit_label, refit_predictions
+    from raypipe.control.refit import head_frame, refit_label, refit_predictions, resolve
 
     run = write_synthetic_run(tmp_path / "run", n_questions=60)
     frame = head_frame(run)
-    train = TrainConfig(folds=3, head_max_iter=60)
-    preds = refit_predictions(frame, HeadRefit(group="prob", head_hidden=[8]), train)
+    train = TrainConfig(folds=3, head_max_iter=60, chosen_group="prob", chosen_window=1)
+    refit = resolve(HeadRefit(head_hidden=[8]), train)
+    assert (refit.group, refit.window) == ("prob", 1)
+    assert resolve(HeadRefit(group="unsup", window=3), train).model_dump(include={"group", "window"}) == {
+        "group": "unsup",
+        "window": 3,
+    }
+    preds = refit_predictions(frame, refit, train)
     truth = {(r.qid, r.iteration): r.probe_f1 for r in frame.itertuples()}
     assert {(q, i) for q, its in preds.items() for i in its} == set(truth)
     pairs = [(preds[q][i][0], f1) for (q, i), f1 in truth.items()]
     r = np.corrcoef([a for a, _ in pairs], [b for _, b in pairs])[0, 1]
     assert r > 0.5  # the planted probe-confidence signal is found out of fold
-    assert refit_label(HeadRefit(group="prob", head_hidden=[8])) == "prob[refit h=8 a=0.001 lr=0.001]"
-    with pytest.raises(ValueError, match="not persisted"):
-        refit_predictions(frame, HeadRefit(group="unsup+sup"), train)
+    assert refit_label(refit) == "prob[refit h=8 a=0.001 lr=0.001]"
+    with pytest.raises(ValueError, match="the run has no signals"):
+        refit_predictions(frame, resolve(HeadRefit(group="unsup+sup"), train), train)  # no sup_signals/ here
     # a Tune trial's head: from prediction_grid, or refit
     from raypipe.control.sweep import _trial_head
 
-    payload = {"predictions": {("g", 3): {"q0": {1: (0.1, 0.2)}}}, "refits": [HeadRefit(group="prob", head_hidden=[8])],
-               "refit_frame": frame, "train": train, "seed": 0}  # fmt: skip
+    payload = {"predictions": {("g", 3): {"q0": {1: (0.1, 0.2)}}}, "refits": [refit], "refit_frame": frame,
+               "train": train, "seed": 0}  # fmt: skip
     assert _trial_head(["grid", "g", 3], payload) == (("g", 3), {"q0": {1: (0.1, 0.2)}})
     key, again = _trial_head(["refit", 0], payload)
     assert key == ("prob[refit h=8 a=0.001 lr=0.001]", 1) and again == preds
+
+
+def test_head_frame_joins_persisted_cross_encoder_signals(tmp_path):
+    from raypipe.control.refit import head_frame
+    from raypipe.schema import SUP_COLUMNS, conform
+
+    run = write_synthetic_run(tmp_path / "run", n_questions=6)
+    rows = [
+        {"qid": r["qid"], "dataset": r["dataset"], "iteration": r["iteration"], "fold": 0,
+         **{c: 0.5 for c in SUP_COLUMNS}}
+        for r in run.read("iterations").to_pylist() if r["iteration"] >= 1
+    ]  # fmt: skip
+    run.write_part("sup_signals", conform(rows, "sup_signals"), "part-0")
+    frame = head_frame(run)
+    assert set(SUP_COLUMNS) <= set(frame.columns) and "probe_conf" in frame.columns
+    assert (frame["sup_p_at"] == 0.5).all() and (frame["iteration"] >= 1).all()
 
 
 def test_job_fails_early_on_a_run_without_predictions(tmp_path):
@@ -273,7 +295,8 @@ def test_sweep_stage_on_tune(tmp_path, ray_local):
     run = write_synthetic_run(tmp_path / "run")
     cfg = StoppingConfig(
         theta_p_grid=[0.0, 0.3, 0.6, 2.0], theta_u_grid=[-0.1, 0.2], quantile_points=1,
-        variants=["paper", "delta_p"], heads="chosen", refits=[HeadRefit(group="prob", head_hidden=[8])],
+        variants=["paper", "delta_p"], heads="chosen",
+        refits=[HeadRefit(group="prob", window=1, head_hidden=[8]), HeadRefit(group="unsup+sup")],
     )  # fmt: skip
     report = run_sweep(run, cfg, experiment="t", train=TrainConfig(folds=3, head_max_iter=60))
     out = tmp_path / "run" / "stopping"

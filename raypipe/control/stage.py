@@ -23,7 +23,7 @@ import pandas as pd
 from raypipe.config import StoppingConfig, TrainConfig
 from raypipe.control.evaluate import Trajectory, load_trajectories, split_qids
 from raypipe.control.heuristic import PAPER_THRESHOLDS, Thresholds, replay_controller
-from raypipe.control.refit import head_frame
+from raypipe.control.refit import head_frame, refit_columns, refit_label, resolve
 from raypipe.control.sweep import (
     VARIANTS,
     HeadKey,
@@ -122,7 +122,7 @@ def run_sweep(
     """The whole stage on one run directory (Ray initialised by the caller).
 
     ``train`` (the run's predictor settings) is needed for head refits (``cfg.refits``); without it, or
-    without ``features/``, the refits are skipped.
+    without the signals a refit's group needs (``features/``, ``sup_signals/``), refits are skipped.
     """
     started = time.monotonic()
     out = run.path / STOPPING_DIR
@@ -147,12 +147,17 @@ def run_sweep(
         len(keep), len(val), len(test), len(heads), len(cfg.refits), len(cfg.variants), len(theta_p), len(theta_u),
     )  # fmt: skip
 
-    refits, refit_frame = list(cfg.refits), None
-    if refits and (train is None or not run.has("features")):
+    refits, refit_frame = [], None
+    if cfg.refits and (train is None or not run.has("features")):
         log.warning("no %s: head refits skipped", "features table" if train is not None else "train config")
-        refits = []
-    if refits:
+    elif cfg.refits:
         refit_frame = head_frame(run)
+        for refit in (resolve(r, train) for r in cfg.refits):
+            missing = [c for c in refit_columns(refit, train) if c not in refit_frame.columns]
+            if missing:
+                log.warning("head refit %s skipped: the run has no signals %s", refit_label(refit), missing)
+            else:
+                refits.append(refit)
     grid = run_tune(
         keep, heads, split_of, variants=cfg.variants, theta_p=theta_p, theta_u=theta_u,
         min_f1_share=cfg.min_f1_share, storage_path=out / "tune",
