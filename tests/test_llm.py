@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from raypipe.config import EngineConfig, load_config
+from raypipe.config import EngineConfig
 from raypipe.llm.base import ContextOverflowError, EngineError, GenerationRequest
 from raypipe.llm.common import check_request, find_stop, fit_max_tokens
 from raypipe.llm.factory import build_engine, engine_info
@@ -132,8 +132,7 @@ def test_transformers_sampling_greedy_and_nucleus():
 
 
 def test_factory_builds_the_http_backend_and_describes_it():
-    config = load_config("embedded", ["engine.backend=openai", "engine.base_url=http://127.0.0.1:9/v1",
-                                      "engine.model=served-name"]).engine
+    config = EngineConfig(backend="openai", base_url="http://127.0.0.1:9/v1", model="served-name")
     engine = build_engine(config)
     info = engine_info(engine)
     assert info["backend"] == "openai" and info["model"] == "served-name"
