@@ -48,22 +48,23 @@ def test_trajectory_summary_per_question(summary):
 def test_table2_by_hand(summary):
     t2 = stats.table2(summary)
     hp = row(t2, "hotpotqa")
-    assert hp["questions"] == 4
+    assert (hp["questions"], hp["errors"]) == (4, 0)
     assert hp["P_0"] == pytest.approx(0.375)
     assert hp["final F1"] == pytest.approx(0.75)
     assert hp["ΔF1"] == pytest.approx(0.375)
     assert hp["mean U_i"] == pytest.approx(1.5 / 9)
     assert hp["mean iterations"] == pytest.approx(2.25)
     mu = row(t2, "musique")
-    assert mu["questions"] == 2 and mu["final F1"] == pytest.approx(0.25) and mu["ΔF1"] == pytest.approx(0.0)
+    assert (mu["questions"], mu["errors"]) == (1, 1)  # F's engine error is counted, not analysed
+    assert mu["final F1"] == pytest.approx(0.25) and mu["ΔF1"] == pytest.approx(0.0)
     assert np.isnan(mu["mean U_i"])  # no iteration after probe 0
     pooled = row(t2, stats.ALL)
-    assert pooled["questions"] == 6
+    assert (pooled["questions"], pooled["errors"]) == (5, 1)
     assert pooled["P_0"] == pytest.approx(0.35)
     assert pooled["final F1"] == pytest.approx(0.65)
     assert pooled["ΔF1"] == pytest.approx(0.3)
     assert pooled["mean U_i"] == pytest.approx(1.5 / 9)
-    assert pooled["mean iterations"] == pytest.approx(1.5)
+    assert pooled["mean iterations"] == pytest.approx(9 / 5)
 
 
 def test_utility_distribution_by_hand(summary):
@@ -137,3 +138,21 @@ def test_agents_are_kept_apart(frames):
 def test_missing_columns_are_named():
     with pytest.raises(ValueError, match="probe_f1"):
         stats.trajectory_summary(pd.DataFrame({"qid": []}), pd.DataFrame(), EPS)
+
+
+def test_failed_trajectories_are_left_out_but_partial_iterations_do_not_leak(frames):
+    iterations, trajectories = frames
+    # G: two probes, then the engine died; its iterations must not enter U_i or the curves.
+    its = pd.concat([iterations, pd.DataFrame({"agent": "search_r1", "dataset": "musique", "qid": "G",
+                                               "iteration": [0, 1], "probe_f1": [0.0, 1.0], "utility": [None, 1.0]})])
+    trajs = pd.concat([trajectories, pd.DataFrame({"agent": ["search_r1"], "dataset": ["musique"], "qid": ["G"],
+                                                   "final_f1": [0.0], "n_iterations": [1],
+                                                   "stop_reason": ["engine_error"]})])
+    summary = stats.trajectory_summary(its, trajs, EPS)
+    assert row(stats.table2(summary), "musique")["errors"] == 2
+    assert row(stats.utility_distribution(summary), "musique")["iterations"] == 0
+    assert row(stats.net_utility_groups(summary), "musique")["trajectories"] == 1
+    assert "G" not in set(stats.usable_iterations(its, summary)["qid"])
+    curves = stats.quality_by_iteration(its, summary)
+    positive0 = curves[(curves["net_group"] == "positive") & (curves["iteration"] == 0)]
+    assert positive0["trajectories"].item() == 2  # A and D; G (net +1) failed

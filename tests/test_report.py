@@ -52,7 +52,7 @@ def test_plots_exist_and_are_not_trivial(built):
 
 def test_markdown_and_csv_copies(built):
     md = built.markdown.read_text()
-    assert "| search_r1 | hotpotqa | 4 | 0.375 [0.000, 0.750] | 0.750 [" in md
+    assert "| search_r1 | hotpotqa | 4 | 0 | 0.375 [0.000, 0.750] | 0.750 [" in md
     assert "![" in md and "plots/utility_histogram.png" in md
     table2 = pd.read_csv(built.html.parent / "tables" / "table2.csv")
     assert table2.loc[table2["dataset"] == "hotpotqa", "final F1"].item() == pytest.approx(0.75)

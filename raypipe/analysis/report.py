@@ -60,6 +60,7 @@ from raypipe.analysis.stats import (
     stop_reasons,
     table2,
     trajectory_summary,
+    usable_iterations,
     utility_distribution,
 )
 from raypipe.config import ReportConfig
@@ -223,8 +224,9 @@ def render_trajectories(ctx: ReportContext) -> list[Block]:
     cis = headline_intervals(summary, opt.bootstrap_samples, opt.bootstrap_seed, opt.confidence)
     t2, udist, groups = table2(summary), utility_distribution(summary), net_utility_groups(summary)
     oracle, reasons = oracle_table(summary), stop_reasons(summary)
-    curves = pd.concat([quality_by_iteration(iterations, summary, pooled=False),
-                        quality_by_iteration(iterations, summary, pooled=True)], ignore_index=True)
+    usable = usable_iterations(iterations, summary)
+    curves = pd.concat([quality_by_iteration(usable, summary, pooled=False),
+                        quality_by_iteration(usable, summary, pooled=True)], ignore_index=True)
     for name, frame in {"trajectory_summary": summary, "table2": t2, "bootstrap": cis, "utility_distribution": udist,
                         "net_utility_groups": groups, "quality_by_iteration": curves, "oracle": oracle,
                         "stop_reasons": reasons}.items():
@@ -232,14 +234,16 @@ def render_trajectories(ctx: ReportContext) -> list[Block]:
 
     ci_note = (f"[low, high]: {opt.confidence:.0%} percentile bootstrap interval, {opt.bootstrap_samples} "
                f"resamples of the questions, seed {opt.bootstrap_seed}.")
-    hist = plots.utility_histogram(iterations, eps, ctx.plot_path("utility_histogram.png"))
+    hist = plots.utility_histogram(usable, eps, ctx.plot_path("utility_histogram.png"))
     curve_plot = plots.quality_curves(curves, ctx.plot_path("quality_by_net_utility.png"))
     oracle_plot = plots.oracle_savings(summary, ctx.plot_path("oracle_savings.png"))
     return [
         Table("Answer quality per dataset and agent (the seed paper's Table 2)",
               _with_ci(t2, cis, {c: c for c in ("P_0", "final F1", "ΔF1", "mean U_i", "mean iterations")}),
-              note="P_0: F1 of the probe before any retrieval; final F1: the agent's own final answer; "
-                   f"ΔF1 = final F1 − P_0; mean U_i over iterations i ≥ 1. {ci_note}"),
+              note="questions: trajectories analysed; errors: trajectories that ended in an engine or retrieval "
+                   "error, left out of every figure of this section. P_0: F1 of the probe before any retrieval; "
+                   "final F1: the agent's own final answer; ΔF1 = final F1 − P_0; mean U_i over iterations "
+                   f"i ≥ 1. {ci_note}"),
         Table("Distribution of per-iteration utility U_i",
               _with_ci(udist, cis, {"zero": "zero-utility share"}, percent=("zero",)),
               percent=("positive", "negative"),

@@ -14,6 +14,9 @@ has no analysis module, so these are ours, stated here once):
   A trajectory *reached its final quality early* when k < last; it then kept going last - k iterations.
   Only naturally terminated trajectories count here (stop reasons in :data:`NATURAL_STOPS`): an engine
   error or an online controller did not let the agent decide when to stop.
+- Trajectories that ended in an infrastructure failure (:data:`FAILED_STOPS`: engine or retrieval error)
+  say nothing about the agent: every figure leaves them out; Table 2 counts them in its ``errors`` column
+  and the stop-reason table lists them.
 """
 
 from __future__ import annotations
@@ -21,9 +24,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from raypipe.schema import STOP_ANSWER, STOP_CONTEXT, STOP_MAX_TURNS, STOP_NO_ACTION
+from raypipe.schema import (
+    STOP_ANSWER,
+    STOP_CONTEXT,
+    STOP_ENGINE_ERROR,
+    STOP_MAX_TURNS,
+    STOP_NO_ACTION,
+    STOP_RETRIEVAL_ERROR,
+)
 
 NATURAL_STOPS = (STOP_ANSWER, STOP_MAX_TURNS, STOP_NO_ACTION, STOP_CONTEXT)
+FAILED_STOPS = (STOP_ENGINE_ERROR, STOP_RETRIEVAL_ERROR)
 ALL = "all"  # the dataset label of rows pooled over every dataset of an agent
 GROUPS = ("positive", "zero", "negative")
 KEYS = ["agent", "dataset", "qid"]
@@ -79,7 +90,9 @@ def trajectory_summary(iterations: pd.DataFrame, trajectories: pd.DataFrame, eps
     summary["net_utility"] = summary["p_last"] - summary["p0"]
     summary["net_group"] = sign_class(summary["net_utility"], epsilon)
     summary["delta_f1"] = summary["final_f1"] - summary["p0"]
+    summary["failed"] = summary["stop_reason"].isin(FAILED_STOPS)
     summary["natural"] = summary["stop_reason"].isin(NATURAL_STOPS) & summary["p0"].notna()
+    summary.loc[summary["failed"], "net_group"] = None
     summary["extra_iterations"] = summary["last_iteration"] - summary["oracle_iteration"]
     summary["reached_early"] = summary["extra_iterations"] > 0
     for col in ("u_count", "u_zero", "u_positive", "u_negative"):
@@ -88,11 +101,17 @@ def trajectory_summary(iterations: pd.DataFrame, trajectories: pd.DataFrame, eps
     return summary
 
 
-def by_agent_dataset(summary: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
-    """(agent, dataset, rows) per dataset, then one pooled 'all' row per agent with several datasets."""
+def by_agent_dataset(summary: pd.DataFrame, include_failed: bool = False) -> list[tuple[str, str, pd.DataFrame]]:
+    """(agent, dataset, rows) per dataset, then one pooled 'all' row per agent with several datasets.
+
+    Failed trajectories are left out unless ``include_failed``; an agent/dataset with only failures
+    still gets its (empty) rows, so the tables show it.
+    """
     out = []
     for agent, by_agent in summary.groupby("agent", sort=True):
         datasets = sorted(by_agent["dataset"].unique())
+        if not include_failed:
+            by_agent = by_agent[~by_agent["failed"]]
         out += [(agent, d, by_agent[by_agent["dataset"] == d]) for d in datasets]
         if len(datasets) > 1:
             out.append((agent, ALL, by_agent))
@@ -107,12 +126,14 @@ def _ratio(num: pd.Series, den: pd.Series) -> float:
 def table2(summary: pd.DataFrame) -> pd.DataFrame:
     """The seed paper's Table 2 per agent and dataset: final F1, ΔF1 over probe 0, mean U_i, mean iterations."""
     rows = []
-    for agent, dataset, s in by_agent_dataset(summary):
+    for agent, dataset, everything in by_agent_dataset(summary, include_failed=True):
+        s = everything[~everything["failed"]]
         rows.append(
             {
                 "agent": agent,
                 "dataset": dataset,
                 "questions": len(s),
+                "errors": len(everything) - len(s),
                 "P_0": s["p0"].mean(),
                 "final F1": s["final_f1"].mean(),
                 "ΔF1": s["delta_f1"].mean(),
@@ -203,3 +224,9 @@ def stop_reasons(summary: pd.DataFrame) -> pd.DataFrame:
     """Trajectories per stop reason (so errors and controller stops are visible, not silently dropped)."""
     counts = summary.groupby(["agent", "dataset", "stop_reason"]).size().rename("trajectories").reset_index()
     return counts.sort_values(["agent", "dataset", "trajectories"], ascending=[True, True, False], ignore_index=True)
+
+
+def usable_iterations(iterations: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """The iteration rows of trajectories that did not fail (what the plots of U_i and P_i show)."""
+    ok = summary.loc[~summary["failed"], KEYS]
+    return iterations.merge(ok, on=KEYS, how="inner")
