@@ -179,3 +179,9 @@ def test_run_without_probes_renders_without_errors(tmp_path):
     result = report.build_report(run.path, FAST)
     assert not result.errors
     assert "0.750 [" in result.html.read_text()  # the final answers' F1 is still there
+
+
+def test_failures_are_announced(built):
+    html = built.html.read_text()
+    assert "1 of 6 trajectories ended in an infrastructure failure (engine_error: 1)" in html
+    assert "First error: boom" in html

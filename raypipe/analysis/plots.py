@@ -41,7 +41,7 @@ def utility_histogram(iterations: pd.DataFrame, epsilon: float, path: Path) -> P
     """Share of iterations per utility bin (width 0.1, centred on 0), one panel per agent, bars per dataset."""
     u = iterations[(iterations["iteration"] >= 1) & iterations["utility"].notna()]
     if u.empty:
-        return _empty(path, "no iterations with a utility (every trajectory stopped at probe 0)")
+        return _empty(path, "no iteration after probe 0 to plot")
     edges = np.round(np.arange(-1.05, 1.0501, 0.1), 2)
     centres = (edges[:-1] + edges[1:]) / 2
     agents = sorted(u["agent"].unique())
@@ -74,7 +74,7 @@ def quality_curves(curves: pd.DataFrame, path: Path) -> Path:
     ``curves`` is :func:`raypipe.analysis.stats.quality_by_iteration` output, per dataset and/or pooled.
     """
     if curves.empty:
-        return _empty(path, "no trajectories with probes")
+        return _empty(path, "no probed trajectories to plot")
     agents = sorted(curves["agent"].unique())
     datasets = sorted(d for d in curves["dataset"].unique() if d != ALL)
     if ALL in set(curves["dataset"]):

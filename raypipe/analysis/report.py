@@ -135,7 +135,7 @@ class ReportContext:
 
 
 ITERATION_COLUMNS = ["qid", "dataset", "iteration", "probe_f1", "utility"]
-TRAJECTORY_COLUMNS = ["qid", "dataset", "final_f1", "n_iterations", "stop_reason"]
+TRAJECTORY_COLUMNS = ["qid", "dataset", "final_f1", "n_iterations", "stop_reason", "error"]
 
 
 @dataclass(frozen=True)
@@ -217,6 +217,20 @@ def _curve_table(pooled: pd.DataFrame) -> pd.DataFrame:
     return wide
 
 
+def _failure_notes(summary: pd.DataFrame) -> list[Block]:
+    """A warning when trajectories failed (engine or retrieval errors): they are left out of the figures."""
+    failed = summary[summary["failed"]]
+    if failed.empty:
+        return []
+    reasons = ", ".join(f"{r}: {n}" for r, n in failed["stop_reason"].value_counts().items())
+    first_error = failed["error"].dropna().astype(str).head(1).tolist() if "error" in failed else []
+    text = (f"{len(failed)} of {len(summary)} trajectories ended in an infrastructure failure ({reasons}) and are "
+            "left out of every figure below.")
+    if first_error:
+        text += f" First error: {first_error[0][:300]}"
+    return [Text(text, "missing" if len(failed) == len(summary) else "note")]
+
+
 def render_trajectories(ctx: ReportContext) -> list[Block]:
     opt, eps = ctx.options, ctx.options.epsilon
     iterations, trajectories = ctx.frames()
@@ -237,7 +251,9 @@ def render_trajectories(ctx: ReportContext) -> list[Block]:
     hist = plots.utility_histogram(usable, eps, ctx.plot_path("utility_histogram.png"))
     curve_plot = plots.quality_curves(curves, ctx.plot_path("quality_by_net_utility.png"))
     oracle_plot = plots.oracle_savings(summary, ctx.plot_path("oracle_savings.png"))
+    curve_table = _curve_table(curves[curves["dataset"] == ALL])
     return [
+        *_failure_notes(summary),
         Table("Answer quality per dataset and agent (the seed paper's Table 2)",
               _with_ci(t2, cis, {c: c for c in ("P_0", "final F1", "ΔF1", "mean U_i", "mean iterations")}),
               note="questions: trajectories analysed; errors: trajectories that ended in an engine or retrieval "
@@ -253,9 +269,9 @@ def render_trajectories(ctx: ReportContext) -> list[Block]:
         Table("Trajectories by net utility P_last − P_0", groups,
               percent=("positive share", "zero share", "negative share"),
               note=f"P_last: the probe at the trajectory's last iteration; zero: |net| < ε = {eps:g}."),
-        Table("Mean P_i by iteration and net-utility group (all datasets)",
-              _curve_table(curves[curves["dataset"] == ALL]),
-              note="Cell: mean probe F1 (number of trajectories still running at that iteration)."),
+        Table("Mean P_i by iteration and net-utility group (all datasets)", curve_table,
+              note="Cell: mean probe F1 (number of trajectories still running at that iteration).")
+        if len(curve_table) else Text("No probed trajectory: no P_i curves.", "missing"),
         Figure(curve_plot, "Figure 4 analogue: mean P_i by iteration for trajectories of positive, zero and "
                            "negative net utility (n at iteration 0; later points average the trajectories still "
                            "running)."),

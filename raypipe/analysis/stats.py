@@ -86,7 +86,8 @@ def trajectory_summary(iterations: pd.DataFrame, trajectories: pd.DataFrame, eps
                                   u_positive=("positive", "sum"), u_negative=("negative", "sum")).reset_index()
     probes = probes.merge(u_stats, on=KEYS, how="left")
 
-    summary = trajectories[KEYS + ["final_f1", "n_iterations", "stop_reason"]].merge(probes, on=KEYS, how="left")
+    kept = KEYS + ["final_f1", "n_iterations", "stop_reason"] + (["error"] if "error" in trajectories else [])
+    summary = trajectories[kept].merge(probes, on=KEYS, how="left")
     summary["net_utility"] = summary["p_last"] - summary["p0"]
     summary["net_group"] = sign_class(summary["net_utility"], epsilon)
     summary["delta_f1"] = summary["final_f1"] - summary["p0"]
