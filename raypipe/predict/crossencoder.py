@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -113,7 +114,15 @@ def train_loop_per_worker(config: dict) -> None:
     if config["threads"]:
         torch.set_num_threads(config["threads"])
     device = ray.train.torch.get_device()
+    first = 0
+    resumed = ray.train.get_checkpoint()  # set when Ray Train restarted the worker group after a failure
+    if resumed is not None:
+        with resumed.as_directory() as folder:
+            meta = json.loads((Path(folder) / META_FILE).read_text())
+        first = meta["index"] + 1 if meta["final"] else meta["index"]
     for index, task in enumerate(config["tasks"]):
+        if index < first:
+            continue
         torch.manual_seed(config["seed"])
         started = time.monotonic()
         ce = new_crossencoder(config["base"], task.relation)
@@ -176,7 +185,13 @@ def train_loop_per_worker(config: dict) -> None:
                 with tempfile.TemporaryDirectory() as tmp:
                     ce.save(tmp)
                     pd.DataFrame(curve).to_csv(Path(tmp) / CURVE_FILE, index=False)
-                    meta = {**metrics, "rows": len(task.texts), "relation": task.relation, "key": task.key}
+                    meta = {
+                        **metrics,
+                        "index": index,
+                        "rows": len(task.texts),
+                        "relation": task.relation,
+                        "key": task.key,
+                    }
                     (Path(tmp) / META_FILE).write_text(json.dumps(meta))
                     ray.train.report(
                         metrics,
@@ -188,29 +203,15 @@ def train_loop_per_worker(config: dict) -> None:
 
 
 def train_crossencoders(
-    tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int = 0, attempts: int = 3
+    tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int = 0, max_failures: int = 2
 ) -> dict[str, TrainedModel]:
     """Fine-tune every task in one TorchTrainer run; each last-epoch model lands in ``model_dir(task)``.
 
-    A task whose model is already complete (an earlier or interrupted run) is not trained again, so when
-    the run fails (a worker killed, e.g. by the node's memory monitor) it is retried for the rest.
+    A task whose model is already complete (an earlier or interrupted run) is not trained again. When a
+    worker dies (e.g. killed by the node's memory monitor), Ray Train restarts the worker group up to
+    ``max_failures`` times and the workers resume after the last finished task (its checkpoint).
     """
-    for attempt in range(1, attempts + 1):
-        try:
-            return _train_once(tasks, cfg, models_dir, seed)
-        except _RunFailed as exc:
-            if attempt == attempts:
-                raise RuntimeError(f"cross-encoder training failed {attempts} times; last error: {exc}") from exc
-            log.warning("Ray Train run failed (%s); retrying the unfinished models (attempt %d)", exc, attempt + 1)
-    raise AssertionError("unreachable")
-
-
-class _RunFailed(RuntimeError):
-    """trainer.fit() raised: the finished tasks' checkpoints are kept for the next attempt."""
-
-
-def _train_once(tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int) -> dict[str, TrainedModel]:
-    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from raypipe.models import resolve_sentence_model
@@ -241,6 +242,8 @@ def _train_once(tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int
         "seed": seed,
         "threads": 0 if cfg.use_gpu else max(1, int(math.floor(cfg.cpus_per_worker))),
     }
+    # Ray Train gives a worker group 60 s to start; a busy 2-core machine can need several minutes
+    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "900")
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=config,
@@ -251,13 +254,11 @@ def _train_once(tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int
             name=f"crossencoders-{time.strftime('%Y%m%d-%H%M%S')}",
             storage_path=str((models_dir / "ray_train").resolve()),
             checkpoint_config=CheckpointConfig(num_to_keep=len(todo) + 1, checkpoint_score_attribute="keep_score"),
+            failure_config=FailureConfig(max_failures=max_failures),
         ),
     )
     started = time.monotonic()
-    try:
-        result = trainer.fit()
-    except Exception as exc:  # Ray Train wraps worker failures in several error types
-        raise _RunFailed(" ".join(str(exc).split())[:400] or type(exc).__name__) from exc
+    result = trainer.fit()
     log.info("Ray Train: %d models in %.0f s", len(todo), time.monotonic() - started)
     finals = {m["task"]: c for c, m in result.best_checkpoints if m.get("final")}
     missing = [t.name for t in todo if t.name not in finals]
