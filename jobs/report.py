@@ -10,7 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
-from raypipe.analysis.blocks import table_markdown
+from raypipe.analysis.blocks import Table, table_markdown
 from raypipe.analysis.report import build_report
 from raypipe.analysis.screenshot import ScreenshotError, assert_not_blank, screenshot
 from raypipe.jobargs import config_from_args, job_parser, setup_logging
@@ -35,9 +35,10 @@ def main() -> None:
     for section in result.sections:
         log.info("section %-14s %s", section.key, section.status)
     log.info("wrote %s and %s", result.html, result.markdown)
-    headline = next((s for s in result.sections if s.key == "trajectories" and s.status == "ok"), None)
-    if headline:
-        print(table_markdown(headline.blocks[0]))
+    rq1 = next((s for s in result.sections if s.key == "trajectories" and s.status == "ok"), None)
+    table2 = next((b for b in rq1.blocks if isinstance(b, Table)), None) if rq1 else None
+    if table2 is not None:
+        print(table_markdown(table2))
     if args.screenshot:
         png = result.html.parent / "screenshot.png"
         try:
