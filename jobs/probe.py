@@ -13,6 +13,7 @@ import logging
 import sys
 
 from raypipe.config import ConfigError
+from raypipe.control.online import controller_from_path
 from raypipe.data import DataError
 from raypipe.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.rundir import RunDir
@@ -28,6 +29,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, metavar="N", help="first N questions of each dataset")
     parser.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<config name>)")
     parser.add_argument("--no-probe", action="store_true", help="switch probing off (agent.probe=false)")
+    parser.add_argument("--controller", metavar="PATH",
+                        help="stop trajectories in flight with the 4-state heuristic on the predictor bundle at PATH "
+                        "(a bundle folder or a run directory with models/); thresholds: stopping.theta_p/theta_u/variant")
     args = parser.parse_args()
     setup_logging(args.verbose)
 
@@ -43,8 +47,9 @@ def main() -> None:
     run = RunDir(args.out or f"runs/{config.name}")
     try:
         check_resumable(config, run)
-        written = run_probe(config, run)
-    except (ConfigError, DataError) as exc:
+        controller = controller_from_path(args.controller, config) if args.controller else None
+        written = run_probe(config, run, controller=controller)
+    except (ConfigError, DataError, FileNotFoundError) as exc:
         sys.exit(f"error: {exc}")
     finally:
         import ray
