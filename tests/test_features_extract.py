@@ -73,14 +73,16 @@ def row(i, query, ids, scores, reasoning, logprobs, f1=0.0, utility=None, qid="q
 def trajectory():
     return [
         row(0, None, [], [], "r0", [-1.0, -1.0, -1.0, -1.0, -1.0, -3.0]),
-        row(1, "hamlet author", ["a", "b", "c"], [3.0, 2.0, 1.0], "r1", [-0.5] * 6, f1=0.5, utility=0.5),
+        row(1, "hamlet author", ["a", "b", "c"], [3.0, 2.0, 1.0], "<think> r1 </think>\n<search>", [-0.5] * 6,
+            f1=0.5, utility=0.5),  # fmt: skip
         row(2, "shakespeare birthplace", ["c", "d", "b"], [2.0, 1.5, 0.5], "r2", [-0.2] * 7, f1=1.0, utility=0.5),
         row(3, "", [], [], "r3", [-0.1, -0.1], f1=1.0, utility=0.0),  # empty query: no retrieval
     ]
 
 
 def extract(corpus, rows=None, question="Who wrote Hamlet?", **settings):
-    return extract_trajectory(rows or trajectory(), question, corpus, DictEncoder(SENTENCES), SignalSettings(**settings))
+    encoder = DictEncoder(SENTENCES)
+    return extract_trajectory(rows or trajectory(), question, corpus, encoder, SignalSettings(**settings))
 
 
 def test_rows_conform_to_the_schema_in_iteration_order(corpus):
@@ -121,7 +123,8 @@ def test_rbo_against_previous_lists_and_the_question(corpus):
     # Iteration 2 vs iteration 1: [c, d, b] vs [a, b, c]: X = 0, 0, 2.
     expected = overlap.rbo_truncated(["c", "d", "b"], ["a", "b", "c"], 3)
     weights = [0.99 ** i for i in range(1000)]
-    assert expected == pytest.approx((weights[2] * 2 / 3 + sum(w * 2 / (i + 1) for i, w in enumerate(weights) if i >= 3)) / sum(weights))
+    tail = sum(w * 2 / (i + 1) for i, w in enumerate(weights) if i >= 3)
+    assert expected == pytest.approx((weights[2] * 2 / 3 + tail) / sum(weights))
     assert two["rbo_prev_3"] == pytest.approx(expected)
     assert two["rbo_prevmax_3"] == pytest.approx(expected)
     assert two["rbo_ext_prev_3"] == pytest.approx(overlap.rbo_extrapolated(["c", "d", "b"], ["a", "b", "c"], 3))

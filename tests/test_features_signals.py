@@ -164,3 +164,20 @@ def test_cosine():
     assert cosine(np.array([1.0, 0.0]), np.array([-2.0, 0.0])) == pytest.approx(-1.0)
     assert cosine(np.zeros(2), np.ones(2)) is None
     assert cosine(None, np.ones(2)) is None
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("<think> first </think>\n<search> q </search>", "first"),
+        ("<think>a</think> x <think> last one </think><answer> y </answer>", "last one"),
+        ("<think> unfinished thought", "unfinished thought"),
+        ("plain text", "plain text"),
+        ("<think>  </think>", None),
+        (None, None),
+    ],
+)
+def test_reasoning_text_is_the_last_think_block(text, expected):
+    from raypipe.features.similarity import reasoning_text
+
+    assert reasoning_text(text) == expected

@@ -34,7 +34,8 @@ def expected_rows(run, config):
 def test_ray_stage_matches_the_pure_extractor_across_file_boundaries(tmp_path):
     ray = pytest.importorskip("ray")
     run = write_synthetic_run(tmp_path / "run", n_questions=12, parts=2)
-    qids = [set(pq.read_table(p).column("qid").to_pylist()) for p in sorted(run.table_dir("iterations").glob("*.parquet"))]
+    files = sorted(run.table_dir("iterations").glob("*.parquet"))
+    qids = [set(pq.read_table(p).column("qid").to_pylist()) for p in files]
     assert qids[0] & qids[1], "the fixture must cut a trajectory across the two files"
     stale = run.table_dir("features")
     stale.mkdir(parents=True)

@@ -16,7 +16,7 @@ import numpy as np
 
 from raypipe.features import confidence, overlap, qpp
 from raypipe.features.resources import CorpusResources, SentenceEncoder
-from raypipe.features.similarity import cosine
+from raypipe.features.similarity import cosine, reasoning_text
 from raypipe.schema import RBO_DEPTHS
 
 RBO_VARIANTS = {"rbo": overlap.rbo_truncated, "rbo_ext": overlap.rbo_extrapolated}
@@ -48,6 +48,10 @@ class _Iteration:
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
+
+
+def _reasoning(row: Mapping[str, Any]) -> str | None:
+    return reasoning_text(_text(row.get("reasoning")))
 
 
 def _prepare(rows: Sequence[Mapping[str, Any]]) -> list[_Iteration]:
@@ -85,7 +89,7 @@ class _Needs:
 
 def _needs(its: list[_Iteration], question: str | None, settings: SignalSettings) -> _Needs:
     retrieved = [it for it in its if it.doc_ids]
-    texts = [question, *(_text(it.row.get("query")) for it in its), *(_text(it.row.get("reasoning")) for it in its)]
+    texts = [question, *(_text(it.row.get("query")) for it in its), *(_reasoning(it.row) for it in its)]
     depth = max(settings.a_pair_depth, settings.dense_qpp_k)
     return _Needs(
         texts=list(dict.fromkeys(t for t in texts if t is not None)),
@@ -147,11 +151,11 @@ def extract_trajectory(
                 feats[f"{name}_prevmax_{depth}"] = max(values) if values else None
                 feats[f"{name}_question_{depth}"] = rbo(question_list)
 
-        reasoning = embed(row.get("reasoning"))
+        reasoning = embed(_reasoning(row))
         feats["sim_question_query"] = cosine(embed(question), embed(row.get("query")))
-        feats["sim_reasoning_prev"] = cosine(embed(previous.row.get("reasoning")), reasoning) if previous else None
+        feats["sim_reasoning_prev"] = cosine(embed(_reasoning(previous.row)), reasoning) if previous else None
         feats["sim_reasoning_first"] = (
-            cosine(embed(first.row.get("reasoning")), reasoning) if first is not None and it.index > 0 else None
+            cosine(embed(_reasoning(first.row)), reasoning) if first is not None and it.index > 0 else None
         )
 
         logprobs = row.get("probe_token_logprobs")

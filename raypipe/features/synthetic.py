@@ -80,7 +80,8 @@ def write_synthetic_run(
                 query, doc_ids, scores = (None if i == 0 else ""), [], []
             else:
                 keep = rng.randint(0, deep_k // 2)
-                ids = previous_list[:keep] + [d for d in rng.sample(range(n_docs), deep_k) if d not in previous_list[:keep]]
+                kept = previous_list[:keep]
+                ids = kept + [d for d in rng.sample(range(n_docs), deep_k) if d not in kept]
                 previous_list = ids[:deep_k]
                 query = " ".join(rng.choice(WORDS) for _ in range(4))
                 doc_ids = [f"doc{d}" for d in previous_list]

@@ -60,7 +60,8 @@ class SbertEncoder:
         self.batch_size = batch_size
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        return self.model.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False)
+        texts = list(texts)
+        return self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False)
 
 
 class IndexCorpus:
@@ -193,7 +194,10 @@ def run_features(
         raise ValueError(f"{parts[0]}: iterations table lacks columns {missing}")
     n_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
     partitions = cfg.partitions or max(cfg.actors, min(-(-n_rows // ROWS_PER_PARTITION), MAX_PARTITIONS))
-    log.info("features: %d iteration rows, %d questions, %d partitions, %d actors", n_rows, len(questions), partitions, cfg.actors)
+    log.info(
+        "features: %d iteration rows, %d questions, %d partitions, %d actors",
+        n_rows, len(questions), partitions, cfg.actors,
+    )  # fmt: skip
     ds = ray.data.read_parquet(parts, columns=list(REQUIRED_COLUMNS))
     # Ray's default shuffle makes 200 partitions: far too many aggregators for a small run.
     packed = ds.groupby("qid", num_partitions=partitions).map_groups(
