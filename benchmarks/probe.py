@@ -136,8 +136,10 @@ def run_variant(name: str, config: RunConfig, questions, retriever) -> Result:
     wall = time.perf_counter() - started
     stage.close()
     rec = recorders[0]
-    log.info("%s: %d trajectories in %.1f s", name, len(outputs), wall)
-    return Result(name, len(questions), stage.engine_start_s, wall, rec.generated, rec.prompt, rec.cached, outputs)
+    result = Result(name, len(questions), stage.engine_start_s, wall, rec.generated, rec.prompt, rec.cached, outputs)
+    log.info("%s: %d trajectories in %.1f s (%.1f/min, %.1f generated tokens/s, engine start %.1f s), %s", name,
+             len(outputs), wall, result.per_min, result.tokens_per_s, stage.engine_start_s, quality(outputs))  # fmt: skip
+    return result
 
 
 def quality(outputs: list[TrajectoryOutput]) -> dict[str, float]:
