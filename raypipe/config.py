@@ -67,6 +67,9 @@ class RetrievalConfig(StrictModel):
     encode_num_cpus: float = Field(default=0.5, ge=0, description="Per encoding actor (0.5: see ENVIRONMENT.md).")
     encode_num_gpus: float = Field(default=0.0, ge=0)
     encode_threads: int | None = Field(default=None, ge=1, description="CPU threads per encoding actor; None: cores / actors.")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources per retrieval actor, e.g. {raypipe_retrieval: 1}."
+    )
 
 
 class EngineConfig(StrictModel):
@@ -135,6 +138,9 @@ class GenerationConfig(StrictModel):
     batch_size: int = Field(default=32, ge=1, description="Questions per map_batches batch (one output part each).")
     batches_per_actor: int = Field(
         default=2, ge=1, description="Batches an actor works on at once, so its engine stays busy at a batch's tail."
+    )
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources per generation actor, e.g. {raypipe_generation: 1}."
     )
 
 

@@ -172,7 +172,7 @@ def launch_replicas(config: RunConfig, index_path: str | Path) -> RetrievalClien
     spec = encoder_spec(cfg)
     IndexDir(index_path, spec)  # manifest/encoder check in the driver, before any actor starts
     actor_cls = ray.remote(RetrievalActor).options(
-        num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, max_concurrency=1000
+        num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=cfg.resources or None, max_concurrency=1000
     )
     actors = [
         actor_cls.remote(str(index_path), spec, search_params(cfg), cfg.max_batch_size, cfg.max_wait_ms,

@@ -182,6 +182,7 @@ def run_probe(
             },
             num_cpus=gen.actor_num_cpus,
             num_gpus=gen.actor_num_gpus,
+            resources=gen.resources or None,
         )
         info_path = run_dir.path / INFO_FILE
         engines: list[dict] = []
