@@ -191,29 +191,33 @@ def ray_encode(spec: EncoderSpec, table: pa.Table, cfg: RetrievalConfig) -> np.n
     n_blocks = max(cfg.encode_actors * 4, math.ceil(n / (cfg.encode_batch_size * 8)))
     size = math.ceil(n / n_blocks)
     ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True
-    ds = ray.data.from_arrow([table.slice(i, size) for i in range(0, n, size)])
-    ds = ds.map_batches(
-        PassageEncoder,
-        fn_constructor_kwargs={"spec": spec, "actors_per_node": cfg.encode_actors},
-        batch_size=cfg.encode_batch_size,
-        batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=cfg.encode_actors),
-        num_cpus=cfg.encode_num_cpus,
-        num_gpus=cfg.encode_num_gpus,
-    )
-    doc_ids = table.column("doc_id").to_pylist()
-    out: np.ndarray | None = None
-    pos = 0
-    for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
-        emb = np.asarray(batch["embedding"], dtype=np.float32)
-        if out is None:
-            out = np.empty((n, emb.shape[1]), dtype=np.float32)
-        got = list(batch["doc_id"])
-        if got != doc_ids[pos : pos + len(got)]:
-            raise RuntimeError(f"encoded rows came back out of order at row {pos}")
-        out[pos : pos + len(got)] = emb
-        pos += len(got)
+    keep_order = ctx.execution_options.preserve_order
+    ctx.execution_options.preserve_order = True  # rows must come back in doc-store (FAISS id) order
+    try:
+        ds = ray.data.from_arrow([table.slice(i, size) for i in range(0, n, size)])
+        ds = ds.map_batches(
+            PassageEncoder,
+            fn_constructor_kwargs={"spec": spec, "actors_per_node": cfg.encode_actors},
+            batch_size=cfg.encode_batch_size,
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=cfg.encode_actors),
+            num_cpus=cfg.encode_num_cpus,
+            num_gpus=cfg.encode_num_gpus,
+        )
+        doc_ids = table.column("doc_id").to_pylist()
+        out: np.ndarray | None = None
+        pos = 0
+        for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            emb = np.asarray(batch["embedding"], dtype=np.float32)
+            if out is None:
+                out = np.empty((n, emb.shape[1]), dtype=np.float32)
+            got = list(batch["doc_id"])
+            if got != doc_ids[pos : pos + len(got)]:
+                raise RuntimeError(f"encoded rows came back out of order at row {pos}")
+            out[pos : pos + len(got)] = emb
+            pos += len(got)
+    finally:
+        ctx.execution_options.preserve_order = keep_order
     if pos != n or out is None:
         raise RuntimeError(f"encoded {pos} of {n} passages")
     return out
