@@ -67,7 +67,7 @@ def bench_encoder(base: RunConfig, encoder: str, args) -> dict:
     config = base.model_copy(update={"retrieval": base.retrieval.model_copy(update={"encoder": encoder})})
     cfg = config.retrieval
     log.info("%s: building or reusing the index", encoder)
-    path, build_wall, _ = timed(lambda: ensure_index(config, force=args.force))
+    path, build_wall, _ = timed(lambda: ensure_index(config, force=args.force, use_ray=not args.no_ray))
     idx = load_index_dir(path, encoder_spec(cfg))
     build = idx.manifest.get("build", {})
     row = {
@@ -91,7 +91,7 @@ def bench_encoder(base: RunConfig, encoder: str, args) -> dict:
     row["recall"] = dataset_recall(questions, results, ks=(3, 10))
     for batch in (1, 32, 256):
         row[f"qps@{batch}"] = search_rate(retriever, texts, batch, cfg.deep_k)
-    if not args.no_service:
+    if not (args.no_service or args.no_ray):
         row["qps_service"] = service_rate(config, path, texts, cfg.deep_k)
 
     import faiss
@@ -137,6 +137,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="encoder threads (default: library default)")
     parser.add_argument("--force", action="store_true", help="rebuild the indexes (times the build)")
     parser.add_argument("--no-service", action="store_true", help="skip the Ray service measurement")
+    parser.add_argument("--no-ray", action="store_true", help="build in-process and skip the service (no Ray)")
     args = parser.parse_args()
     setup_logging(args.verbose)
     config = config_from_args(args)
@@ -144,7 +145,8 @@ def main() -> None:
 
     import ray
 
-    init_ray(config)
+    if not args.no_ray:
+        init_ray(config)
     try:
         rows = [bench_encoder(config, encoder, args) for encoder in encoders]
     finally:
