@@ -32,6 +32,8 @@ def test_main_job_on_three_questions(tmp_path, small_corpus):
     out = tmp_path / "run"
     cmd = [sys.executable, str(ROOT / "jobs" / "probe.py"), "--dataset", "hotpotqa", "--limit", "3", "--out", str(out),
            "--set", "agent.max_turns=2", "--set", "agent.max_new_tokens=96", "--set", "ray.num_cpus=2",
+           # the first-turn grammar (think, then search) must be completable within the 96 new tokens
+           "--set", "agent.enforce_think_chars=150",
            "--set", f"data.corpus={small_corpus}"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
