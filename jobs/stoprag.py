@@ -13,8 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from raypipe.config import DEFAULT_PRESET
-from raypipe.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.jobargs import job_parser, run_config_from_args, setup_logging
 from raypipe.rundir import RunDir, RunDirError
 
 log = logging.getLogger("stoprag")
@@ -31,9 +30,7 @@ def main() -> None:
     run = RunDir(args.run_dir)
     if not run.path.is_dir():
         sys.exit(f"error: run directory {run.path} does not exist")
-    if args.config == DEFAULT_PRESET and (run.path / "config.yaml").exists():
-        args.config = str(run.path / "config.yaml")
-    config = config_from_args(args)
+    config = run_config_from_args(args, run.path)
 
     import ray
 

@@ -12,9 +12,8 @@ The run's own config.yaml is the base configuration unless --config names anothe
 
 from __future__ import annotations
 
-from raypipe.config import DEFAULT_PRESET
 from raypipe.control.stage import FIGURE, TRADEOFF, check_inputs, run_sweep
-from raypipe.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.jobargs import job_parser, run_config_from_args, setup_logging
 from raypipe.rundir import RunDir, RunDirError
 
 
@@ -24,9 +23,7 @@ def main() -> None:
     args = parser.parse_args()
     setup_logging(args.verbose)
     run = RunDir(args.run_dir)
-    if args.config == DEFAULT_PRESET and (run.path / "config.yaml").exists():
-        args.config = str(run.path / "config.yaml")
-    config = config_from_args(args)
+    config = run_config_from_args(args, run.path)
     try:
         check_inputs(run)
     except RunDirError as exc:

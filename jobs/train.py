@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from raypipe.config import DEFAULT_PRESET
-from raypipe.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.jobargs import job_parser, run_config_from_args, setup_logging
 from raypipe.predict.docs import doc_lookup_for
 from raypipe.predict.pipeline import run_train
 from raypipe.rundir import RunDir, RunDirError
@@ -27,9 +26,7 @@ def main() -> None:
     args = parser.parse_args()
     setup_logging(args.verbose)
     run = RunDir(args.run_dir)
-    if args.config == DEFAULT_PRESET and (run.path / "config.yaml").exists():
-        args.config = str(run.path / "config.yaml")
-    config = config_from_args(args)
+    config = run_config_from_args(args, run.path)
 
     import ray
 

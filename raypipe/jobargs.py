@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from raypipe.config import DEFAULT_PRESET, ConfigError, RunConfig, load_config
 
@@ -44,3 +45,10 @@ def config_from_args(args: argparse.Namespace, extra_overrides: list[str] | None
         return load_config(args.config, [*args.overrides, *(extra_overrides or [])])
     except ConfigError as exc:
         sys.exit(f"error: {exc}")
+
+
+def run_config_from_args(args: argparse.Namespace, run_dir: Path) -> RunConfig:
+    """The config a later stage uses: the run's own ``config.yaml`` unless ``--config`` names another."""
+    if args.config == DEFAULT_PRESET and (run_dir / "config.yaml").exists():
+        args.config = str(run_dir / "config.yaml")
+    return config_from_args(args)
