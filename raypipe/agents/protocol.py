@@ -155,8 +155,17 @@ class AgentProtocol(ABC):
 
     # --- format enforcement -------------------------------------------------------------------
     @abstractmethod
+    def enforcement_parts(self, bounds: EnforcementBounds) -> tuple[str, str, str]:
+        """The protocol's (reasoning, search, answer) regex pieces; a turn is reasoning then one action."""
+
     def enforcement_regex(self, enforcement: Enforcement, turn: int, bounds: EnforcementBounds) -> str | None:
         """The structured-output regex for one turn; None when the turn is unconstrained."""
+        if enforcement == "none":
+            return None
+        think, search, answer = self.enforcement_parts(bounds)
+        if enforcement == "first_search" and turn == 0:
+            return think + search
+        return f"{think}({search}|{answer})"
 
     def enforcement_regexes(self, enforcement: Enforcement, bounds: EnforcementBounds) -> list[str]:
         """Every distinct regex a run may use (to warm the grammar compiler up when the engine starts)."""

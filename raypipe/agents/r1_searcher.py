@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from raypipe.agents.protocol import AgentProtocol, Enforcement, EnforcementBounds, ObservationFormat
+from raypipe.agents.protocol import AgentProtocol, EnforcementBounds, ObservationFormat
 from raypipe.retrieval.types import SearchHit
 
 _FORMAT = (
@@ -93,15 +93,11 @@ class R1Searcher(AgentProtocol):
         reasoning = output.split(self.search_open, 1)[0].rstrip()
         return context + self.joiner + reasoning + "</think>\n\n" + self.answer_open
 
-    def enforcement_regex(self, enforcement: Enforcement, turn: int, bounds: EnforcementBounds) -> str | None:
-        if enforcement == "none":
-            return None
+    def enforcement_parts(self, bounds: EnforcementBounds) -> tuple[str, str, str]:
         think = rf" ?[^\s<>][^<>]{{0,{bounds.think}}}"
         search = rf"<\|begin_of_query\|> ?[^\s<>][^<>\n]{{0,{bounds.query}}}<\|end_of_query\|>"
         answer = rf"</think>\n\n<answer> ?[^\s<>][^<>\n]{{0,{bounds.answer}}}</answer>"
-        if enforcement == "first_search" and turn == 0:
-            return think + search
-        return f"{think}({search}|{answer})"
+        return think, search, answer
 
 
 def _with_title(hit: SearchHit) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from raypipe.agents.protocol import AgentProtocol, Enforcement, EnforcementBounds
+from raypipe.agents.protocol import AgentProtocol, EnforcementBounds
 from raypipe.retrieval.types import SearchHit
 
 PROMPT = (
@@ -68,12 +68,8 @@ class SearchR1(AgentProtocol):
             return context + self.joiner + output[: end + len("</think>")] + "\n\n" + self.answer_open
         return context + "\n\n" + self.answer_open
 
-    def enforcement_regex(self, enforcement: Enforcement, turn: int, bounds: EnforcementBounds) -> str | None:
-        if enforcement == "none":
-            return None
+    def enforcement_parts(self, bounds: EnforcementBounds) -> tuple[str, str, str]:
         think = rf"<think> ?[^\s<>][^<>]{{0,{bounds.think}}}</think>\n"
         search = rf"<search> ?[^\s<>][^<>\n]{{0,{bounds.query}}}</search>"
         answer = rf"<answer> ?[^\s<>][^<>\n]{{0,{bounds.answer}}}</answer>"
-        if enforcement == "first_search" and turn == 0:
-            return think + search
-        return f"{think}({search}|{answer})"
+        return think, search, answer
