@@ -9,6 +9,7 @@ from raypipe.config import EngineConfig
 from raypipe.llm.base import ContextOverflowError, EngineError, GenerationRequest
 from raypipe.llm.common import check_request, find_stop, fit_max_tokens
 from raypipe.llm.factory import build_engine, engine_info
+from raypipe.loopthread import LoopThread
 
 
 @pytest.mark.parametrize(
@@ -170,7 +171,7 @@ def fake_vllm_engine():
     engine = object.__new__(module.VLLMEngine)  # no real engine: only the request plumbing
     engine.config, engine.max_model_len = EngineConfig(), 64
     engine.tokenizer = SimpleNamespace(encode=lambda text: list(range(len(text.split()))))
-    engine._llm, engine._loop = FakeAsyncLLM(), module._LoopThread("test-vllm")
+    engine._llm, engine._loop = FakeAsyncLLM(), LoopThread("test-vllm")
     engine._engine_input = lambda ids: ids
     yield engine
     asyncio.run(engine.close())

@@ -13,22 +13,20 @@ Scripts that build this engine need an ``if __name__ == "__main__":`` guard (vLL
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import threading
 import time
 import uuid
-from collections.abc import Coroutine, Iterable
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from typing import Any
 
 from raypipe.config import EngineConfig
 from raypipe.llm.base import EngineError, Generation, GenerationRequest
 from raypipe.llm.common import LocalTokenizer, check_request, fit_max_tokens
+from raypipe.loopthread import LoopThread
 from raypipe.models import resolve_llm
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 GiB = 1 << 30
 
 
@@ -107,26 +105,6 @@ def to_generation(output: Any, want_logprobs: bool) -> Generation:
     )
 
 
-class _LoopThread:
-    """An event loop running in a daemon thread; coroutines are submitted from any thread or loop."""
-
-    def __init__(self, name: str):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        self.loop.close()
-
-
 class VLLMEngine:
     """The :class:`~raypipe.llm.base.Engine` over vLLM's ``AsyncLLM``. The constructor blocks while
     the engine starts (20-35 s on CPU; ``start_seconds`` records it)."""
@@ -143,7 +121,7 @@ class VLLMEngine:
         self.on_cpu = current_platform.is_cpu()
         os.environ.update(vllm_environment(config))
         args = AsyncEngineArgs(**engine_kwargs(config, str(self.model_path), self.on_cpu))
-        self._loop = _LoopThread("raypipe-vllm")
+        self._loop = LoopThread("raypipe-vllm")
         try:
             self._llm = self._loop.run(self._start(args))
         except BaseException:

@@ -15,10 +15,9 @@ import asyncio
 import inspect
 import json
 import logging
-import threading
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 
@@ -27,11 +26,11 @@ from raypipe.config import EngineConfig, RunConfig
 from raypipe.control.base import StopController
 from raypipe.data import Question
 from raypipe.llm.base import Engine
+from raypipe.loopthread import LoopThread
 from raypipe.retrieval.types import Retriever
 from raypipe.schema import ITERATIONS, TRAJECTORIES
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 INPUT_COLUMNS = ("qid", "dataset", "question", "golden_answers")
 OUTPUT = pa.schema(
@@ -79,7 +78,7 @@ class GenerateStage:
         agent = self.config.agent
         self.protocol = build_protocol(agent)
         self.settings = loop_settings(self.config, self.protocol)
-        self._thread = _LoopThread("raypipe-trajectories")
+        self._thread = LoopThread("raypipe-trajectories")
         started = time.perf_counter()
         engine = (engine_factory or default_engine_factory)(self.config.engine)
         self.engine: Engine = self._thread.run(engine) if inspect.isawaitable(engine) else engine
@@ -141,19 +140,3 @@ def split_output(table: pa.Table) -> tuple[pa.Table, pa.Table]:
 
 async def _make_semaphore(n: int) -> asyncio.Semaphore:
     return asyncio.Semaphore(n)
-
-
-class _LoopThread:
-    """An event loop in a daemon thread; Ray Data's worker threads submit coroutines to it."""
-
-    def __init__(self, name: str):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
