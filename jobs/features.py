@@ -13,6 +13,7 @@ import logging
 
 from raypipe.features.correlation import correlation_table, format_table, write_csv
 from raypipe.jobargs import job_parser, run_config_from_args, setup_logging
+from raypipe.raycluster import init_ray
 from raypipe.rundir import RunDir, RunDirError
 from raypipe.stages.features import run_features
 
@@ -29,7 +30,7 @@ def main() -> None:
 
     import ray
 
-    ray.init(address=config.ray.address, num_cpus=config.ray.num_cpus, include_dashboard=False, log_to_driver=True)
+    init_ray(config, log_to_driver=True)
     try:
         rows = run_features(run, config)
     except RunDirError as exc:

@@ -13,9 +13,9 @@ import logging
 import time
 
 from raypipe.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.raycluster import init_ray
 from raypipe.retrieval.build import ensure_index
 from raypipe.retrieval.index import RetrievalIndexError, load_index_dir
-from raypipe.retrieval.service import init_ray
 
 log = logging.getLogger("jobs.index")
 

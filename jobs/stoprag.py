@@ -14,6 +14,7 @@ import logging
 import sys
 
 from raypipe.jobargs import job_parser, run_config_from_args, setup_logging
+from raypipe.raycluster import init_ray
 from raypipe.rundir import RunDir, RunDirError
 
 log = logging.getLogger("stoprag")
@@ -36,7 +37,7 @@ def main() -> None:
 
     from raypipe.control.stoprag_stage import run_stoprag
 
-    ray.init(address=config.ray.address, num_cpus=config.ray.num_cpus, include_dashboard=False, log_to_driver=True)
+    init_ray(config, log_to_driver=True)
     try:
         report = run_stoprag(run, config, llm_stop=False if args.no_llm_stop else None, ablation=args.ablation)
     except (RunDirError, ValueError) as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from raypipe.control.stage import FIGURE, TRADEOFF, check_inputs, run_sweep
 from raypipe.jobargs import job_parser, run_config_from_args, setup_logging
+from raypipe.raycluster import init_ray
 from raypipe.rundir import RunDir, RunDirError
 
 
@@ -31,7 +32,7 @@ def main() -> None:
 
     import ray
 
-    ray.init(address=config.ray.address, num_cpus=config.ray.num_cpus, include_dashboard=False, log_to_driver=False)
+    init_ray(config, log_to_driver=False)
     try:
         report = run_sweep(run, config.stopping, train=config.train, seed=config.seed)
     except (RunDirError, ValueError) as exc:

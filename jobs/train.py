@@ -15,6 +15,7 @@ import logging
 from raypipe.jobargs import job_parser, run_config_from_args, setup_logging
 from raypipe.predict.docs import doc_lookup_for
 from raypipe.predict.pipeline import run_train
+from raypipe.raycluster import init_ray
 from raypipe.rundir import RunDir, RunDirError
 
 log = logging.getLogger("jobs.train")
@@ -30,7 +31,7 @@ def main() -> None:
 
     import ray
 
-    ray.init(address=config.ray.address, num_cpus=config.ray.num_cpus, include_dashboard=False, log_to_driver=False)
+    init_ray(config, log_to_driver=False)
     try:
         summary = run_train(run, config.train, doc_lookup_for(config), seed=config.seed)
     except (RunDirError, ValueError) as exc:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raypipe.config import RunConfig
+from raypipe.raycluster import current_node_id, init_ray
 from raypipe.retrieval.build import encoder_spec, ensure_index, search_params
 from raypipe.retrieval.encoders import EncoderSpec
 from raypipe.retrieval.index import IndexDir, SearchParams
@@ -133,7 +134,7 @@ class RetrievalActor:
         self.batcher = QueryBatcher(self.retriever.search_batch, max_batch_size, max_wait_ms / 1000)
 
     async def ready(self) -> dict:
-        return {"count": self.retriever.index.ntotal, "encoder": self.retriever.encoder.name}
+        return {"count": self.retriever.index.ntotal, "encoder": self.retriever.encoder.name, "node_id": current_node_id()}
 
     async def search(self, queries: list[str], k: int) -> list[SearchResult]:
         return await self.batcher.search(queries, k)
@@ -145,11 +146,12 @@ class RetrievalActor:
 class RetrievalClient:
     """Implements the ``Retriever`` protocol over replica actors (round robin). Picklable."""
 
-    def __init__(self, actors: Sequence, index_path: str | Path):
+    def __init__(self, actors: Sequence, index_path: str | Path, node_ids: Sequence[str | None] = ()):
         if not actors:
             raise ValueError("a retrieval client needs at least one actor")
         self.actors = list(actors)
         self.index_path = str(index_path)
+        self.node_ids = list(node_ids)  # where each replica was placed
         self._next = 0
 
     async def search(self, queries: Sequence[str], k: int) -> list[SearchResult]:
@@ -182,19 +184,7 @@ def launch_replicas(config: RunConfig, index_path: str | Path) -> RetrievalClien
     info = ray.get([a.ready.remote() for a in actors])
     log.info("retrieval service: %d replica(s) over %d passages (%s)", len(actors), info[0]["count"],
              info[0]["encoder"])
-    return RetrievalClient(actors, index_path)
-
-
-def init_ray(config: RunConfig) -> None:
-    """Connect to the configured Ray cluster, or start a local one, unless already connected."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    if config.ray.address:
-        ray.init(address=config.ray.address)
-    else:
-        ray.init(num_cpus=config.ray.num_cpus, include_dashboard=False)
+    return RetrievalClient(actors, index_path, [i["node_id"] for i in info])
 
 
 def start_retrieval_service(config: RunConfig, force_rebuild: bool = False) -> RetrievalClient:

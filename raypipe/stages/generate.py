@@ -27,6 +27,7 @@ from raypipe.control.base import StopController
 from raypipe.data import Question
 from raypipe.llm.base import Engine
 from raypipe.loopthread import LoopThread
+from raypipe.raycluster import current_node_id
 from raypipe.retrieval.types import Retriever
 from raypipe.schema import ITERATIONS, TRAJECTORIES
 
@@ -91,7 +92,9 @@ class GenerateStage:
         if warmup is not None:  # compile the enforcement grammars before real requests (vLLM gives up after a timeout)
             self._thread.run(warmup(self.protocol.enforcement_regexes(agent.enforcement, self.settings.bounds)))
         self.engine_start_s = time.perf_counter() - started
-        self.engine_info = json.dumps({**_engine_info(self.engine), "actor_start_seconds": round(self.engine_start_s, 2)})
+        self.engine_info = json.dumps(
+            {**_engine_info(self.engine), "actor_start_seconds": round(self.engine_start_s, 2), "node_id": current_node_id()}
+        )
         self.loop = AgentLoop(self.engine, retriever, self.protocol, self.settings, controller)
         self._slots = self._thread.run(_make_semaphore(self.config.generation.max_concurrent_trajectories))
         log.info("generation actor ready in %.1f s (%s, %s)", self.engine_start_s, self.protocol.name, agent.enforcement)

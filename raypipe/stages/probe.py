@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pyarrow as pa
 import yaml
@@ -27,6 +28,7 @@ from raypipe.config import ConfigError, EngineConfig, RunConfig
 from raypipe.control.base import StopController
 from raypipe.data import Question, load_datasets
 from raypipe.llm.base import Engine
+from raypipe.raycluster import init_ray
 from raypipe.retrieval.types import Retriever
 from raypipe.rundir import RunDir
 from raypipe.stages.generate import GenerateStage, question_items, split_output
@@ -149,7 +151,6 @@ def run_probe(
     import ray
 
     from raypipe.retrieval import start_retrieval_service
-    from raypipe.retrieval.service import init_ray
 
     questions = questions if questions is not None else load_datasets(config.data.datasets, config.data.limit)
     run_dir.path.mkdir(parents=True, exist_ok=True)
@@ -163,6 +164,9 @@ def run_probe(
         return 0
     init_ray(config)
     client = retriever if retriever is not None else start_retrieval_service(config)
+    info_path = run_dir.path / INFO_FILE
+    if getattr(client, "node_ids", None):
+        _update_info(info_path, retrieval_nodes=client.node_ids)
     gen = config.generation
     try:
         ds = ray.data.from_items(question_items(todo)).map_batches(
@@ -184,7 +188,6 @@ def run_probe(
             num_gpus=gen.actor_num_gpus,
             resources=gen.resources or None,
         )
-        info_path = run_dir.path / INFO_FILE
         engines: list[dict] = []
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
         progress = Progress(len(todo))
@@ -196,9 +199,7 @@ def run_probe(
             engine = json.loads(batch.column("engine")[0].as_py())
             if engine not in engines:  # one entry per distinct engine (actors share a configuration)
                 engines.append(engine)
-                info = yaml.safe_load(info_path.read_text())
-                info["engines"] = engines
-                info_path.write_text(yaml.safe_dump(info, sort_keys=False))
+                _update_info(info_path, engines=engines)
             log.info("%s", progress.advance(batch.num_rows))
     finally:
         if retriever is None:
@@ -206,6 +207,12 @@ def run_probe(
     if written != len(todo):
         raise RuntimeError(f"{len(todo)} questions in but {written} trajectories out")
     return written
+
+
+def _update_info(path: Path, **entries: object) -> None:
+    info = yaml.safe_load(path.read_text())
+    info.update(entries)
+    path.write_text(yaml.safe_dump(info, sort_keys=False))
 
 
 def summarize(run_dir: RunDir) -> list[dict]:
