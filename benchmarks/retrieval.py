@@ -20,12 +20,13 @@ import time
 from raypipe.config import RunConfig
 from raypipe.data import load_corpus, load_datasets
 from raypipe.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.raycluster import init_ray
 from raypipe.retrieval.build import encoder_spec, ensure_index, search_params
 from raypipe.retrieval.encoders import passage_text
 from raypipe.retrieval.evaluate import dataset_recall
 from raypipe.retrieval.index import DOCSTORE_FILE, load_index_dir
 from raypipe.retrieval.searcher import LocalRetriever
-from raypipe.retrieval.service import init_ray, launch_replicas
+from raypipe.retrieval.service import launch_replicas
 
 log = logging.getLogger("benchmarks.retrieval")
 

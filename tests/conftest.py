@@ -24,3 +24,20 @@ def write_jsonl(tmp_path):
         return path
 
     return _write
+
+
+@pytest.fixture(scope="session")
+def paragraph_corpus(tmp_path_factory):
+    """``make(datasets, limit)``: a corpus of just the paragraphs of those questions (indexes in seconds)."""
+    import json
+
+    from raypipe.data import BUNDLED_CORPUS, load_questions
+
+    def make(datasets: tuple[str, ...], limit: int) -> Path:
+        wanted = {pid for d in datasets for q in load_questions(d, limit=limit) for pid in q.extra["paragraph_ids"]}
+        path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+        with BUNDLED_CORPUS.open() as src, path.open("w") as dst:
+            dst.writelines(line for line in src if json.loads(line)["id"] in wanted)
+        return path
+
+    return make

@@ -1,7 +1,6 @@
 """End to end with the real engine and retriever: jobs/probe.py on 3 questions; vLLM trajectories equal transformers'."""
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import pytest
 
 from raypipe.agents import AgentLoop, build_protocol, loop_settings
 from raypipe.config import load_config
-from raypipe.data import BUNDLED_CORPUS, load_questions
+from raypipe.data import load_questions
 from raypipe.rundir import RunDir
 
 pytestmark = pytest.mark.slow
@@ -19,13 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def small_corpus(tmp_path_factory):
-    """The paragraphs of the first 3 HotpotQA questions: a corpus that indexes in seconds."""
-    wanted = {pid for q in load_questions("hotpotqa", limit=3) for pid in q.extra["paragraph_ids"]}
-    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
-    with BUNDLED_CORPUS.open() as src, path.open("w") as dst:
-        dst.writelines(line for line in src if json.loads(line)["id"] in wanted)
-    return path
+def small_corpus(paragraph_corpus):
+    """The paragraphs of the first 3 HotpotQA questions."""
+    return paragraph_corpus(("hotpotqa",), 3)
 
 
 def test_main_job_on_three_questions(tmp_path, small_corpus):
