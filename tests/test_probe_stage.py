@@ -133,3 +133,17 @@ def test_enforcement_on_an_engine_without_structured_outputs_is_refused():
     with pytest.raises(ValueError, match="needs structured outputs"):
         GenerateStage(CONFIG, FakeRetriever(), engine_factory=no_regex_engine)
     GenerateStage(load_config("embedded", ["agent.enforcement=none"]), FakeRetriever(), engine_factory=no_regex_engine).close()
+
+
+def test_actor_meter_reports_finished_in_flight_and_rate():
+    from raypipe.stages.generate import ActorMeter
+
+    quiet = ActorMeter(every_s=3600)
+    quiet.started()
+    assert quiet.finished({"tokens_generated": 10, "probe_tokens": 2}) is None  # not yet time for a line
+    meter = ActorMeter(every_s=0)
+    for _ in range(3):
+        meter.started()
+    line = meter.finished({"tokens_generated": 30, "probe_tokens": None})
+    assert line.startswith("actor: 1 trajectories finished, 2 in flight,") and line.endswith("generated tokens/s")
+    assert meter.tokens == 30

@@ -97,6 +97,7 @@ class GenerateStage:
         )
         self.loop = AgentLoop(self.engine, retriever, self.protocol, self.settings, controller)
         self._slots = self._thread.run(_make_semaphore(self.config.generation.max_concurrent_trajectories))
+        self._meter = ActorMeter()
         log.info("generation actor ready in %.1f s (%s, %s)", self.engine_start_s, self.protocol.name, agent.enforcement)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -116,13 +117,42 @@ class GenerateStage:
     async def _run_all(self, questions: list[Question]) -> list[TrajectoryOutput]:
         async def one(question: Question) -> TrajectoryOutput:
             async with self._slots:
-                return await self.loop.run(question)
+                self._meter.started()
+                output = await self.loop.run(question)
+                line = self._meter.finished(output.trajectory)
+                if line:
+                    log.info("%s", line)
+                return output
 
         return list(await asyncio.gather(*(one(q) for q in questions)))
 
     def close(self) -> None:
         self._thread.run(self.engine.close())
         self._thread.stop()
+
+
+class ActorMeter:
+    """An actor's progress between output parts: trajectories finished and in flight, tokens/s (every ``every_s``)."""
+
+    def __init__(self, every_s: float = 30.0):
+        self.every_s = every_s
+        self.started_at = self.last_line = time.monotonic()
+        self.in_flight = self.done = self.tokens = 0
+
+    def started(self) -> None:
+        self.in_flight += 1
+
+    def finished(self, trajectory: dict[str, Any]) -> str | None:
+        """Count a finished trajectory; a progress line when ``every_s`` has passed since the last one."""
+        self.in_flight -= 1
+        self.done += 1
+        self.tokens += (trajectory.get("tokens_generated") or 0) + (trajectory.get("probe_tokens") or 0)
+        now = time.monotonic()
+        if now - self.last_line < self.every_s:
+            return None
+        self.last_line = now
+        rate = self.tokens / max(now - self.started_at, 1e-9)
+        return f"actor: {self.done} trajectories finished, {self.in_flight} in flight, {rate:.0f} generated tokens/s"
 
 
 def to_table(outputs: list[TrajectoryOutput], engine_info: str = "{}") -> pa.Table:
