@@ -8,6 +8,7 @@ to its outputs (``RUN_DIR/config.yaml``).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -102,6 +103,12 @@ class EngineConfig(StrictModel):
     seed: int = 0
 
 
+# Enforcement bounds vs max_new_tokens: the protocols' tags around a think and an action, and English BPE's
+# usual characters per token.
+ENFORCED_TAG_CHARS = 64
+CHARS_PER_TOKEN = 4
+
+
 class AgentConfig(StrictModel):
     protocol: Literal["search_r1", "r1_searcher"] = "search_r1"
     prompt_version: Literal["v0", "v1", "v2", "v3"] = Field(default="v1", description="R1-Searcher prompt version.")
@@ -128,6 +135,21 @@ class AgentConfig(StrictModel):
         "documents, or none (pyterrier-rag / R1-Searcher evaluation).",
     )
     metric: Literal["squad", "hotpotqa", "r1searcher"] = Field(default="hotpotqa", description="F1 rule for P_i.")
+
+    @model_validator(mode="after")
+    def _check_enforced_turn_fits(self) -> "AgentConfig":
+        """The longest turn the grammar allows must fit in max_new_tokens: a turn cut inside its tags is no valid action."""
+        if self.enforcement == "none":
+            return self
+        longest = self.enforce_think_chars + max(self.enforce_query_chars, self.enforce_answer_chars) + ENFORCED_TAG_CHARS
+        needed = math.ceil(longest / CHARS_PER_TOKEN)
+        if self.max_new_tokens < needed:
+            raise ValueError(
+                f"max_new_tokens={self.max_new_tokens} cannot hold the longest turn agent.enforcement={self.enforcement} "
+                f"allows (about {longest} characters, {needed} tokens at {CHARS_PER_TOKEN} characters per token): raise "
+                "max_new_tokens or lower enforce_think_chars / enforce_query_chars / enforce_answer_chars"
+            )
+        return self
 
 
 class GenerationConfig(StrictModel):

@@ -110,8 +110,8 @@ def test_rerun_with_other_settings_is_refused(tmp_path):
     run.write_config(resolve_config(CONFIG))
     assert done_qids(run) == {"id0", "id1"}
     check_resumable(load_config("embedded", ["data.limit=3"]), run)  # data changes are fine
-    with pytest.raises(Exception, match="agent.max_new_tokens"):
-        check_resumable(load_config("embedded", ["agent.max_new_tokens=7"]), run)
+    with pytest.raises(Exception, match="agent.probe_max_tokens"):
+        check_resumable(load_config("embedded", ["agent.probe_max_tokens=7"]), run)
     stage.close()
 
 
