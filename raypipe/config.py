@@ -63,6 +63,10 @@ class RetrievalConfig(StrictModel):
     search_threads: int | None = Field(default=None, ge=1, description="CPU threads per retrieval actor; None: library default.")
     max_batch_size: int = Field(default=64, ge=1, description="Queries coalesced into one search call.")
     max_wait_ms: float = Field(default=5.0, ge=0, description="How long a retrieval actor waits to fill a batch.")
+    max_restarts: int = Field(default=-1, ge=-1, description="Ray restarts of a retrieval actor whose process died; -1: unlimited.")
+    max_task_retries: int = Field(
+        default=3, ge=-1, description="Ray retries of a search whose actor died (searches are idempotent); -1: unlimited."
+    )
     encode_actors: int = Field(default=1, ge=1, description="Actor pool size for corpus encoding.")
     encode_batch_size: int = Field(default=256, ge=1)
     encode_num_cpus: float = Field(default=0.5, ge=0, description="Per encoding actor (0.5: see ENVIRONMENT.md).")

@@ -5,7 +5,9 @@
 until they have loaded, and returns a :class:`RetrievalClient`. The client is picklable (it holds actor
 handles), so it can be passed into generation actors and Ray tasks; its ``await search(queries, k)``
 goes to the replicas round robin. Each actor queues the requests it receives and runs them as one
-batch every ``max_wait_ms`` or as soon as ``max_batch_size`` queries are waiting.
+batch every ``max_wait_ms`` or as soon as ``max_batch_size`` queries are waiting. A replica whose process
+dies is restarted by Ray (``retrieval.max_restarts``) and the searches it was serving are sent again
+(``retrieval.max_task_retries``; a search has no side effects), so callers only see the delay.
 """
 
 from __future__ import annotations
@@ -174,7 +176,8 @@ def launch_replicas(config: RunConfig, index_path: str | Path) -> RetrievalClien
     spec = encoder_spec(cfg)
     IndexDir(index_path, spec)  # manifest/encoder check in the driver, before any actor starts
     actor_cls = ray.remote(RetrievalActor).options(
-        num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=cfg.resources or None, max_concurrency=1000
+        num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=cfg.resources or None, max_concurrency=1000,
+        max_restarts=cfg.max_restarts, max_task_retries=cfg.max_task_retries,
     )
     actors = [
         actor_cls.remote(str(index_path), spec, search_params(cfg), cfg.max_batch_size, cfg.max_wait_ms,
