@@ -16,6 +16,7 @@ from raypipe.config import ConfigError
 from raypipe.control.online import controller_from_path
 from raypipe.data import DataError
 from raypipe.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.retrieval.index import RetrievalIndexError
 from raypipe.rundir import RunDir
 from raypipe.stages.probe import check_resumable, format_summary, run_probe, summarize
 
@@ -49,7 +50,7 @@ def main() -> None:
         check_resumable(config, run)
         controller = controller_from_path(args.controller, config) if args.controller else None
         written = run_probe(config, run, controller=controller)
-    except (ConfigError, DataError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, FileNotFoundError, RetrievalIndexError) as exc:
         sys.exit(f"error: {exc}")
     finally:
         import ray

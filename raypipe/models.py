@@ -51,16 +51,24 @@ def package_file(module: str, package: str, relative: str) -> Path:
 
 def resolve_llm(ref: str) -> Path:
     """A folder that vLLM and transformers can load, for an embedded name, a HF folder or a GGUF file."""
+    path = locate_llm(ref)
+    return gguf_to_folder(path) if path.is_file() else path
+
+
+def locate_llm(ref: str) -> Path:
+    """What an LLM reference names on this machine (a HF folder or a GGUF file), converting nothing.
+
+    A cheap check for a driver to make before it starts any actor; ModelNotFoundError says how to fix it.
+    """
     if ref in EMBEDDED_LLMS:
-        module, package, filename = EMBEDDED_LLMS[ref]
-        return gguf_to_folder(package_file(module, package, filename))
+        return package_file(*EMBEDDED_LLMS[ref])
     path = Path(ref).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelNotFoundError(f"{path} is not a Hugging Face model folder (no config.json)")
         return path
     if path.suffix == ".gguf" and path.is_file():
-        return gguf_to_folder(path)
+        return path
     raise ModelNotFoundError(
         f"model {ref!r} not found: use an embedded name ({', '.join(EMBEDDED_LLMS)}), "
         "a local Hugging Face folder or a .gguf file"

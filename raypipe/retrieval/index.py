@@ -3,14 +3,15 @@
 Layout of an index directory (written to a temporary sibling and renamed into place when complete)::
 
     manifest.json        encoder name/path/prefixes, dimension, count, corpus path + sha256,
-                         index type, fp16, FAISS factory string, created (UTC), format version
+                         index type, fp16, FAISS factory string, index.faiss size, created (UTC),
+                         format version
     index.faiss          the FAISS index; FAISS id i = row i of docs.parquet
     docs.parquet         doc store: doc_id, title, text
     corpus_stats.parquet term, df (document frequency); metadata n_docs (see raypipe.retrieval.store)
 
-Loading checks the directory, its files and the manifest against the configured encoder (name and
-dimension, plus its prefixes) and raises :class:`IndexNotFoundError` / :class:`IndexMismatchError`
-before any model or index is loaded.
+Loading checks the directory, its files, the size of ``index.faiss`` against the manifest (a truncated
+file) and the manifest against the configured encoder (name and dimension, plus its prefixes) and
+raises :class:`IndexNotFoundError` / :class:`IndexMismatchError` before any model or index is loaded.
 """
 
 from __future__ import annotations
@@ -165,9 +166,16 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     if missing:
         raise IndexNotFoundError(f"index directory {path} is incomplete: missing {', '.join(missing)} (rebuild with `raypipe index --force`)")
     try:
-        return json.loads((path / MANIFEST).read_text())
+        manifest = json.loads((path / MANIFEST).read_text())
     except json.JSONDecodeError as exc:
         raise IndexMismatchError(f"{path / MANIFEST}: not valid JSON ({exc.msg})") from None
+    size = (path / FAISS_FILE).stat().st_size
+    if manifest.get("faiss_bytes", size) != size:  # indexes built before the field was recorded have none
+        raise IndexMismatchError(
+            f"{path / FAISS_FILE} has {size} bytes, the manifest says {manifest['faiss_bytes']}: "
+            "truncated or replaced (rebuild with `raypipe index --force`)"
+        )
+    return manifest
 
 
 def check_encoder(manifest: dict[str, Any], spec: EncoderSpec, where: Path) -> None:
@@ -221,6 +229,7 @@ def write_index_dir(
         **manifest,
         "build": {**manifest.get("build", {}), "faiss_seconds": round(faiss_s, 2)},
         "count": int(index.ntotal),
+        "faiss_bytes": (tmp / FAISS_FILE).stat().st_size,
         "factory": factory,
         "n_docs": stats.n_docs,
         "tokenisation": "lowercase \\w+ over title + ' ' + text",

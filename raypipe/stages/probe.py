@@ -4,8 +4,10 @@ The driver starts the retrieval service, shards the questions not yet written ov
 :class:`~raypipe.stages.generate.GenerateStage` (Ray Data ``map_batches``), and writes each output
 batch as one part of both tables (same part name; iterations first, so a part in ``trajectories/``
 means the batch is complete). A rerun skips the qids already in ``trajectories/`` and removes
-iteration parts a crash left without their trajectories part. Progress: Ray Data's bars plus a log
-line per part with rows done, rate and ETA.
+iteration parts a crash left without their trajectories part. A generation actor whose process dies is
+restarted and its batches run again (Ray Data's actor-pool defaults: ``max_restarts`` and
+``max_task_retries`` unlimited); only the driver writes, and each output batch reaches it once.
+Progress: Ray Data's bars plus a log line per part with rows done, rate and ETA.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from raypipe.config import ConfigError, EngineConfig, RunConfig
 from raypipe.control.base import StopController
 from raypipe.data import Question, load_datasets
 from raypipe.llm.base import Engine
+from raypipe.models import locate_llm
 from raypipe.raycluster import init_ray
 from raypipe.retrieval.types import Retriever
 from raypipe.rundir import RunDir
@@ -153,6 +156,8 @@ def run_probe(
     from raypipe.retrieval import start_retrieval_service
 
     questions = questions if questions is not None else load_datasets(config.data.datasets, config.data.limit)
+    if engine_factory is None and config.engine.backend != "openai":  # an HTTP backend's model is the server's
+        locate_llm(config.engine.model)  # a missing model fails here, not in every generation actor
     run_dir.path.mkdir(parents=True, exist_ok=True)
     resolved = resolve_config(config)
     run_dir.write_config(resolved)
