@@ -161,9 +161,14 @@ class GenerationConfig(StrictModel):
     actor_num_cpus: float = Field(default=0.5, ge=0)
     actor_num_gpus: float = Field(default=0.0, ge=0)
     max_concurrent_trajectories: int = Field(default=64, ge=1, description="Trajectories in flight per engine.")
-    batch_size: int = Field(default=32, ge=1, description="Questions per map_batches batch (one output part each).")
+    batch_size: int = Field(
+        default=8, ge=1, description="Questions per map_batches batch: one output part each, written when all are done."
+    )
     batches_per_actor: int = Field(
-        default=2, ge=1, description="Batches an actor works on at once, so its engine stays busy at a batch's tail."
+        default=8,
+        ge=1,
+        description="Batches an actor works on at once; batch_size x batches_per_actor should reach "
+        "max_concurrent_trajectories, so the engine stays full while a batch finishes its tail.",
     )
     resources: dict[str, float] = Field(
         default_factory=dict, description="Custom Ray resources per generation actor, e.g. {raypipe_generation: 1}."

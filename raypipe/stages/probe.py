@@ -193,6 +193,9 @@ def run_probe(
             num_gpus=gen.actor_num_gpus,
             resources=gen.resources or None,
         )
+        # A batch ends when its slowest trajectory does: on a CPU that can outlast Ray Data's 30-minute
+        # no-progress guard; the actors' own progress lines show that work goes on.
+        ds.context.execution_no_progress_timeout_s = -1
         engines: list[dict] = []
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
         progress = Progress(len(todo))
