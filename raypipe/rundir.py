@@ -10,6 +10,9 @@ import pyarrow.parquet as pq
 from raypipe.config import RunConfig, dump_config
 
 
+PARTIAL_SUFFIX = ".parquet.tmp"  # a part being written; renamed to .parquet when complete
+
+
 class RunDirError(FileNotFoundError):
     """A stage's input table is missing; the message says which stage produces it."""
 
@@ -46,10 +49,15 @@ class RunDir:
         folder = self.table_dir(name)
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / f"{part}.parquet"
-        tmp = folder / f".{part}.parquet.tmp"
+        tmp = folder / f".{part}{PARTIAL_SUFFIX}"
         pq.write_table(table, tmp)
         tmp.replace(final)
         return final
+
+    def remove_partial_writes(self, name: str) -> None:
+        """Delete the temporary files of part writes that a crash cut short."""
+        for tmp in self.table_dir(name).glob(f".*{PARTIAL_SUFFIX}"):
+            tmp.unlink()
 
     def write_config(self, config: RunConfig, stage: str = "config") -> Path:
         path = self.path / f"{stage}.yaml"

@@ -100,7 +100,10 @@ def _as_dict(value) -> dict:
 
 
 def done_qids(run_dir: RunDir) -> set[str]:
-    """Questions already written; drops iteration parts whose trajectories part never landed."""
+    """Questions already written; drops iteration parts whose trajectories part never landed, and the
+    temporary files of writes a crash cut short."""
+    for table in ("iterations", "trajectories"):
+        run_dir.remove_partial_writes(table)
     trajectories = run_dir.table_dir("trajectories")
     complete = {p.name for p in trajectories.glob("*.parquet")} if trajectories.is_dir() else set()
     for part in run_dir.table_dir("iterations").glob("*.parquet"):
