@@ -7,6 +7,7 @@ import pytest
 
 from raypipe.config import TrainConfig
 from raypipe.predict import crossencoder
+from tests.tiny_models import tiny_bert
 
 pytestmark = pytest.mark.slow
 
@@ -21,24 +22,7 @@ def ray_local():
 
 @pytest.fixture(scope="module")
 def tiny_base(tmp_path_factory):
-    """A one-layer BERT with MiniLM's vocabulary: the training code path at a fraction of the cost."""
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    from raypipe.models import resolve_sentence_model
-
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    tok = AutoTokenizer.from_pretrained(str(resolve_sentence_model("minilm")))
-    config = BertConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=1,
-    )
-    BertForSequenceClassification(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return str(folder)
+    return tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 def test_ray_train_two_models_checkpointed_with_curves(ray_local, tiny_base, tmp_path):

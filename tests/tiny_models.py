@@ -1,0 +1,25 @@
+"""A one-layer BERT with MiniLM's vocabulary: the training code paths at a fraction of the cost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def tiny_bert(folder: Path) -> str:
+    """Save the tiny model (a regression head, num_labels=1) and MiniLM's tokenizer to ``folder``."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from raypipe.models import resolve_sentence_model
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_sentence_model("minilm")))
+    config = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=1,
+    )
+    BertForSequenceClassification(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
