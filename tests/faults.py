@@ -1,0 +1,142 @@
+"""Fault injection for the reliability tests (tests/test_chaos.py) and ``benchmarks/chaos.py``.
+
+Every fault fires once: the first time its trigger is seen it creates a marker file, and a retry (a
+restarted actor, a resumed training run) finds the marker and goes on. The classes are picklable, so
+they travel to Ray actors and workers (register this module with ``cloudpickle.register_pickle_by_value``
+when Ray's workers cannot import ``tests``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from raypipe.config import EngineConfig
+from raypipe.llm.base import EngineError, GenerationRequest
+from raypipe.retrieval.types import SearchResult
+from tests.agent_fakes import FakeEngine
+
+DOC_1 = 'Doc 1(Title: "'  # the first document shown, in Search-R1's observation format
+
+
+def fire_once(marker: str | Path) -> bool:
+    """True the first time for ``marker`` (creating it), False afterwards; atomic across processes."""
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+def question_of(prompt: str) -> str:
+    """The question in a Search-R1 prompt (after ``Question: ``, up to the question mark the prompt adds)."""
+    return prompt.split("Question: ", 1)[1].split("\n", 1)[0].removesuffix("?")
+
+
+class ScriptedAgents:
+    """Engine factory (picklable): every question searches its own text once, then answers it.
+
+    The answer is the first retrieved document's title, so it depends on what retrieval returned; the
+    probe before any retrieval answers ``unknown``. ``crash_on``: the engine's process exits (as an
+    out-of-memory kill would) the first time it sees that question. ``error_on``: the engine raises an
+    ``EngineError`` on that question's turns. ``delay_s``: every agent turn blocks that long, to keep a
+    job running while a test interrupts it.
+    """
+
+    def __init__(self, crash_on: str | None = None, marker: str | Path | None = None, error_on: str | None = None,
+                 delay_s: float = 0.0):
+        if (crash_on is None) != (marker is None):
+            raise ValueError("crash_on needs a marker file and vice versa")
+        self.crash_on, self.marker, self.error_on, self.delay_s = crash_on, marker, error_on, delay_s
+
+    def __call__(self, config: EngineConfig) -> FakeEngine:
+        return FakeEngine(self.script, max_model_len=config.max_model_len)
+
+    def script(self, request: GenerationRequest) -> str:
+        question = question_of(request.prompt)
+        after_search = DOC_1 in request.prompt
+        if request.prompt.endswith("<answer>"):
+            return f" {first_title(request.prompt)} </answer>" if after_search else " unknown </answer>"
+        if question == self.crash_on and fire_once(self.marker):
+            os._exit(1)
+        if question == self.error_on:
+            raise EngineError("injected engine error")
+        time.sleep(self.delay_s)
+        if after_search:
+            return f"<think> found it </think>\n<answer> {first_title(request.prompt)} </answer>"
+        return f"<think> look it up </think>\n<search> {question} </search>"
+
+
+def first_title(prompt: str) -> str:
+    """The title of the first document shown to the agent (Search-R1's observation format)."""
+    return prompt.split(DOC_1, 1)[1].split('")', 1)[0]
+
+
+class KillReplicaOnce:
+    """A ``Retriever`` around a retrieval client: SIGKILLs the replica's process before the first search
+    whose queries contain ``trigger``, then sends that search to it (so Ray must restart the actor and
+    retry the call)."""
+
+    def __init__(self, client, trigger: str, marker: str | Path):
+        self.client, self.trigger, self.marker = client, trigger, marker
+
+    async def search(self, queries, k: int) -> list[SearchResult]:
+        if any(self.trigger in q for q in queries) and fire_once(self.marker):
+            for actor in self.client.actors:
+                pid = await actor.__ray_call__.remote(_pid)
+                os.kill(pid, signal.SIGKILL)
+        return await self.client.search(queries, k)
+
+
+def _pid(_actor: Any) -> int:
+    return os.getpid()
+
+
+class FailTrainingOnce:
+    """A Ray Train loop (picklable) that runs ``module.name`` and kills rank 0's process once, just before
+    its ``die_at``-th ``ray.train.report``; every report and every start is logged to ``log`` (JSON lines).
+
+    ``ray.train.report`` is wrapped inside the worker, so the loop under test runs unchanged.
+    """
+
+    def __init__(self, module: str, name: str, die_at: int, log: str | Path):
+        self.module, self.name, self.die_at, self.log = module, name, die_at, Path(log)
+        self.marker = self.log.with_suffix(".fired")
+
+    def __call__(self, config: dict) -> None:
+        import ray.train
+
+        loop: Callable[[dict], None] = getattr(importlib.import_module(self.module), self.name)
+        rank = ray.train.get_context().get_world_rank()
+        if rank == 0:
+            self._write({"event": "start", "resumed": ray.train.get_checkpoint() is not None})
+        original, calls = ray.train.report, 0
+
+        def report(metrics: dict, *args, **kwargs) -> None:
+            nonlocal calls
+            calls += 1
+            if rank == 0 and calls == self.die_at and fire_once(self.marker):
+                os._exit(1)
+            if rank == 0:
+                self._write({"event": "report", **{k: metrics[k] for k in ("task", "epoch") if k in metrics}})
+            original(metrics, *args, **kwargs)
+
+        ray.train.report = report
+        try:
+            loop(config)
+        finally:
+            ray.train.report = original
+
+    def _write(self, event: dict) -> None:
+        with self.log.open("a") as fh:
+            fh.write(json.dumps(event) + "\n")
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
