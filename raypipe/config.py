@@ -43,6 +43,14 @@ class RetrievalConfig(StrictModel):
         default="auto", description="E5 'query: '/'passage: ' prefixes: auto-detect from the model folder, force, or none."
     )
     max_length: int = Field(default=256, ge=8, description="Encoder token limit (Search-R1 indexes with 256).")
+    encoder_backend: Literal["auto", "torch", "onnx"] = Field(
+        default="auto", description="torch (sentence-transformers) or onnx (ONNX Runtime, CPU); auto: onnx when int8, else torch."
+    )
+    encoder_quantization: Literal["auto", "none", "int8"] = Field(
+        default="auto",
+        description="int8: ONNX Runtime dynamic int8 (per-channel weights), ~1.6x faster on CPU, vectors at cosine ~0.993 to "
+        "fp32, same recall on the bundled corpus (README). auto: int8 for the embedded minilm, none for other encoders.",
+    )
     index_type: Literal["flat", "ivf", "hnsw", "pq"] = Field(default="flat", description="pq = IVF-PQ.")
     fp16: bool = Field(default=False, description="Store vectors as float16 (flat/ivf/hnsw): half the memory.")
     ivf_nlist: int | None = Field(default=None, ge=1, description="IVF lists; None: about 4*sqrt(N).")
@@ -67,7 +75,9 @@ class RetrievalConfig(StrictModel):
     max_task_retries: int = Field(
         default=3, ge=-1, description="Ray retries of a search whose actor died (searches are idempotent); -1: unlimited."
     )
-    encode_actors: int = Field(default=1, ge=1, description="Actor pool size for corpus encoding.")
+    encode_actors: int = Field(
+        default=2, ge=1, description="Actor pool size for corpus encoding (2 x 1 thread beats 1 x 2 threads on 2 cores: README)."
+    )
     encode_batch_size: int = Field(default=256, ge=1)
     encode_num_cpus: float = Field(default=0.5, ge=0, description="Per encoding actor (0.5: see ENVIRONMENT.md).")
     encode_num_gpus: float = Field(default=0.0, ge=0)
@@ -80,7 +90,11 @@ class RetrievalConfig(StrictModel):
 class EngineConfig(StrictModel):
     backend: Literal["vllm", "transformers", "openai"] = "vllm"
     model: str = Field(default="smollm2", description="Embedded model name, local HF folder or GGUF file.")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto",
+        description="auto: the model's own dtype on a GPU; on a CPU bfloat16 where it computes bfloat16 natively "
+        "(AVX512-BF16, AMX), else float32 (emulated bfloat16 is about 40x slower).",
+    )
     max_model_len: int = Field(default=4096, ge=256)
     kv_cache_gib: float = Field(default=2.0, gt=0, description="KV cache size on CPU (vLLM needs one).")
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)

@@ -201,3 +201,15 @@ def test_vllm_engine_request_failures(fake_vllm_engine):
     assert asyncio.run(engine.generate(GenerationRequest(prompt="a", max_tokens=2))).text == "1 tokens"
     asyncio.run(engine.close())
     assert llm.shut and not engine._loop.thread.is_alive()
+
+
+def test_auto_dtype_is_float32_on_a_cpu_without_native_bfloat16(monkeypatch):
+    from raypipe.llm import common
+
+    monkeypatch.setattr(common, "cpu_has_native_bf16", lambda: False)
+    assert common.resolve_dtype("auto", on_cpu=True) == "float32"
+    assert _vllm().engine_kwargs(EngineConfig(dtype="auto"), "/m", on_cpu=True)["dtype"] == "float32"
+    monkeypatch.setattr(common, "cpu_has_native_bf16", lambda: True)
+    assert common.resolve_dtype("auto", on_cpu=True) == "bfloat16"
+    assert common.resolve_dtype("auto", on_cpu=False) == "auto"  # a GPU: the model's own dtype
+    assert common.resolve_dtype("bfloat16", on_cpu=True) == "bfloat16"  # an explicit choice is kept

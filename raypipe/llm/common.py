@@ -13,6 +13,26 @@ from pathlib import Path
 from raypipe.llm.base import ContextOverflowError, EngineError, GenerationRequest
 
 
+def resolve_dtype(dtype: str, on_cpu: bool) -> str:
+    """The dtype an engine loads: ``auto`` on a CPU is bfloat16 only where the CPU computes it natively.
+
+    Without AVX512-BF16 or AMX, torch emulates bfloat16 matrix products: about 40x slower than float32
+    (measured on an AVX2 EPYC: 85 ms vs 2.2 ms for a 64x576 @ 576x1536 product, one thread), which
+    turns minutes of generation into hours. ``auto`` on a GPU is the model's own dtype (vLLM's auto).
+    """
+    if dtype != "auto" or not on_cpu:
+        return dtype
+    return "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
+def cpu_has_native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:  # not Linux: assume emulation, the safe (fast) choice is float32
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def fit_max_tokens(prompt_tokens: int, max_tokens: int, max_model_len: int) -> int:
     """The number of new tokens to ask for: ``max_tokens`` clamped to the room left in the context."""
     if max_tokens < 1:

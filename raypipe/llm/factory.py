@@ -43,7 +43,7 @@ def engine_info(engine: Engine) -> dict[str, Any]:
         "backend": config.backend if config else type(engine).__name__,
         "model": config.model if config else None,
         "model_path": str(path) if path else None,
-        "dtype": config.dtype if config else None,
+        "dtype": getattr(engine, "dtype", config.dtype if config else None),  # resolved (auto -> what loaded)
         "max_model_len": engine.max_model_len,
         "supports_regex": supports_regex(engine),
         "start_seconds": round(float(getattr(engine, "start_seconds", 0.0)), 2),

@@ -17,7 +17,7 @@ import time
 
 from raypipe.config import EngineConfig
 from raypipe.llm.base import EngineError, Generation, GenerationRequest
-from raypipe.llm.common import LocalTokenizer, check_request, find_stop, fit_max_tokens
+from raypipe.llm.common import LocalTokenizer, check_request, find_stop, fit_max_tokens, resolve_dtype
 from raypipe.models import resolve_llm
 
 log = logging.getLogger(__name__)
@@ -37,13 +37,14 @@ class TransformersEngine:
         self.model_path = resolve_llm(config.model)
         self.tokenizer = LocalTokenizer(self.model_path)
         started = time.perf_counter()
-        dtype = "auto" if config.dtype == "auto" else getattr(torch, config.dtype)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype = resolve_dtype(config.dtype, on_cpu=self.device == "cpu")
+        dtype = "auto" if self.dtype == "auto" else getattr(torch, self.dtype)
         self.model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=dtype).to(self.device).eval()
         self.eos_ids = _eos_ids(self.model, self.tokenizer.tokenizer)
         self._lock = threading.Lock()
         self.start_seconds = time.perf_counter() - started
-        log.info("transformers engine for %s (%s) loaded in %.1f s", self.model_path.name, config.dtype, self.start_seconds)
+        log.info("transformers engine for %s (%s) loaded in %.1f s", self.model_path.name, self.dtype, self.start_seconds)
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt)

@@ -22,7 +22,7 @@ from typing import Any
 
 from raypipe.config import EngineConfig
 from raypipe.llm.base import EngineError, Generation, GenerationRequest
-from raypipe.llm.common import LocalTokenizer, check_request, fit_max_tokens
+from raypipe.llm.common import LocalTokenizer, check_request, fit_max_tokens, resolve_dtype
 from raypipe.loopthread import LoopThread
 from raypipe.models import resolve_llm
 
@@ -45,7 +45,7 @@ def engine_kwargs(config: EngineConfig, model_path: str, on_cpu: bool) -> dict[s
     kwargs: dict[str, Any] = dict(
         model=model_path,
         tokenizer=model_path,
-        dtype=config.dtype,
+        dtype=resolve_dtype(config.dtype, on_cpu),
         max_model_len=config.max_model_len,
         tensor_parallel_size=config.tensor_parallel_size,
         enable_prefix_caching=config.enable_prefix_caching,
@@ -119,6 +119,7 @@ class VLLMEngine:
         self.model_path = resolve_llm(config.model)
         self.tokenizer = LocalTokenizer(self.model_path)
         self.on_cpu = current_platform.is_cpu()
+        self.dtype = resolve_dtype(config.dtype, self.on_cpu)
         os.environ.update(vllm_environment(config))
         args = AsyncEngineArgs(**engine_kwargs(config, str(self.model_path), self.on_cpu))
         self._loop = LoopThread("raypipe-vllm")
@@ -132,7 +133,7 @@ class VLLMEngine:
         self.block_size = cache.block_size
         log.info(
             "vLLM engine for %s (%s, block %d, prefix caching %s) started in %.1f s",
-            self.model_path.name, config.dtype, self.block_size, cache.enable_prefix_caching, self.start_seconds,
+            self.model_path.name, self.dtype, self.block_size, cache.enable_prefix_caching, self.start_seconds,
         )
 
     @staticmethod
