@@ -1,10 +1,13 @@
 """Retrieval benchmark: encode speed, index build time, search throughput, recall@k and index memory.
 
-For each encoder (--encoders, default the configured one) it builds or reuses the index of the
+For each encoder (--encoders, default the configured one; ``minilm@none`` / ``minilm@int8`` pick the
+quantisation) it builds or reuses the index of the
 configured corpus (--force rebuilds and so times the build; otherwise the build times recorded in the
 manifest are shown), then measures on this machine:
   - passages/s encoding a sample of the corpus in-process (wall clock, and per CPU-second of this
-    process, which is steadier on a shared machine),
+    process, which is steadier on a shared machine; the load average is printed beside them), the
+    build's own encoder CPU-seconds from the manifest and what they make on 2 idle cores, and for a
+    quantised encoder the cosine of its passage vectors to fp32's on the sample,
   - queries/s of the in-process retriever at batch 1 (the sequential baseline), 32 and 256 (k = deep_k),
     and of the Ray service with 64 concurrent single-query callers (coalesced into batches),
   - recall@3 / @10 of the supporting paragraphs (title match) with the original questions as queries,
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 from raypipe.config import RunConfig
@@ -22,7 +26,7 @@ from raypipe.data import load_corpus, load_datasets
 from raypipe.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.raycluster import init_ray
 from raypipe.retrieval.build import encoder_spec, ensure_index, search_params
-from raypipe.retrieval.encoders import passage_text
+from raypipe.retrieval.encoders import EncoderSpec, passage_text
 from raypipe.retrieval.evaluate import dataset_recall
 from raypipe.retrieval.index import DOCSTORE_FILE, load_index_dir
 from raypipe.retrieval.searcher import LocalRetriever
@@ -65,15 +69,21 @@ def service_rate(config: RunConfig, index_path, queries: list[str], k: int, call
 
 
 def bench_encoder(base: RunConfig, encoder: str, args) -> dict:
-    config = base.model_copy(update={"retrieval": base.retrieval.model_copy(update={"encoder": encoder})})
+    update = {"encoder": encoder}
+    if "@" in encoder:  # minilm@none / minilm@int8: the encoder with that retrieval.encoder_quantization
+        update["encoder"], update["encoder_quantization"] = encoder.split("@", 1)
+    config = base.model_copy(update={"retrieval": base.retrieval.model_copy(update=update)})
     cfg = config.retrieval
     log.info("%s: building or reusing the index", encoder)
     path, build_wall, _ = timed(lambda: ensure_index(config, force=args.force, use_ray=not args.no_ray))
     idx = load_index_dir(path, encoder_spec(cfg))
     build = idx.manifest.get("build", {})
+    spec = encoder_spec(cfg)
     row = {
-        "encoder": encoder,
+        "encoder": spec.name,
+        "variant": f"{spec.resolved_backend} {spec.resolved_quantization}",
         "passages": idx.manifest["count"],
+        "encode_cpu_s": build.get("encode_cpu_seconds"),
         "build_s": build_wall if args.force else sum(v for k, v in build.items() if k != "encode_cpu_seconds"),
         "build_from": "this run" if args.force else "manifest",
         "encode_s": build.get("encode_seconds"),
@@ -84,6 +94,11 @@ def bench_encoder(base: RunConfig, encoder: str, args) -> dict:
     _, wall, cpu = timed(lambda: encoder_obj.encode_passages(sample))
     row["passages_per_s"] = len(sample) / wall
     row["passages_per_cpu_s"] = len(sample) / cpu
+    row["load"] = os.getloadavg()[0]
+    if spec.resolved_quantization != "none":  # how far the quantised passage vectors are from fp32's
+        exact = EncoderSpec(**{**spec.__dict__, "quantization": "none", "backend": "auto", "threads": args.threads})
+        cos = (exact.load().encode_passages(sample) * encoder_obj.encode_passages(sample)).sum(1)
+        row["cosine"] = f"{cos.mean():.4f} (min {cos.min():.3f})"
 
     retriever = LocalRetriever(idx, encoder_obj, search_params(cfg))
     questions = load_datasets(config.data.datasets, args.limit)
@@ -105,18 +120,24 @@ def bench_encoder(base: RunConfig, encoder: str, args) -> dict:
 
 def print_table(rows: list[dict]) -> None:
     names = [r["encoder"] for r in rows]
-    width = max(14, *(len(n) + 2 for n in names))
-    lines = [f"{'':<34}" + "".join(f"{n:>{width}}" for n in names)]
+    width = max(20, *(len(n) + 2 for n in names))
+    lines = [f"{'':<38}" + "".join(f"{n:>{width}}" for n in names)]
 
     def add(label, values):
-        lines.append(f"{label:<34}" + "".join(f"{v:>{width}}" for v in values))
+        lines.append(f"{label:<38}" + "".join(f"{v:>{width}}" for v in values))
 
     add("passages", [r["passages"] for r in rows])
     add("FAISS index", [r["index_type"] for r in rows])
-    add("encode passages/s (wall)", [f"{r['passages_per_s']:.0f}" for r in rows])
-    add("encode passages per CPU-second", [f"{r['passages_per_cpu_s']:.0f}" for r in rows])
+    add("passage encoder (backend, weights)", [r["variant"] for r in rows])
+    add("passage vectors: cosine to fp32", [r.get("cosine", "1 (fp32)") for r in rows])
+    add("sample: passages/s (wall)", [f"{r['passages_per_s']:.1f}" for r in rows])
+    add("sample: passages per CPU-second", [f"{r['passages_per_cpu_s']:.1f}" for r in rows])
+    add("sample: load average (1 min)", [f"{r['load']:.1f}" for r in rows])
     add("index build s (" + rows[0]["build_from"] + ")", [f"{r['build_s']:.0f}" for r in rows])
     add("  of which encoding s", [f"{r['encode_s'] or 0:.0f}" for r in rows])
+    add("  encoder CPU-s (build)", [f"{r['encode_cpu_s']:.0f}" if r["encode_cpu_s"] else "-" for r in rows])
+    add("  passages per CPU-s (build)", [f"{r['passages'] / r['encode_cpu_s']:.1f}" if r["encode_cpu_s"] else "-" for r in rows])
+    add("  encoder CPU-min / 2 cores", [f"{r['encode_cpu_s'] / 2 / 60:.1f}" if r["encode_cpu_s"] else "-" for r in rows])
     for batch in (1, 32, 256):
         add(f"search q/s, batch {batch} (in-process)", [f"{r[f'qps@{batch}']:.0f}" for r in rows])
     if "qps_service" in rows[0]:
@@ -132,7 +153,9 @@ def print_table(rows: list[dict]) -> None:
 
 def main() -> None:
     parser = job_parser(__doc__)
-    parser.add_argument("--encoders", default=None, help="comma-separated encoders (default: retrieval.encoder)")
+    parser.add_argument("--encoders", default=None,
+                        help="comma-separated encoders, NAME or NAME@QUANTIZATION (minilm@none,minilm@int8); "
+                             "default: retrieval.encoder")
     parser.add_argument("--sample", type=int, default=1024, help="passages encoded to measure encode speed")
     parser.add_argument("--limit", type=int, default=None, help="questions per dataset for recall (default all)")
     parser.add_argument("--threads", type=int, default=None, help="encoder threads (default: library default)")
