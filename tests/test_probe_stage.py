@@ -145,5 +145,5 @@ def test_actor_meter_reports_finished_in_flight_and_rate():
     for _ in range(3):
         meter.started()
     line = meter.finished({"tokens_generated": 30, "probe_tokens": None})
-    assert line.startswith("actor: 1 trajectories finished, 2 in flight,") and line.endswith("generated tokens/s")
+    assert line.startswith("actor: 1 trajectories finished, 2 in flight,") and line.endswith("tokens/s in finished trajectories")
     assert meter.tokens == 30

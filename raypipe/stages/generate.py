@@ -132,7 +132,8 @@ class GenerateStage:
 
 
 class ActorMeter:
-    """An actor's progress between output parts: trajectories finished and in flight, tokens/s (every ``every_s``)."""
+    """An actor's progress between output parts (every ``every_s``): trajectories finished and in flight, and the
+    tokens of finished trajectories per second (a floor of the engine's rate: tokens in flight are not counted)."""
 
     def __init__(self, every_s: float = 30.0):
         self.every_s = every_s
@@ -152,7 +153,7 @@ class ActorMeter:
             return None
         self.last_line = now
         rate = self.tokens / max(now - self.started_at, 1e-9)
-        return f"actor: {self.done} trajectories finished, {self.in_flight} in flight, {rate:.0f} generated tokens/s"
+        return f"actor: {self.done} trajectories finished, {self.in_flight} in flight, {rate:.0f} tokens/s in finished trajectories"
 
 
 def to_table(outputs: list[TrajectoryOutput], engine_info: str = "{}") -> pa.Table:
