@@ -371,7 +371,6 @@ def _parquet_summary(stage: str, parts: list[Path]) -> Table:
 STAGES = {  # stage folder -> (title, producing job)
     "features": ("Trajectory signals (features)", "jobs/features.py"),
     "predictions": ("Predictors of P_i and U_i", "jobs/train.py"),
-    "tables": ("Tables", "the training and sweep jobs"),
     "stopping": ("Early stopping (offline sweeps)", "jobs/sweep.py"),
     "stoprag": ("Stop-RAG comparison", "jobs/stoprag.py"),
 }
