@@ -45,7 +45,10 @@ def test_index_adapter_reads_the_index(corpus):
     assert corpus.document_frequency("shakespeare") == 3 and corpus.document_frequency("zzz") == 0
     vectors = corpus.doc_vectors(["p2", "p1"])
     encoded = corpus.retriever.encoder.encode_passages([passage_text(*PASSAGES[1][1:]), passage_text(*PASSAGES[0][1:])])
-    assert np.allclose(vectors, encoded, atol=1e-5)  # reconstructed from the flat index
+    # reconstructed from the flat index (int8 passage vectors, the embedded default) in the order asked;
+    # the retriever's encoder is the fp32 query encoder, so compare by cosine, each row to its own passage
+    cosine = vectors @ encoded.T
+    assert cosine.diagonal().min() > 0.97 and (cosine.argmax(axis=1) == [0, 1]).all()
     assert corpus.search(["capital of France"], 2)[0][0] == "p6"
     assert corpus.encode_queries(["a", "b"]).shape == (2, vectors.shape[1])
 
