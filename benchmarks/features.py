@@ -20,6 +20,7 @@ from functools import partial
 from raypipe.config import load_config
 from raypipe.features.extract import extract_trajectory
 from raypipe.features.synthetic import HashEncoder, synthetic_corpus, write_synthetic_run
+from raypipe.raycluster import init_ray
 from raypipe.rundir import RunDir
 from raypipe.stages.features import IndexCorpus, SbertEncoder, run_features, signal_settings
 
@@ -63,7 +64,7 @@ def main() -> None:
     if not args.no_ray:
         import ray
 
-        ray.init(num_cpus=config.ray.num_cpus, include_dashboard=False, log_to_driver=False)
+        init_ray(config, log_to_driver=False)
         ray.data.DataContext.get_current().enable_progress_bars = False
         try:
             start = time.perf_counter()
