@@ -119,9 +119,10 @@ class VLLMEngine:
         self.model_path = resolve_llm(config.model)
         self.tokenizer = LocalTokenizer(self.model_path)
         self.on_cpu = current_platform.is_cpu()
-        self.dtype = resolve_dtype(config.dtype, self.on_cpu)
+        kwargs = engine_kwargs(config, str(self.model_path), self.on_cpu)
+        self.dtype = kwargs["dtype"]
         os.environ.update(vllm_environment(config))
-        args = AsyncEngineArgs(**engine_kwargs(config, str(self.model_path), self.on_cpu))
+        args = AsyncEngineArgs(**kwargs)
         self._loop = LoopThread("raypipe-vllm")
         try:
             self._llm = self._loop.run(self._start(args))
