@@ -1,8 +1,9 @@
 """Engine micro-benchmark: start time, tokens/s for concurrent Search-R1 prompts, prefix-cache hits of
 probe prompts, regex warm-up time.
 
-    python benchmarks/engine.py --dtype bfloat16 --prompts 24
-    python benchmarks/engine.py --dtype float32 --block-size 128   # vLLM's CPU default block
+    python benchmarks/engine.py --prompts 24
+    python benchmarks/engine.py --enforce-eager --cpu-threads 1     # no torch.compile, bound to core 1
+    python benchmarks/engine.py --block-size 128                    # vLLM's CPU default block
 
 Prints one table row per run (and logs progress). Uses the first N bundled HotpotQA questions through
 the chat template, greedy, stopping at ``</search>``/``</answer>``; then, for each, a probe prompt
@@ -67,7 +68,7 @@ async def measure(engine, prompts: list[str], max_tokens: int, regex: bool) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="vllm", choices=["vllm", "transformers"])
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto", help="engine.dtype (auto: float32 on CPUs without native bfloat16)")
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=32, help="0 = vLLM's default")
@@ -88,7 +89,7 @@ def main() -> None:
                for q in questions]
     row = asyncio.run(measure(engine, prompts, args.max_tokens, args.regex))
     asyncio.run(engine.close())
-    settings = f"{args.backend} {args.dtype} block={getattr(engine, 'block_size', '-')} eager={args.enforce_eager} threads={args.cpu_threads}"
+    settings = f"{args.backend} {getattr(engine, 'dtype', args.dtype)} block={getattr(engine, 'block_size', '-')} eager={args.enforce_eager} threads={args.cpu_threads}"
     print(f"{settings}: start {start_s:.1f} s | " + " | ".join(
         f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
 
