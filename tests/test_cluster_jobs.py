@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ray_cluster import LocalCluster
 
 from raypipe.rundir import RunDir
-from ray_cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from index_checks import assert_rows_are_their_passages
 
 from raypipe.config import load_config
 from raypipe.features.extract import extract_trajectory
@@ -45,10 +46,7 @@ def test_index_adapter_reads_the_index(corpus):
     assert corpus.document_frequency("shakespeare") == 3 and corpus.document_frequency("zzz") == 0
     vectors = corpus.doc_vectors(["p2", "p1"])
     encoded = corpus.retriever.encoder.encode_passages([passage_text(*PASSAGES[1][1:]), passage_text(*PASSAGES[0][1:])])
-    # reconstructed from the flat index (int8 passage vectors, the embedded default) in the order asked;
-    # the retriever's encoder is the fp32 query encoder, so compare by cosine, each row to its own passage
-    cosine = vectors @ encoded.T
-    assert cosine.diagonal().min() > 0.97 and (cosine.argmax(axis=1) == [0, 1]).all()
+    assert_rows_are_their_passages(vectors, encoded)  # reconstructed from the flat index in the order asked
     assert corpus.search(["capital of France"], 2)[0][0] == "p6"
     assert corpus.encode_queries(["a", "b"]).shape == (2, vectors.shape[1])
 
