@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import runpy
 import sys
-from pathlib import Path
 
 from raypipe.config import REPO_ROOT
 
