@@ -9,7 +9,6 @@ import pyarrow.parquet as pq
 
 from raypipe.config import RunConfig, dump_config
 
-
 PARTIAL_SUFFIX = ".parquet.tmp"  # a part being written; renamed to .parquet when complete
 
 

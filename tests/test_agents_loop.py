@@ -2,7 +2,6 @@
 
 import asyncio
 
-
 from raypipe.agents import AgentLoop, LoopSettings, R1Searcher, SearchR1
 from raypipe.data import Question
 from raypipe.llm.base import EngineError

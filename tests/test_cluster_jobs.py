@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ray_cluster import LocalCluster
 
+from ray_cluster import LocalCluster
 from raypipe.rundir import RunDir
 
 pytestmark = pytest.mark.slow

@@ -4,8 +4,8 @@ import json
 
 import numpy as np
 import pytest
-from index_checks import assert_rows_are_their_passages
 
+from index_checks import assert_rows_are_their_passages
 from raypipe.config import load_config
 from raypipe.features.extract import extract_trajectory
 from raypipe.stages.features import IndexCorpus, SbertEncoder

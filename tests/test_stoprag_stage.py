@@ -13,7 +13,6 @@ from raypipe.control.stoprag_stage import run_stoprag, split_three
 from raypipe.data import BUNDLED_CORPUS, iter_corpus, load_questions
 from raypipe.rundir import RunDir
 from raypipe.schema import conform
-
 from test_llm_stop import FakeEngine
 from test_stoprag_train import ray_local, tiny_encoder  # noqa: F401  (fixtures)
 

@@ -48,8 +48,16 @@ import pyarrow.parquet as pq
 import yaml
 
 from raypipe.analysis import plots
-from raypipe.analysis.blocks import Block, Figure, RenderedSection, Table, Text, document_html, document_markdown
-from raypipe.analysis.blocks import markdown_blocks
+from raypipe.analysis.blocks import (
+    Block,
+    Figure,
+    RenderedSection,
+    Table,
+    Text,
+    document_html,
+    document_markdown,
+    markdown_blocks,
+)
 from raypipe.analysis.bootstrap import headline_intervals
 from raypipe.analysis.stats import (
     ALL,

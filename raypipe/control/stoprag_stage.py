@@ -28,7 +28,15 @@ import pandas as pd
 
 from raypipe.config import EngineConfig, RunConfig, StopRagConfig
 from raypipe.control.caps import cap, natural
-from raypipe.control.evaluate import OfflineController, Summary, Trajectory, load_trajectories, replay, split_qids, summarise
+from raypipe.control.evaluate import (
+    OfflineController,
+    Summary,
+    Trajectory,
+    load_trajectories,
+    replay,
+    split_qids,
+    summarise,
+)
 from raypipe.control.stoprag import (
     Episode,
     Margins,

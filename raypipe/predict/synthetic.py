@@ -15,7 +15,6 @@ import numpy as np
 from raypipe.rundir import RunDir
 from raypipe.schema import FEATURE_COLUMNS, STOP_ANSWER, conform
 
-
 FILLER = "the river castle novel author born city war king album film band queen bridge island painter".split()
 
 

@@ -218,8 +218,9 @@ def write_index_dir(
     settings: IndexSettings,
 ) -> Path:
     """Write a complete index directory atomically (temporary sibling, then rename)."""
-    import faiss
     import shutil
+
+    import faiss
 
     start = time.perf_counter()
     index, factory = build_faiss(embeddings, settings)
