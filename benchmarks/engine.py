@@ -3,6 +3,7 @@ probe prompts, regex warm-up time.
 
     python benchmarks/engine.py --prompts 24
     python benchmarks/engine.py --enforce-eager --cpu-threads 1     # no torch.compile, bound to core 1
+    python benchmarks/engine.py --cpu-threads vllm                 # vLLM's binding: one core kept for its frontend
     python benchmarks/engine.py --block-size 128                    # vLLM's CPU default block
 
 Prints one table row per run (and logs progress). Uses the first N bundled HotpotQA questions through
@@ -72,15 +73,16 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=32, help="0 = vLLM's default")
-    parser.add_argument("--cpu-threads", default=None, help="VLLM_CPU_OMP_THREADS_BIND, e.g. 0-1")
+    parser.add_argument("--cpu-threads", default="all",
+                        help="engine.cpu_threads: all, a core list such as 1, or vllm (its own binding)")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--regex", action="store_true", help="also time the format regex's warm-up and enforced decoding")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
+    threads = None if args.cpu_threads == "vllm" else args.cpu_threads
     config = EngineConfig(backend=args.backend, dtype=args.dtype, max_model_len=4096, kv_cache_gib=1,
-                          block_size=args.block_size or None, cpu_threads=args.cpu_threads,
-                          enforce_eager=args.enforce_eager)
+                          block_size=args.block_size or None, cpu_threads=threads, enforce_eager=args.enforce_eager)
     started = time.perf_counter()
     engine = build_engine(config)
     start_s = time.perf_counter() - started

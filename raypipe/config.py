@@ -101,7 +101,12 @@ class EngineConfig(StrictModel):
     tensor_parallel_size: int = Field(default=1, ge=1)
     block_size: int | None = Field(default=32, ge=1, description="KV block; small so probes hit the prefix cache.")
     enable_prefix_caching: bool = True
-    cpu_threads: str | None = Field(default=None, description="VLLM_CPU_OMP_THREADS_BIND, e.g. '0-1'.")
+    cpu_threads: str | None = Field(
+        default="all",
+        description="vLLM on CPU: 'all' binds its threads to every physical core and keeps none for its frontend "
+        "(+17-40% tokens/s on 2 cores); null: vLLM's own binding, which keeps one core for its frontend (what "
+        "runs before this default used); or a VLLM_CPU_OMP_THREADS_BIND core list such as '0-1'.",
+    )
     enforce_eager: bool = Field(default=False, description="vLLM without torch.compile: no compile at first start, slower steps.")
     max_num_seqs: int | None = Field(default=None, ge=1, description="vLLM's cap on sequences per step; None = its default.")
     structured_outputs_backend: Literal["xgrammar", "guidance", "outlines", "auto"] = Field(

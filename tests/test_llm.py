@@ -112,11 +112,19 @@ def test_vllm_engine_arguments_on_cpu_and_gpu():
     assert (gpu["gpu_memory_utilization"], gpu["tensor_parallel_size"]) == (0.9, 2)
 
 
-def test_vllm_environment():
-    env = _vllm().vllm_environment(EngineConfig(cpu_threads="0-1", regex_compile_timeout_s=30))
-    assert env == {"VLLM_REGEX_COMPILATION_TIMEOUT_S": "30", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
-                   "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    assert "VLLM_CPU_OMP_THREADS_BIND" not in _vllm().vllm_environment(EngineConfig())
+def test_vllm_environment(monkeypatch):
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    env = _vllm().vllm_environment
+    assert env(EngineConfig(cpu_threads="0-1", regex_compile_timeout_s=30), on_cpu=True) == {
+        "VLLM_REGEX_COMPILATION_TIMEOUT_S": "30", "VLLM_USE_AOT_COMPILE": "0",
+        "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    }
+    default = env(EngineConfig(), on_cpu=True)  # every core, none reserved for the frontend
+    assert (default["VLLM_CPU_OMP_THREADS_BIND"], default["VLLM_CPU_NUM_OF_RESERVED_CPU"]) == ("auto", "0")
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env(EngineConfig(cpu_threads=None), on_cpu=True)
+    assert env(EngineConfig(), on_cpu=False) == {"VLLM_REGEX_COMPILATION_TIMEOUT_S": "60"}  # GPU: nothing CPU-only
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")  # the user's own choice wins
+    assert "VLLM_USE_AOT_COMPILE" not in env(EngineConfig(), on_cpu=True)
 
 
 def test_transformers_sampling_greedy_and_nucleus():
