@@ -7,12 +7,14 @@ timed) it runs, each on a fresh engine so no run inherits another's prefix cache
 2. ``no-probe``: the same with probing off -> probing overhead = wall(probe) / wall(no-probe);
 3. ``sequential``: the baseline of Search-R1's ``infer.py`` and the seed paper's code: one question at
    a time, the whole context re-encoded at every turn and every probe (prefix caching off,
-   concurrency 1), probing on; on the first ``--baseline-questions`` questions only (it is slow).
+   concurrency 1), probing on; on ``--baseline-questions`` of the questions only (it is slow), evenly
+   spaced over the list so every dataset is in.
 
 It prints trajectories/min, generated tokens/s (agent + probe tokens), engine start time (separately),
-prompt tokens served from the prefix cache, the targets' quality checks, and the peak memory (RSS) of
-the whole process tree (vLLM's engine process included). ``--job`` also runs ``jobs/probe.py`` with
-the same settings into a scratch run directory and reports its wall time and peak memory.
+prompt tokens served from the prefix cache and those prefilled, the targets' quality checks, and the
+peak memory (PSS, and summed RSS) of the whole process tree (vLLM's engine process included).
+``--job`` also runs ``jobs/probe.py`` with the same settings into a scratch run directory and reports
+its wall time and peak memory.
 
     python benchmarks/probe.py [--config PRESET] [--set KEY=VALUE ...] [--limit N] [--job]
 """
@@ -44,30 +46,37 @@ log = logging.getLogger("benchmarks.probe")
 
 
 class MemorySampler:
-    """Peak RSS of a process and all its descendants, sampled every ``interval`` seconds."""
+    """Peak memory of a process and all its descendants, sampled every ``interval`` seconds.
 
-    def __init__(self, pid: int | None = None, interval: float = 0.2):
+    ``peak_rss`` sums resident sets, so pages shared between processes (the torch and vLLM libraries
+    every Ray worker maps, the shared-memory object store) count once per process; ``peak_pss`` sums
+    proportional set sizes, which split each shared page among its sharers: the tree's physical memory.
+    """
+
+    def __init__(self, pid: int | None = None, interval: float = 0.5):
         self.root = psutil.Process(pid or os.getpid())
         self.interval = interval
-        self.peak = 0
+        self.peak_rss = self.peak_pss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _tree_rss(self) -> int:
-        total = 0
+    def _tree_memory(self) -> tuple[int, int]:
+        rss = pss = 0
         for proc in [self.root, *self.root.children(recursive=True)]:
             try:
-                total += proc.memory_info().rss
+                info = proc.memory_full_info()
             except psutil.Error:
-                pass
-        return total
+                continue
+            rss, pss = rss + info.rss, pss + info.pss
+        return rss, pss
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.peak = max(self.peak, self._tree_rss())
+                rss, pss = self._tree_memory()
             except psutil.Error:
                 return
+            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
             self._stop.wait(self.interval)
 
     def __enter__(self) -> "MemorySampler":
@@ -154,8 +163,8 @@ def quality(outputs: list[TrajectoryOutput]) -> dict[str, float]:
     }
 
 
-def run_job(args, overrides: list[str]) -> tuple[float, int, int]:
-    """The main job as a subprocess: (wall s, peak RSS of its process tree, exit code)."""
+def run_job(args, overrides: list[str]) -> tuple[float, MemorySampler, int]:
+    """The main job as a subprocess: (wall s, its process tree's memory, exit code)."""
     out = tempfile.mkdtemp(prefix="raypipe-bench-")
     cmd = [sys.executable, str(REPO / "jobs" / "probe.py"), "--config", args.config, "--out", out]
     for item in overrides:
@@ -165,7 +174,18 @@ def run_job(args, overrides: list[str]) -> tuple[float, int, int]:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with MemorySampler(proc.pid) as memory:
         code = proc.wait()
-    return time.perf_counter() - started, memory.peak, code
+    return time.perf_counter() - started, memory, code
+
+
+def evenly_spaced(items: list, count: int) -> list:
+    """``count`` items spread evenly over ``items`` (all of them when there are no more)."""
+    if count >= len(items):
+        return list(items)
+    return [items[i * len(items) // count] for i in range(count)]
+
+
+def gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB ({size / 1e9:.2f} GB)"
 
 
 def main() -> None:
@@ -192,18 +212,22 @@ def main() -> None:
     with MemorySampler() as memory:
         results = [run_variant("probe", config, questions, retriever), run_variant("no-probe", no_probe, questions, retriever)]
         if not args.skip_baseline:
-            results.append(run_variant("sequential", sequential, questions[: args.baseline_questions], retriever))
+            baseline = evenly_spaced(questions, args.baseline_questions)
+            results.append(run_variant("sequential", sequential, baseline, retriever))
 
     probe, off = results[0], results[1]
     print(f"\n{len(questions)} questions ({', '.join(config.data.datasets)}), model {config.engine.model} on "
           f"{config.engine.backend}, enforcement {config.agent.enforcement}, protocol {config.agent.protocol}\n")
-    head = f"{'run':<12}{'questions':>10}{'engine start s':>16}{'wall s':>9}{'traj/min':>10}{'gen tok/s':>11}{'cached prompt':>15}"
+    head = (f"{'run':<12}{'questions':>10}{'engine start s':>16}{'wall s':>9}{'traj/min':>10}{'gen tok/s':>11}"
+            f"{'cached prompt':>15}{'prefilled tok/traj':>20}")
     print(head)
     print("-" * len(head))
     for r in results:
         total_prompt = sum(r.prompt.values())
         cached = sum(r.cached.values()) / total_prompt if total_prompt else 0.0
-        print(f"{r.name:<12}{r.questions:>10}{r.engine_start_s:>16.1f}{r.wall_s:>9.1f}{r.per_min:>10.1f}{r.tokens_per_s:>11.1f}{cached:>14.0%}")
+        prefilled = (total_prompt - sum(r.cached.values())) / r.questions
+        print(f"{r.name:<12}{r.questions:>10}{r.engine_start_s:>16.1f}{r.wall_s:>9.1f}{r.per_min:>10.1f}"
+              f"{r.tokens_per_s:>11.1f}{cached:>14.0%}{prefilled:>20.0f}")
     print()
     probe_cached = probe.cached["probe"] / probe.prompt["probe"] if probe.prompt["probe"] else 0.0
     print(f"probe prompts served from the prefix cache: {probe_cached:.0%}")
@@ -211,12 +235,14 @@ def main() -> None:
     print(f"probing overhead (wall with probing / without): {overhead:.2f}x   (target <= 1.25x)")
     if len(results) > 2:
         print(f"speed-up over the sequential baseline (trajectories/min): {probe.per_min / results[2].per_min:.1f}x   (target >= 5x)")
-    print(f"peak memory (RSS of the process tree): {memory.peak / 2**30:.2f} GiB   (target < 8 GB)")
+    print(f"peak memory of the process tree: {gib(memory.peak_pss)} PSS ({gib(memory.peak_rss)} summed RSS)"
+          "   (target < 8 GB)")
     for key, value in quality(probe.outputs).items():
         print(f"{key}: {value:.2f}" if "F1" in key or "mean" in key else f"{key}: {value:.0%}")
     if args.job:
-        wall, peak, code = run_job(args, [*args.overrides, *extra])
-        print(f"jobs/probe.py: exit {code}, wall {wall:.1f} s, peak memory {peak / 2**30:.2f} GiB")
+        wall, job_memory, code = run_job(args, [*args.overrides, *extra])
+        print(f"jobs/probe.py: exit {code}, wall {wall:.1f} s, peak memory {gib(job_memory.peak_pss)} PSS "
+              f"({gib(job_memory.peak_rss)} summed RSS)")
 
 
 if __name__ == "__main__":
