@@ -4,6 +4,7 @@ Fakes only (tests/chaos_cases.py ``fake_probe``), each agent turn slowed by DELA
 is still running when its first part lands.
 """
 
+import signal
 import sys
 from pathlib import Path
 
@@ -12,5 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.chaos_cases import fake_probe, init_local_ray  # noqa: E402
 
 if __name__ == "__main__":
+    # A shell starts background commands with SIGINT ignored, and children inherit that; the case
+    # stands for a user's Ctrl-C, so the job gets Python's usual KeyboardInterrupt whoever started it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     init_local_ray()
     fake_probe(Path(sys.argv[1]), delay_s=float(sys.argv[2]))
