@@ -18,8 +18,8 @@ import asyncio
 import logging
 import time
 
-from raypipe.config import EngineConfig
-from raypipe.data import load_questions
+from raypipe.core.config import EngineConfig
+from raypipe.data.loaders import load_questions
 from raypipe.llm.base import GenerationRequest
 from raypipe.llm.factory import build_engine
 

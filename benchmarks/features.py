@@ -17,11 +17,11 @@ import time
 from collections import defaultdict
 from functools import partial
 
-from raypipe.config import load_config
+from raypipe.core.config import load_config
+from raypipe.core.rundir import RunDir
 from raypipe.features.extract import extract_trajectory
 from raypipe.features.synthetic import HashEncoder, synthetic_corpus, write_synthetic_run
-from raypipe.raycluster import init_ray
-from raypipe.rundir import RunDir
+from raypipe.runtime.cluster import init_ray
 from raypipe.stages.features import IndexCorpus, SbertEncoder, run_features, signal_settings
 
 

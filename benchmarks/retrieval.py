@@ -21,16 +21,16 @@ import logging
 import os
 import time
 
-from raypipe.config import RunConfig
-from raypipe.data import load_corpus, load_datasets
-from raypipe.jobargs import config_from_args, job_parser, setup_logging
-from raypipe.raycluster import init_ray
+from raypipe.core.config import RunConfig
+from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.data.loaders import load_corpus, load_datasets
 from raypipe.retrieval.build import encoder_spec, ensure_index, search_params
 from raypipe.retrieval.encoders import EncoderSpec, passage_text
 from raypipe.retrieval.evaluate import dataset_recall
 from raypipe.retrieval.index import DOCSTORE_FILE, load_index_dir
 from raypipe.retrieval.searcher import LocalRetriever
-from raypipe.retrieval.service import launch_replicas
+from raypipe.runtime.cluster import init_ray
+from raypipe.runtime.retrieval import launch_replicas
 
 log = logging.getLogger("benchmarks.retrieval")
 

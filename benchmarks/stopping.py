@@ -1,6 +1,6 @@
 """Benchmark of online early stopping: the same questions run naturally and with the online controller.
 
-The controller (raypipe.control.online) loads the predictor bundle of RUN_DIR (RUN_DIR/models, from
+The controller (raypipe.stopping.online) loads the predictor bundle of RUN_DIR (RUN_DIR/models, from
 jobs/train.py) and stops trajectories in flight with the seed paper's 4-state heuristic, so the saving
 is real compute. Both runs use the config's engine and the in-process retriever, each on a fresh
 engine (engine start is reported apart from wall time, and no run inherits the other's prefix cache).
@@ -27,10 +27,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from raypipe.config import DEFAULT_PRESET, RunConfig  # noqa: E402
-from raypipe.data import load_datasets  # noqa: E402
-from raypipe.jobargs import config_from_args, job_parser, setup_logging  # noqa: E402
-from raypipe.rundir import RunDir  # noqa: E402
+from raypipe.core.config import DEFAULT_PRESET, RunConfig  # noqa: E402
+from raypipe.core.jobargs import config_from_args, job_parser, setup_logging  # noqa: E402
+from raypipe.core.rundir import RunDir  # noqa: E402
+from raypipe.data.loaders import load_datasets  # noqa: E402
 
 log = logging.getLogger("benchmarks.stopping")
 
@@ -86,8 +86,8 @@ def main() -> None:
         args.config = str(run.path / "config.yaml")
     config = config_from_args(args)
 
-    from raypipe.control.online import OnlineController, controller_from_path
     from raypipe.retrieval import LocalRetriever, encoder_spec, ensure_index, search_params
+    from raypipe.stopping.online import OnlineController, controller_from_path
 
     if args.which == "paper":
         controller = controller_from_path(run.path, config)

@@ -1,34 +1,26 @@
-"""``raypipe COMMAND [ARGS]``: one entry point over the scripts in ``jobs/``.
+"""``raypipe COMMAND [ARGS]``: one entry point over the jobs in :mod:`raypipe.stages`.
 
-Each command runs ``jobs/COMMAND.py`` with the remaining arguments, exactly as
+Each command runs ``raypipe.stages.COMMAND.main`` with the remaining arguments, exactly as
 ``python jobs/COMMAND.py ARGS`` (and ``ray job submit -- python jobs/COMMAND.py ARGS``) would.
 """
 
 from __future__ import annotations
 
-import ast
-import runpy
+import importlib
 import sys
 
-from raypipe.config import REPO_ROOT
-
-JOBS_DIR = REPO_ROOT / "jobs"
+JOBS = ("index", "probe", "features", "train", "sweep", "stoprag", "report")
 
 
-def available_jobs() -> dict[str, str]:
-    """Job name -> first line of its docstring."""
-    jobs = {}
-    for path in sorted(JOBS_DIR.glob("*.py")):
-        if path.name.startswith("_"):
-            continue
-        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-        jobs[path.stem] = doc.strip().splitlines()[0] if doc.strip() else ""
-    return jobs
+def job_summary(name: str) -> str:
+    """The first line of a job's description."""
+    module = importlib.import_module(f"raypipe.stages.{name}")
+    return module.DESCRIPTION.strip().splitlines()[0]
 
 
 def usage() -> str:
     lines = ["usage: raypipe COMMAND [ARGS]  (raypipe COMMAND --help for a command's options)", "", "commands:"]
-    lines += [f"  {name:<10} {summary}" for name, summary in available_jobs().items()]
+    lines += [f"  {name:<10} {job_summary(name)}" for name in JOBS]
     return "\n".join(lines)
 
 
@@ -38,9 +30,8 @@ def main(argv: list[str] | None = None) -> None:
         print(usage())
         return
     command, rest = argv[0], argv[1:]
-    jobs = available_jobs()
-    if command not in jobs:
+    if command not in JOBS:
         sys.exit(f"raypipe: unknown command {command!r}\n\n{usage()}")
-    script = JOBS_DIR / f"{command}.py"
-    sys.argv = [str(script), *rest]
-    runpy.run_path(str(script), run_name="__main__")
+    module = importlib.import_module(f"raypipe.stages.{command}")
+    sys.argv = [f"raypipe {command}", *rest]
+    module.main()

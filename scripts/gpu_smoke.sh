@@ -32,7 +32,7 @@ start=$(date +%s)
 elapsed=$(( $(date +%s) - start ))
 "$VENV/bin/python" - "$OUT/run" "$elapsed" <<'PY'
 import sys
-from raypipe.rundir import RunDir
+from raypipe.core.rundir import RunDir
 run, elapsed = RunDir(sys.argv[1]), float(sys.argv[2])
 t = run.read("trajectories").to_pylist()
 tokens = sum(r["tokens_generated"] + r["probe_tokens"] for r in t)

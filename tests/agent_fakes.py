@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from raypipe.control.base import CONTINUE, StopDecision
+from raypipe.agents.hooks import CONTINUE, StopDecision
 from raypipe.llm.base import EngineError, Generation, GenerationRequest
 from raypipe.llm.common import fit_max_tokens
 from raypipe.retrieval.types import SearchHit, SearchResult

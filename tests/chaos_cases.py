@@ -23,11 +23,12 @@ from unittest import mock
 
 import pyarrow as pa
 
-from raypipe.config import RunConfig, StopRagConfig, TrainConfig, load_config
-from raypipe.data import BUNDLED_CORPUS, DataError, Question
-from raypipe.models import ModelNotFoundError
-from raypipe.retrieval import IndexMismatchError, ensure_index, start_retrieval_service
-from raypipe.rundir import PARTIAL_SUFFIX, RunDir
+from raypipe.core.config import RunConfig, StopRagConfig, TrainConfig, load_config
+from raypipe.core.models import ModelNotFoundError
+from raypipe.core.rundir import PARTIAL_SUFFIX, RunDir
+from raypipe.data.loaders import BUNDLED_CORPUS, DataError, Question
+from raypipe.retrieval import IndexMismatchError, ensure_index
+from raypipe.runtime.retrieval import start_retrieval_service
 from raypipe.stages.probe import run_probe
 from tests import agent_fakes, faults
 from tests.agent_fakes import FakeRetriever
@@ -336,7 +337,8 @@ def crossencoder_training_interrupted(work: Path, base_model: str) -> Outcome:
 def stoprag_training_interrupted(work: Path, encoder: str, epochs: int = 4) -> Outcome:
     """The Q-network, one checkpoint per epoch; the worker dies before the third epoch's report."""
     from raypipe.control import stoprag_train
-    from raypipe.control.stoprag import Episode, training_samples
+
+    from raypipe.stoprag.targets import Episode, training_samples
 
     started = time.monotonic()
     episodes = [Episode(f"e{i}", (1, 2), (f"evidence {i}", f"more {i}"), (float(i % 2), 1.0 - i % 2)) for i in range(6)]

@@ -31,7 +31,7 @@ def paragraph_corpus(tmp_path_factory):
     """``make(datasets, limit)``: a corpus of just the paragraphs of those questions (indexes in seconds)."""
     import json
 
-    from raypipe.data import BUNDLED_CORPUS, load_questions
+    from raypipe.data.loaders import BUNDLED_CORPUS, load_questions
 
     def make(datasets: tuple[str, ...], limit: int) -> Path:
         wanted = {pid for d in datasets for q in load_questions(d, limit=limit) for pid in q.extra["paragraph_ids"]}

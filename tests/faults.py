@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from raypipe.config import EngineConfig
+from raypipe.core.config import EngineConfig
 from raypipe.llm.base import EngineError, GenerationRequest
 from raypipe.retrieval.types import SearchResult
 from tests.agent_fakes import FakeEngine

@@ -6,7 +6,7 @@ import pytest
 
 from raypipe.agents import EnforcementBounds, R1Searcher, SearchR1, build_protocol
 from raypipe.agents.protocol import ANSWER, INVALID, SEARCH, Action
-from raypipe.config import load_config
+from raypipe.core.config import load_config
 from tests.agent_fakes import FakeEngine, hit
 
 SEARCH_R1_USER = (

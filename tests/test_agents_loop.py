@@ -3,9 +3,9 @@
 import asyncio
 
 from raypipe.agents import AgentLoop, LoopSettings, R1Searcher, SearchR1
-from raypipe.data import Question
+from raypipe.core.schema import conform
+from raypipe.data.loaders import Question
 from raypipe.llm.base import EngineError
-from raypipe.schema import conform
 from tests.agent_fakes import FakeEngine, FakeRetriever, ScriptedController, agent_turns
 
 Q = Question(qid="q1", dataset="toy", question="Who wrote Hamlet", golden_answers=["William Shakespeare"])

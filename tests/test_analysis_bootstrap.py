@@ -4,7 +4,7 @@ import pytest
 from raypipe.analysis.bootstrap import headline_intervals, ratio_ci
 from raypipe.analysis.report import ReportContext, RunMeta
 from raypipe.analysis.stats import trajectory_summary
-from raypipe.config import ReportConfig
+from raypipe.core.config import ReportConfig
 from test_analysis_fixture import build_run_dir
 
 

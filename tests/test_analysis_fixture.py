@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raypipe.config import load_config
-from raypipe.rundir import RunDir
-from raypipe.schema import conform
+from raypipe.core.config import load_config
+from raypipe.core.rundir import RunDir
+from raypipe.core.schema import conform
 
 TRAJECTORIES = {
     # qid: (dataset, P sequence, n_iterations, stop_reason, final_f1)

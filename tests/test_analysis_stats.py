@@ -4,7 +4,7 @@ import pytest
 
 from raypipe.analysis import stats
 from raypipe.analysis.report import ReportContext, RunMeta
-from raypipe.config import ReportConfig
+from raypipe.core.config import ReportConfig
 from test_analysis_fixture import build_run_dir
 
 EPS = 1e-6

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raypipe.config import load_config
+from raypipe.core.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATION, RETRIEVAL = "raypipe_generation", "raypipe_retrieval"

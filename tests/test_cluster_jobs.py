@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from ray_cluster import LocalCluster
-from raypipe.rundir import RunDir
+from raypipe.core.rundir import RunDir
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from raypipe.config import ConfigError, RunConfig, dump_config, load_config
+from raypipe.core.config import ConfigError, RunConfig, dump_config, load_config
 
 
 def test_embedded_preset_loads():

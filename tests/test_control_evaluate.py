@@ -4,8 +4,9 @@ import math
 
 import pytest
 
-from raypipe.control.caps import cap, natural
-from raypipe.control.evaluate import (
+from raypipe.core.schema import conform
+from raypipe.stopping.caps import cap, natural
+from raypipe.stopping.replay import (
     Decision,
     Trajectory,
     evaluate,
@@ -15,7 +16,6 @@ from raypipe.control.evaluate import (
     summarise,
     trajectories_from_tables,
 )
-from raypipe.schema import conform
 
 # P_0..P_3, tokens per iteration (agent + probe), natural answer F1 0.5, 100 tokens in all
 T = Trajectory("q1", "hotpotqa", (0.0, 0.2, 0.8, 0.5), (10, 20, 30, 40), 0.5, 100)

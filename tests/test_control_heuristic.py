@@ -4,9 +4,8 @@ import random
 
 import pytest
 
-from raypipe.control.base import StopDecision
-from raypipe.control.evaluate import Trajectory
-from raypipe.control.heuristic import (
+from raypipe.agents.hooks import StopDecision
+from raypipe.stopping.heuristic import (
     HIGH_HIGH,
     HIGH_P_LOW_U,
     LOW_LOW,
@@ -17,6 +16,7 @@ from raypipe.control.heuristic import (
     classify,
     replay_controller,
 )
+from raypipe.stopping.replay import Trajectory
 
 TH = Thresholds(theta_p=0.5, theta_u=0.0)
 # Predictions that put an iteration in each state under TH.

@@ -7,10 +7,10 @@ import pickle
 import pytest
 
 from raypipe.agents import AgentLoop, LoopSettings, SearchR1
-from raypipe.control.base import CONTINUE, StopDecision
-from raypipe.control.heuristic import HeuristicOptions, Thresholds
-from raypipe.control.online import OnlineController
-from raypipe.data import Question
+from raypipe.agents.hooks import CONTINUE, StopDecision
+from raypipe.data.loaders import Question
+from raypipe.stopping.heuristic import HeuristicOptions, Thresholds
+from raypipe.stopping.online import OnlineController
 from tests.agent_fakes import FakeEngine, FakeRetriever, agent_turns
 
 TH = Thresholds(0.5, 0.0)
@@ -110,8 +110,8 @@ def test_from_selected_checks_the_head(tmp_path):
 
 
 def test_controller_from_path(tmp_path):
-    from raypipe.config import load_config
-    from raypipe.control.online import controller_from_path
+    from raypipe.core.config import load_config
+    from raypipe.stopping.online import controller_from_path
 
     config = load_config(overrides=["stopping.theta_p=0.25", "stopping.variant=best_rollback"])
     with pytest.raises(FileNotFoundError, match="no predictor bundle"):
@@ -170,7 +170,7 @@ def test_with_a_real_predictor_bundle(tmp_path):
 
     import numpy as np
 
-    from raypipe.config import TrainConfig
+    from raypipe.core.config import TrainConfig
     from raypipe.predict.bundle import PredictorBundle
     from raypipe.predict.head import fit_head
 

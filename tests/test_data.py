@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from raypipe.data import (
+from raypipe.data.loaders import (
     BUNDLED_DATASETS,
     DataError,
     load_corpus,

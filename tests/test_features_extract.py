@@ -7,10 +7,10 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+from raypipe.core.schema import FEATURE_COLUMNS, RBO_COLUMNS, conform
 from raypipe.features import overlap, qpp
 from raypipe.features.extract import SignalSettings, TrajectoryError, extract_many, extract_trajectory
 from raypipe.features.resources import InMemoryCorpus
-from raypipe.schema import FEATURE_COLUMNS, RBO_COLUMNS, conform
 
 
 class DictEncoder:

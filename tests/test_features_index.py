@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from index_checks import assert_rows_are_their_passages
-from raypipe.config import load_config
+from raypipe.core.config import load_config
 from raypipe.features.extract import extract_trajectory
 from raypipe.stages.features import IndexCorpus, SbertEncoder
 
@@ -86,8 +86,8 @@ def test_features_job_on_a_run_dir(index_config, corpus, tmp_path):
     import sys
     from pathlib import Path
 
-    from raypipe.rundir import RunDir
-    from raypipe.schema import FEATURE_COLUMNS, STOP_ANSWER, conform
+    from raypipe.core.rundir import RunDir
+    from raypipe.core.schema import FEATURE_COLUMNS, STOP_ANSWER, conform
 
     run = RunDir(tmp_path / "run")
     iterations, trajectories = [], []

@@ -7,11 +7,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raypipe.config import load_config
+from raypipe.core.config import load_config
+from raypipe.core.rundir import RunDir, RunDirError
+from raypipe.core.schema import FEATURE_COLUMNS, FEATURES
 from raypipe.features.extract import extract_trajectory
 from raypipe.features.synthetic import HashEncoder, synthetic_corpus, write_synthetic_run
-from raypipe.rundir import RunDir, RunDirError
-from raypipe.schema import FEATURE_COLUMNS, FEATURES
 from raypipe.stages.features import FeatureStage, SbertEncoder, pack_trajectory, run_features, signal_settings
 
 

@@ -5,11 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from raypipe.config import EngineConfig
+from raypipe.core.config import EngineConfig
+from raypipe.core.loopthread import LoopThread
 from raypipe.llm.base import ContextOverflowError, EngineError, GenerationRequest
 from raypipe.llm.common import check_request, find_stop, fit_max_tokens
 from raypipe.llm.factory import build_engine, engine_info
-from raypipe.loopthread import LoopThread
 
 
 @pytest.mark.parametrize(

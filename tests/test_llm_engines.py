@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from raypipe.config import EngineConfig
-from raypipe.data import load_questions
+from raypipe.core.config import EngineConfig
+from raypipe.data.loaders import load_questions
 from raypipe.llm.base import ContextOverflowError, EngineError, GenerationRequest
 from raypipe.llm.factory import build_engine, engine_info
 

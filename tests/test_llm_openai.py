@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from raypipe.config import EngineConfig
+from raypipe.core.config import EngineConfig
 from raypipe.llm.base import ContextOverflowError, EngineError, GenerationRequest
 from raypipe.llm.openai_engine import OpenAIEngine
 

@@ -4,15 +4,15 @@ import asyncio
 
 import pytest
 
-from raypipe.control.llm_stop import (
+from raypipe.llm.base import EngineError, Generation
+from raypipe.stoprag.llm_stop import (
     LLMStopController,
     Parsed,
     build_messages,
     judge_prefixes,
     parse_decision,
 )
-from raypipe.control.stoprag import Round
-from raypipe.llm.base import EngineError, Generation
+from raypipe.stoprag.targets import Round
 
 
 @pytest.mark.parametrize(
@@ -119,7 +119,7 @@ def test_judge_prefixes_keys_results():
 def test_enforced_format_is_parseable():
     import re
 
-    from raypipe.control.llm_stop import DECISION_REGEX
+    from raypipe.stoprag.llm_stop import DECISION_REGEX
 
     engine = FakeEngine(["Analysis: enough.\nDecision: <STOP>"])
     ctl = LLMStopController(engine, enforce=True)

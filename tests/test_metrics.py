@@ -1,6 +1,6 @@
 import pytest
 
-from raypipe.metrics import exact_match, f1_score, normalize_answer
+from raypipe.core.metrics import exact_match, f1_score, normalize_answer
 
 
 @pytest.mark.parametrize(

@@ -4,13 +4,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from raypipe.config import TrainConfig
-from raypipe.models import resolve_sentence_model
+from raypipe.core.config import TrainConfig
+from raypipe.core.models import resolve_sentence_model
+from raypipe.core.schema import PREDICTIONS
 from raypipe.predict import crossencoder, synthetic
 from raypipe.predict.bundle import PredictorBundle
 from raypipe.predict.pipeline import run_train
 from raypipe.predict.window import build_window
-from raypipe.schema import PREDICTIONS
 
 pytestmark = pytest.mark.slow  # about 1 min on 2 busy cores: a real MiniLM is loaded and run
 

@@ -5,7 +5,7 @@ import shutil
 import numpy as np
 import pytest
 
-from raypipe.config import TrainConfig
+from raypipe.core.config import TrainConfig
 from raypipe.predict import crossencoder
 from tests.tiny_models import tiny_bert
 

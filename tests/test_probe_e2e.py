@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from raypipe.agents import AgentLoop, build_protocol, loop_settings
-from raypipe.config import load_config
-from raypipe.data import load_questions
-from raypipe.rundir import RunDir
+from raypipe.core.config import load_config
+from raypipe.core.rundir import RunDir
+from raypipe.data.loaders import load_questions
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

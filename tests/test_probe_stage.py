@@ -8,11 +8,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from raypipe.config import load_config
-from raypipe.data import Question
+from raypipe.core.config import load_config
+from raypipe.core.rundir import RunDir
+from raypipe.core.schema import ITERATIONS, TRAJECTORIES
+from raypipe.data.loaders import Question
 from raypipe.llm.base import EngineError
-from raypipe.rundir import RunDir
-from raypipe.schema import ITERATIONS, TRAJECTORIES
 from raypipe.stages.generate import GenerateStage, question_items, split_output
 from raypipe.stages.probe import check_resumable, done_qids, format_summary, run_probe, summarize
 from tests import agent_fakes

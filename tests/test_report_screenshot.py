@@ -9,7 +9,7 @@ import pytest
 
 from raypipe.analysis.report import build_report
 from raypipe.analysis.screenshot import assert_not_blank, find_browser, screenshot
-from raypipe.config import ReportConfig
+from raypipe.core.config import ReportConfig
 from test_analysis_fixture import build_run_dir
 
 if find_browser() is None and not os.environ.get("CI"):

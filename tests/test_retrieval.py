@@ -7,9 +7,9 @@ import shutil
 import numpy as np
 import pytest
 
-from raypipe.config import load_config
-from raypipe.data import BUNDLED_CORPUS, Passage, Question
-from raypipe.models import resolve_sentence_model
+from raypipe.core.config import load_config
+from raypipe.core.models import resolve_sentence_model
+from raypipe.data.loaders import BUNDLED_CORPUS, Passage, Question
 from raypipe.retrieval import (
     CorpusStats,
     EncoderSpec,
@@ -357,8 +357,8 @@ def test_local_encode_returns_doc_store_order(built):
 
 
 def test_runs_written_before_the_int8_default_keep_the_fp32_encoder(tmp_path):
-    from raypipe.config import dump_config
-    from raypipe.jobargs import legacy_run_overrides
+    from raypipe.core.config import dump_config
+    from raypipe.core.jobargs import legacy_run_overrides
 
     path = tmp_path / "config.yaml"
     dump_config(load_config("embedded"), path)

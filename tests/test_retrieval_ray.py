@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 
 from index_checks import assert_rows_are_their_passages
-from raypipe.config import load_config
-from raypipe.data import BUNDLED_CORPUS
+from raypipe.core.config import load_config
+from raypipe.data.loaders import BUNDLED_CORPUS
 from raypipe.retrieval import (
     LocalRetriever,
     encoder_spec,
     ensure_index,
     load_index_dir,
     passage_text,
-    start_retrieval_service,
 )
+from raypipe.runtime.retrieval import start_retrieval_service
 
 ray = pytest.importorskip("ray")
 
@@ -93,7 +93,7 @@ def test_service_answers_concurrent_calls_from_ray_tasks(config, local):
 @pytest.mark.slow
 def test_bundled_corpus_index_with_the_default_encoder(ray_local):
     """Builds (once; later runs reuse $RAYPIPE_CACHE) the embedded default index of all 13,844 passages."""
-    from raypipe.data import load_datasets
+    from raypipe.data.loaders import load_datasets
     from raypipe.retrieval.evaluate import dataset_recall
 
     config = load_config("embedded")

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from raypipe.control.evaluate import Trajectory, evaluate
-from raypipe.control.stoprag import (
+from raypipe.stopping.replay import Trajectory, evaluate
+from raypipe.stoprag.targets import (
     Episode,
     Round,
     Sample,

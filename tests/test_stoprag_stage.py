@@ -8,11 +8,11 @@ import random
 import pandas as pd
 import pytest
 
-from raypipe.config import load_config
-from raypipe.control.stoprag_stage import run_stoprag, split_three
-from raypipe.data import BUNDLED_CORPUS, iter_corpus, load_questions
-from raypipe.rundir import RunDir
-from raypipe.schema import conform
+from raypipe.core.config import load_config
+from raypipe.core.rundir import RunDir
+from raypipe.core.schema import conform
+from raypipe.data.loaders import BUNDLED_CORPUS, iter_corpus, load_questions
+from raypipe.stages.stoprag import run_stoprag, split_three
 from test_llm_stop import FakeEngine
 from test_stoprag_train import ray_local, tiny_encoder  # noqa: F401  (fixtures)
 
@@ -87,7 +87,7 @@ def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):  # noqa: F811
                  "llm_stop.parquet", "training.csv", "qnet/qnet.json"):  # fmt: skip
         assert (out / name).exists(), name
     assert "threshold" in json.loads((out / "qnet/qnet.json").read_text())
-    from raypipe.control.qnet import StopRagController
+    from raypipe.stoprag.qnet import StopRagController
 
     controller = pickle.loads(pickle.dumps(StopRagController(out / "qnet")))  # travels to actors, loads lazily
     history = [{"iteration": 0, "doc_titles": [], "doc_texts": []},

@@ -6,11 +6,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from raypipe.config import StopRagConfig  # noqa: E402
-from raypipe.control.qnet import QNetwork, load_tokenizer, score  # noqa: E402
-from raypipe.control.stoprag import Episode, training_samples  # noqa: E402
-from raypipe.control.stoprag_train import _targets  # noqa: E402
-from raypipe.models import resolve_sentence_model  # noqa: E402
+from raypipe.core.config import StopRagConfig  # noqa: E402
+from raypipe.core.models import resolve_sentence_model  # noqa: E402
+from raypipe.stoprag.qnet import QNetwork, load_tokenizer, score  # noqa: E402
+from raypipe.stoprag.targets import Episode, training_samples  # noqa: E402
+from raypipe.stoprag.train import _targets  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def ray_local():
 
 @pytest.mark.slow
 def test_ray_train_run_learns_and_checkpoints(tiny_encoder, tmp_path, ray_local):
-    from raypipe.control.stoprag_train import train_qnetwork
+    from raypipe.stoprag.train import train_qnetwork
 
     # "good" states should be stopped at (reward 1 now, 0 later), "bad" ones continued (0 now, 1 later)
     eps = [Episode(f"g{i}", (1, 2), (f"good evidence {i}", f"noise {i}"), (1.0, 0.0)) for i in range(6)]
@@ -87,7 +87,7 @@ def test_online_controller_pickles_light_and_decides(tiny_encoder, tmp_path):
     import asyncio
     import pickle
 
-    from raypipe.control.qnet import StopRagController, controller_from_path
+    from raypipe.stoprag.qnet import StopRagController, controller_from_path
 
     net = QNetwork(tiny_encoder, dropout=0.0)
     tok = load_tokenizer(tiny_encoder)

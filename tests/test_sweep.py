@@ -8,10 +8,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from raypipe.config import HeadRefit, StoppingConfig, TrainConfig
-from raypipe.control.evaluate import Trajectory
-from raypipe.control.heuristic import Thresholds, replay_controller
-from raypipe.control.sweep import (
+from raypipe.core.config import HeadRefit, StoppingConfig, TrainConfig
+from raypipe.core.schema import PREDICTIONS
+from raypipe.stopping.grid import (
     SUMS,
     VARIANTS,
     aggregate,
@@ -27,7 +26,8 @@ from raypipe.control.sweep import (
     select,
     threshold_grid,
 )
-from raypipe.schema import PREDICTIONS
+from raypipe.stopping.heuristic import Thresholds, replay_controller
+from raypipe.stopping.replay import Trajectory
 
 
 def synthetic(n_questions=60, seed=0, noise=0.1):
@@ -206,7 +206,7 @@ def write_synthetic_run(path, n_questions=40, seed=0):
 
 
 def test_load_heads(tmp_path):
-    from raypipe.control.stage import load_heads
+    from raypipe.stages.sweep import load_heads
 
     run = write_synthetic_run(tmp_path / "run", n_questions=6)
     chosen, heads = load_heads(run, "chosen")
@@ -217,8 +217,8 @@ def test_load_heads(tmp_path):
 
 
 def test_refit_predictions_use_the_predictors_head(tmp_path):
-    from raypipe.config import HeadRefit, TrainConfig
-    from raypipe.control.refit import head_frame, refit_label, refit_predictions, resolve
+    from raypipe.core.config import HeadRefit, TrainConfig
+    from raypipe.stopping.refit import head_frame, refit_label, refit_predictions, resolve
 
     run = write_synthetic_run(tmp_path / "run", n_questions=60)
     frame = head_frame(run)
@@ -239,7 +239,7 @@ def test_refit_predictions_use_the_predictors_head(tmp_path):
     with pytest.raises(ValueError, match="the run has no signals"):
         refit_predictions(frame, resolve(HeadRefit(group="unsup+sup"), train), train)  # no sup_signals/ here
     # a Tune trial's head: from prediction_grid, or refit
-    from raypipe.control.sweep import _trial_head
+    from raypipe.stopping.grid import _trial_head
 
     payload = {"predictions": {("g", 3): {"q0": {1: (0.1, 0.2)}}}, "refits": [refit], "refit_frame": frame,
                "train": train, "seed": 0}  # fmt: skip
@@ -249,8 +249,8 @@ def test_refit_predictions_use_the_predictors_head(tmp_path):
 
 
 def test_head_frame_joins_persisted_cross_encoder_signals(tmp_path):
-    from raypipe.control.refit import head_frame
-    from raypipe.schema import SUP_COLUMNS, conform
+    from raypipe.core.schema import SUP_COLUMNS, conform
+    from raypipe.stopping.refit import head_frame
 
     run = write_synthetic_run(tmp_path / "run", n_questions=6)
     rows = [
@@ -290,7 +290,7 @@ def ray_local():
 
 @pytest.mark.slow
 def test_sweep_stage_on_tune(tmp_path, ray_local):
-    from raypipe.control.stage import run_sweep
+    from raypipe.stages.sweep import run_sweep
 
     run = write_synthetic_run(tmp_path / "run")
     cfg = StoppingConfig(

@@ -9,7 +9,7 @@ def tiny_bert(folder: Path) -> str:
     """Save the tiny model (a regression head, num_labels=1) and MiniLM's tokenizer to ``folder``."""
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from raypipe.models import resolve_sentence_model
+    from raypipe.core.models import resolve_sentence_model
 
     tok = AutoTokenizer.from_pretrained(str(resolve_sentence_model("minilm")))
     config = BertConfig(

@@ -10,7 +10,7 @@ from raypipe.agents.loop import AgentLoop, LoopSettings, TrajectoryOutput
 from raypipe.agents.protocol import Action, AgentProtocol, EnforcementBounds
 from raypipe.agents.r1_searcher import R1Searcher
 from raypipe.agents.search_r1 import SearchR1
-from raypipe.config import AgentConfig, RunConfig
+from raypipe.core.config import AgentConfig, RunConfig
 
 PROTOCOLS = {"search_r1": SearchR1, "r1_searcher": R1Searcher}
 

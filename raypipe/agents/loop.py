@@ -23,13 +23,10 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from raypipe.agents.hooks import StopController
 from raypipe.agents.protocol import ANSWER, INVALID, AgentProtocol, Enforcement, EnforcementBounds
-from raypipe.control.base import StopController
-from raypipe.data import Question
-from raypipe.llm.base import ContextOverflowError, Engine, EngineError, Generation, GenerationRequest
-from raypipe.metrics import DEFAULT_RULE, Rule, f1_score
-from raypipe.retrieval.types import Retriever, SearchResult
-from raypipe.schema import (
+from raypipe.core.metrics import DEFAULT_RULE, Rule, f1_score
+from raypipe.core.schema import (
     STOP_ANSWER,
     STOP_CONTEXT,
     STOP_CONTROLLER,
@@ -38,6 +35,9 @@ from raypipe.schema import (
     STOP_NO_ACTION,
     STOP_RETRIEVAL_ERROR,
 )
+from raypipe.data.loaders import Question
+from raypipe.llm.base import ContextOverflowError, Engine, EngineError, Generation, GenerationRequest
+from raypipe.retrieval.types import Retriever, SearchResult
 
 AtLimit = Literal["forced", "none"]
 # Columns an online controller may see (never the gold-based probe_f1 / utility).

@@ -71,8 +71,8 @@ from raypipe.analysis.stats import (
     usable_iterations,
     utility_distribution,
 )
-from raypipe.config import ReportConfig
-from raypipe.rundir import RunDir
+from raypipe.core.config import ReportConfig
+from raypipe.core.rundir import RunDir
 
 log = logging.getLogger(__name__)
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from raypipe.schema import (
+from raypipe.core.schema import (
     STOP_ANSWER,
     STOP_CONTEXT,
     STOP_ENGINE_ERROR,

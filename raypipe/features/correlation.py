@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from raypipe.schema import FEATURE_COLUMNS
+from raypipe.core.schema import FEATURE_COLUMNS
 
 TARGETS = (("P", "probe_f1"), ("U", "utility"))
 MIN_PAIRS = 3

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from raypipe.core.schema import RBO_DEPTHS
 from raypipe.features import confidence, overlap, qpp
 from raypipe.features.resources import CorpusResources, SentenceEncoder
 from raypipe.features.similarity import cosine, reasoning_text
-from raypipe.schema import RBO_DEPTHS
 
 RBO_VARIANTS = {"rbo": overlap.rbo_truncated, "rbo_ext": overlap.rbo_extrapolated}
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from raypipe.core.rundir import RunDir
+from raypipe.core.schema import STOP_ANSWER, conform
 from raypipe.features.resources import InMemoryCorpus
-from raypipe.rundir import RunDir
-from raypipe.schema import STOP_ANSWER, conform
 
 WORDS = (
     "river castle novel author born city war king album film band queen bridge island painter poet "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raypipe.config import EngineConfig
+from raypipe.core.config import EngineConfig
 from raypipe.llm.base import Engine
 
 

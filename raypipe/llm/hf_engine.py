@@ -15,10 +15,10 @@ import logging
 import threading
 import time
 
-from raypipe.config import EngineConfig
+from raypipe.core.config import EngineConfig
+from raypipe.core.models import resolve_llm
 from raypipe.llm.base import EngineError, Generation, GenerationRequest
 from raypipe.llm.common import LocalTokenizer, check_request, find_stop, fit_max_tokens, resolve_dtype
-from raypipe.models import resolve_llm
 
 log = logging.getLogger(__name__)
 

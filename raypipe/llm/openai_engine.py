@@ -21,10 +21,10 @@ import logging
 import os
 from typing import Any
 
-from raypipe.config import EngineConfig
+from raypipe.core.config import EngineConfig
+from raypipe.core.models import ModelNotFoundError, resolve_llm
 from raypipe.llm.base import ContextOverflowError, EngineError, Generation, GenerationRequest
 from raypipe.llm.common import LocalTokenizer, check_request, fit_max_tokens
-from raypipe.models import ModelNotFoundError, resolve_llm
 
 log = logging.getLogger(__name__)
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}

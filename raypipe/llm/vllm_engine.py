@@ -20,11 +20,11 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from raypipe.config import EngineConfig
+from raypipe.core.config import EngineConfig
+from raypipe.core.loopthread import LoopThread
+from raypipe.core.models import resolve_llm
 from raypipe.llm.base import EngineError, Generation, GenerationRequest
 from raypipe.llm.common import LocalTokenizer, check_request, fit_max_tokens, resolve_dtype
-from raypipe.loopthread import LoopThread
-from raypipe.models import resolve_llm
 
 log = logging.getLogger(__name__)
 GiB = 1 << 30

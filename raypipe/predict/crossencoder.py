@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from raypipe.config import TrainConfig
+from raypipe.core.config import TrainConfig
 from raypipe.predict.relations import SPECIAL_TOKENS
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ def train_crossencoders(
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from raypipe.models import resolve_sentence_model
+    from raypipe.core.models import resolve_sentence_model
 
     done, todo = {}, []
     for task in tasks:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from raypipe.config import RunConfig
+from raypipe.core.config import RunConfig
 from raypipe.predict.relations import DocLookup
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ def doc_lookup_for(config: RunConfig) -> DocLookup:
             return passage.title, passage.text
 
         return from_store
-    from raypipe.data import iter_corpus
+    from raypipe.data.loaders import iter_corpus
 
     path = corpus_path(config.data)
     log.info("document texts from the corpus file %s (no index doc store at %s)", path, folder)

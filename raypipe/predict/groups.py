@@ -1,6 +1,6 @@
 """Signal families the head reads (the paper's Table 3 rows) and the unsupervised sources (Table 4).
 
-- unsup: training-free signals from ``features/`` (raypipe.schema.FEATURE_COLUMNS), in three sources:
+- unsup: training-free signals from ``features/`` (raypipe.core.schema.FEATURE_COLUMNS), in three sources:
   intra (retrieval quality of the current list), inter (change from earlier iterations), alignment
   (current iteration vs the original question / first reasoning).
   ``seed`` = the nine signals of the seed code's head; ``all`` = every FEATURES signal.

@@ -20,7 +20,7 @@ from sklearn.neural_network import MLPRegressor
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
-from raypipe.config import TrainConfig
+from raypipe.core.config import TrainConfig
 
 
 def make_head(cfg: TrainConfig, seed: int = 0) -> Pipeline:

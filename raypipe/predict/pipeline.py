@@ -19,15 +19,15 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from raypipe.config import TrainConfig
+from raypipe.core.config import TrainConfig
+from raypipe.core.rundir import RunDir
+from raypipe.core.schema import PREDICTIONS, SUP_COLUMNS, SUP_SIGNALS
 from raypipe.predict import evaluate, groups
 from raypipe.predict.head import fit_head, out_of_fold
 from raypipe.predict.relations import TARGETS, DocLookup, relation_frame
 from raypipe.predict.splits import assign_folds, fold_column
 from raypipe.predict.tables import plot_curves, write_tables
 from raypipe.predict.window import build_window
-from raypipe.rundir import RunDir
-from raypipe.schema import PREDICTIONS, SUP_COLUMNS, SUP_SIGNALS
 
 log = logging.getLogger(__name__)
 KEYS = ["qid", "dataset", "iteration"]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from raypipe.rundir import RunDir
-from raypipe.schema import FEATURE_COLUMNS, STOP_ANSWER, conform
+from raypipe.core.rundir import RunDir
+from raypipe.core.schema import FEATURE_COLUMNS, STOP_ANSWER, conform
 
 FILLER = "the river castle novel author born city war king album film band queen bridge island painter".split()
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from raypipe.config import TrainConfig
+from raypipe.core.config import TrainConfig
 
 TARGET_NAMES = {"p": "P_i (quality)", "u": "U_i (utility)"}
 

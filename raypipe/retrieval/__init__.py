@@ -34,6 +34,7 @@ Errors: :class:`IndexNotFoundError` (missing directory or files), :class:`IndexM
 with another encoder, dimension or build setting), raised before any model or index is loaded.
 """
 
+from raypipe.retrieval.batcher import QueryBatcher
 from raypipe.retrieval.build import encoder_spec, ensure_index, index_dir_for, index_settings, search_params
 from raypipe.retrieval.encoders import Encoder, EncoderSpec, passage_text
 from raypipe.retrieval.index import (
@@ -45,7 +46,6 @@ from raypipe.retrieval.index import (
     load_index_dir,
 )
 from raypipe.retrieval.searcher import LocalRetriever
-from raypipe.retrieval.service import QueryBatcher, RetrievalClient, start_retrieval_service
 from raypipe.retrieval.store import CorpusStats, DocStore, tokenize
 from raypipe.retrieval.types import Retriever, SearchHit, SearchResult
 
@@ -60,7 +60,6 @@ __all__ = [
     "IndexSettings",
     "LocalRetriever",
     "QueryBatcher",
-    "RetrievalClient",
     "Retriever",
     "SearchHit",
     "SearchParams",
@@ -72,6 +71,5 @@ __all__ = [
     "load_index_dir",
     "passage_text",
     "search_params",
-    "start_retrieval_service",
     "tokenize",
 ]

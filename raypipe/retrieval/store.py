@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raypipe.data import Passage
+from raypipe.data.loaders import Passage
 
 _TOKEN = re.compile(r"\w+")
 

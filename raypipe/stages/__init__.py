@@ -1,1 +1,1 @@
-"""Thin Ray adapters: the callable classes that Ray Data runs (map_batches / map_groups)."""
+"""One module per job: its driver, its Ray adapter (Data UDF, Train loop, Tune trial) and its ``main()``."""

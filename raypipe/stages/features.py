@@ -20,11 +20,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raypipe.config import FeaturesConfig, RunConfig
+from raypipe.core.config import FeaturesConfig, RunConfig
+from raypipe.core.jobargs import job_parser, run_config_from_args, setup_logging
+from raypipe.core.rundir import RunDir, RunDirError
+from raypipe.core.schema import FEATURES, ITERATIONS, conform
+from raypipe.features.correlation import correlation_table, format_table, write_csv
 from raypipe.features.extract import SignalSettings, extract_many
 from raypipe.features.resources import CorpusResources, SentenceEncoder
-from raypipe.rundir import RunDir
-from raypipe.schema import FEATURES, ITERATIONS, conform
+from raypipe.runtime.cluster import init_ray
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +57,7 @@ class SbertEncoder:
     def __init__(self, ref: str = "minilm", batch_size: int = 64):
         from sentence_transformers import SentenceTransformer
 
-        from raypipe.models import resolve_sentence_model
+        from raypipe.core.models import resolve_sentence_model
 
         self.model = SentenceTransformer(str(resolve_sentence_model(ref)), device="cpu", local_files_only=True)
         self.batch_size = batch_size
@@ -237,3 +240,41 @@ def run_features(
 def _questions(run: RunDir) -> dict[str, str]:
     table = run.read("trajectories", columns=["qid", "question"])
     return dict(zip(table.column("qid").to_pylist(), table.column("question").to_pylist()))
+
+
+DESCRIPTION = """Trajectory signals (QPP, RBO, SBERT similarity, probe confidence) for a run: RUN_DIR/features/.
+
+Reads RUN_DIR/iterations/ and RUN_DIR/trajectories/, groups the iterations by trajectory and runs the
+signal extractor on a Ray Data actor pool (each actor holds the sentence encoder and the run's retrieval
+index). Writes RUN_DIR/features/ (one row per qid x iteration; columns: raypipe.core.schema.FEATURES), then
+prints each signal's Pearson r with P_i and U_i and saves that table as RUN_DIR/feature_correlations.csv.
+The run's own config.yaml is the base configuration (its retrieval index) unless --config names another.
+"""
+
+
+
+
+def main() -> None:
+    parser = job_parser(DESCRIPTION)
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by jobs/probe.py")
+    args = parser.parse_args()
+    setup_logging(args.verbose)
+    run = RunDir(args.run_dir)
+    config = run_config_from_args(args, run.path)
+
+    import ray
+
+    init_ray(config, log_to_driver=True)
+    try:
+        rows = run_features(run, config)
+    except RunDirError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    finally:
+        ray.shutdown()
+    run.write_config(config, "features")
+
+    table = correlation_table(run.read("features"))
+    path = write_csv(table, run.path / "feature_correlations.csv")
+    print(f"\n{rows} feature rows -> {run.table_dir('features')}\n")
+    print(format_table(table))
+    print(f"\n(saved to {path})")

@@ -22,14 +22,14 @@ from typing import Any
 import pyarrow as pa
 
 from raypipe.agents import AgentLoop, TrajectoryOutput, build_protocol, loop_settings
-from raypipe.config import EngineConfig, RunConfig
-from raypipe.control.base import StopController
-from raypipe.data import Question
+from raypipe.agents.hooks import StopController
+from raypipe.core.config import EngineConfig, RunConfig
+from raypipe.core.loopthread import LoopThread
+from raypipe.core.schema import ITERATIONS, TRAJECTORIES
+from raypipe.data.loaders import Question
 from raypipe.llm.base import Engine
-from raypipe.loopthread import LoopThread
-from raypipe.raycluster import current_node_id
 from raypipe.retrieval.types import Retriever
-from raypipe.schema import ITERATIONS, TRAJECTORIES
+from raypipe.runtime.cluster import current_node_id
 
 log = logging.getLogger(__name__)
 

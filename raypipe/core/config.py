@@ -1,6 +1,6 @@
-"""Typed run configuration: YAML presets under ``configs/``, overridable from the command line.
+"""Typed run configuration: YAML presets under ``raypipe/presets/``, overridable from the command line.
 
-A run is described by one :class:`RunConfig`. Presets are YAML files (``configs/<name>.yaml``) or any
+A run is described by one :class:`RunConfig`. Presets are YAML files (``raypipe/presets/<name>.yaml``) or any
 YAML path; ``--set section.key=value`` overrides single values (the value is parsed as YAML). Unknown
 keys and bad values fail with a message that names the key. Every run writes the resolved config next
 to its outputs (``RUN_DIR/config.yaml``).
@@ -15,8 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-PRESET_DIR = REPO_ROOT / "configs"
+PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"  # inside the package: a wheel has them
 DEFAULT_PRESET = "embedded"
 
 
@@ -353,7 +352,7 @@ class TrainConfig(StrictModel):
 
 
 class HeadRefit(StrictModel):
-    """A head training setting the stopping sweep refits (raypipe.control.refit)."""
+    """A head training setting the stopping sweep refits (raypipe.stopping.refit)."""
 
     group: str | None = Field(default=None, description="Signal group, e.g. 'unsup+sup+prob'; None = train.chosen_group.")
     window: int | None = Field(default=None, ge=1, description="Head window; None = train.chosen_window.")
@@ -368,7 +367,7 @@ class StoppingConfig(StrictModel):
     theta_p: float = Field(default=0.3, description="θ_P of the online controller (default: the paper's operating point).")
     theta_u: float = Field(default=0.2, description="θ_U of the online controller.")
     variant: Literal["paper", "delta_p", "mean_utility", "best_rollback", "quality_floor", "give_up"] = Field(
-        default="paper", description="Heuristic variant of the online controller (raypipe.control.sweep.VARIANTS)."
+        default="paper", description="Heuristic variant of the online controller (raypipe.stopping.grid.VARIANTS)."
     )
     theta_p_grid: list[float] = Field(
         default_factory=lambda: [round(0.05 * i, 2) for i in range(21)], description="θ_P values swept."
@@ -422,7 +421,7 @@ class RunConfig(StrictModel):
 
 
 def preset_path(preset: str | Path) -> Path:
-    """A preset name (``configs/<name>.yaml``) or a YAML path."""
+    """A preset name (``raypipe/presets/<name>.yaml``) or a YAML path."""
     path = Path(preset)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.exists():

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from raypipe.control.base import CONTINUE, StopDecision
-from raypipe.control.evaluate import Decision, OfflineController, Trajectory, natural_decision
+from raypipe.agents.hooks import CONTINUE, StopDecision
+from raypipe.stopping.replay import Decision, OfflineController, Trajectory, natural_decision
 
 HIGH_HIGH, HIGH_P_LOW_U, LOW_P_HIGH_U, LOW_LOW = 0, 1, 2, 3
 

@@ -1,6 +1,6 @@
 """Head refits for the sweep: out-of-fold P̂/Û from the predictors' own head code under other settings.
 
-A Tune trial that carries a :class:`raypipe.config.HeadRefit` fits the windowed MLP head
+A Tune trial that carries a :class:`raypipe.core.config.HeadRefit` fits the windowed MLP head
 (``raypipe.predict``: the same window, k-fold by question, folds and head as ``jobs/train.py``) with
 its training settings and replays the threshold grid on the new predictions. The head reads the
 signals of ``features/`` and the out-of-fold cross-encoder signals of ``sup_signals/`` (both written by
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from raypipe.config import HeadRefit, TrainConfig
-from raypipe.control.heuristic import Predictions
-from raypipe.rundir import RunDir
+from raypipe.core.config import HeadRefit, TrainConfig
+from raypipe.core.rundir import RunDir
+from raypipe.stopping.heuristic import Predictions
 
 KEYS = ("qid", "dataset", "iteration")
 

@@ -1,6 +1,6 @@
 """The online controller: the 4-state heuristic on a predictor bundle's P̂/Û while the agent runs.
 
-:class:`OnlineController` implements :class:`raypipe.control.base.StopController`. After each
+:class:`OnlineController` implements :class:`raypipe.agents.hooks.StopController`. After each
 iteration the agent loop calls ``decide(question, history)``; the controller predicts (P̂_i, Û_i) for
 the new iterations with the bundle (``raypipe.predict.bundle``; predictions start at iteration 1),
 replays :class:`FourStateHeuristic` over the trajectory's predictions so far, and says stop when the
@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-from raypipe.config import RunConfig
-from raypipe.control.base import CONTINUE, StopDecision
-from raypipe.control.heuristic import PAPER_OPTIONS, PAPER_THRESHOLDS, FourStateHeuristic, HeuristicOptions, Thresholds
+from raypipe.agents.hooks import CONTINUE, StopDecision
+from raypipe.core.config import RunConfig
+from raypipe.stopping.heuristic import PAPER_OPTIONS, PAPER_THRESHOLDS, FourStateHeuristic, HeuristicOptions, Thresholds
 
 log = logging.getLogger(__name__)
 MAX_TRACKED = 10_000  # trajectories whose predictions are kept between calls
@@ -52,7 +52,7 @@ def load_bundle_predictor(bundle_path: str | Path, config: RunConfig | None = No
     if bundle.needs_feature_extractor:
         from functools import partial
 
-        from raypipe.config import load_config
+        from raypipe.core.config import load_config
         from raypipe.features.extract import extract_trajectory
         from raypipe.stages.features import IndexCorpus, SbertEncoder, signal_settings
 
@@ -109,7 +109,7 @@ class OnlineController:
 
         The chosen head must be the bundle's (the bundle holds one head configuration).
         """
-        from raypipe.control.sweep import VARIANTS
+        from raypipe.stopping.grid import VARIANTS
 
         chosen = json.loads(Path(selected_json).read_text())[which]
         manifest = json.loads((Path(bundle_path) / BUNDLE_MANIFEST).read_text())
@@ -182,7 +182,7 @@ def controller_from_path(path: str | Path, config: RunConfig) -> OnlineControlle
     variant come from ``config.stopping`` (theta_p, theta_u, variant; default the paper's operating
     point), so ``--set stopping.theta_p=...`` picks others (e.g. a sweep's choice from selected.json).
     """
-    from raypipe.control.sweep import VARIANTS
+    from raypipe.stopping.grid import VARIANTS
 
     folder = Path(path)
     if not (folder / BUNDLE_MANIFEST).exists() and (folder / "models" / BUNDLE_MANIFEST).exists():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raypipe.control.evaluate import Decision, OfflineController, Trajectory, natural_decision
+from raypipe.stopping.replay import Decision, OfflineController, Trajectory, natural_decision
 
 
 def natural(trajectory: Trajectory) -> Decision:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raypipe.config import RunConfig, dump_config
+from raypipe.core.config import RunConfig, dump_config
 
 PARTIAL_SUFFIX = ".parquet.tmp"  # a part being written; renamed to .parquet when complete
 

@@ -1,7 +1,7 @@
 """Training the Stop-RAG Q-network with Ray Train (TorchTrainer; CPU workers here, GPUs on clusters).
 
 Each step follows the public trainer (``MultiheadTrainer``): the STOP head regresses r_t; the CONT head
-regresses the target of :func:`raypipe.control.stoprag.cont_target`, whose bootstrap values
+regresses the target of :func:`raypipe.stoprag.targets.cont_target`, whose bootstrap values
 max(Q_stop, Q_cont) of the future states come from the current network without gradients (here in eval
 mode, so dropout does not add noise to targets); lambda follows the cosine schedule over optimizer steps.
 Loss = MSE(Q_stop, r_t) + MSE(Q_cont, target); for the ``binary`` ablation the CONT term is a BCE of
@@ -24,8 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from raypipe.config import StopRagConfig
-from raypipe.control.stoprag import Sample, cont_target, cosine_lambda, needs_bootstrap
+from raypipe.core.config import StopRagConfig
+from raypipe.stoprag.targets import Sample, cont_target, cosine_lambda, needs_bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def train_loop(config: dict[str, Any]) -> None:
     import torch
     from transformers import get_cosine_schedule_with_warmup
 
-    from raypipe.control.qnet import QNetwork, load_tokenizer, score
+    from raypipe.stoprag.qnet import QNetwork, load_tokenizer, score
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     cfg = StopRagConfig.model_validate(config["stoprag"])

@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from raypipe.config import DEFAULT_PRESET, ConfigError, RunConfig, load_config
+from raypipe.core.config import DEFAULT_PRESET, ConfigError, RunConfig, load_config
 
 
 def job_parser(description: str) -> argparse.ArgumentParser:
@@ -17,7 +17,7 @@ def job_parser(description: str) -> argparse.ArgumentParser:
         "--config",
         default=DEFAULT_PRESET,
         metavar="PRESET",
-        help=f"preset name under configs/ or a YAML path (default: {DEFAULT_PRESET})",
+        help=f"preset name (raypipe/presets/) or a YAML path (default: {DEFAULT_PRESET})",
     )
     parser.add_argument(
         "--set",

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from raypipe.rundir import RunDir
-from raypipe.schema import STOP_CONTROLLER, STOP_ENGINE_ERROR, STOP_RETRIEVAL_ERROR
+from raypipe.core.rundir import RunDir
+from raypipe.core.schema import STOP_CONTROLLER, STOP_ENGINE_ERROR, STOP_RETRIEVAL_ERROR
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BUNDLED_DIR = Path(__file__).resolve().parent / "data" / "mhqa"
+BUNDLED_DIR = Path(__file__).resolve().parent / "mhqa"
 BUNDLED_DATASETS = ("hotpotqa", "2wikimultihopqa", "musique")
 BUNDLED_CORPUS = BUNDLED_DIR / "corpus.jsonl"
 

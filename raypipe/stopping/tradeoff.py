@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from raypipe.control.sweep import PAPER_F1_SHARE, PAPER_ITERATIONS_CHANGE, beats_paper
+from raypipe.stopping.grid import PAPER_F1_SHARE, PAPER_ITERATIONS_CHANGE, beats_paper
 
 TABLE_COLUMNS = [
     "controller", "feature_group", "window", "variant", "theta_p", "theta_u", "selection", "questions",

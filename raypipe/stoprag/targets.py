@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from raypipe.control.evaluate import Decision, OfflineController, Summary, Trajectory, evaluate, natural_decision
+from raypipe.stopping.replay import Decision, OfflineController, Summary, Trajectory, evaluate, natural_decision
 
 TargetType = Literal["qlambda", "mc", "q0", "binary"]
 TARGET_TYPES: tuple[TargetType, ...] = ("qlambda", "mc", "q0", "binary")
@@ -263,7 +263,7 @@ Margins = dict[str, dict[int, float]]  # qid -> iteration -> Q_stop - Q_cont
 
 
 def margin_controller(margins: Margins, threshold: float, reason: str = "stoprag") -> OfflineController:
-    """Stop-RAG as an offline controller (:mod:`raypipe.control.evaluate`): stop after the first iteration
+    """Stop-RAG as an offline controller (:mod:`raypipe.stopping.replay`): stop after the first iteration
     whose margin exceeds ``threshold`` and return that iteration's probed answer; otherwise natural.
     Iterations without a margin (before ``first_decision``, or the terminal one) never stop. Any per-
     iteration score works (LLM-Stop replays its decisions as margins 1/0 with threshold 0.5)."""

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from raypipe.control.base import CONTINUE, StopDecision
-from raypipe.control.stoprag import Round, rounds_from_history
+from raypipe.agents.hooks import CONTINUE, StopDecision
 from raypipe.llm.base import Engine, EngineError, GenerationRequest
+from raypipe.stoprag.targets import Round, rounds_from_history
 
 SYSTEM_PROMPT = """\
 You decide whether a multi-step search has gathered enough information to answer a question.
@@ -122,7 +122,7 @@ def parse_decision(text: str, default: Verdict = "continue") -> Parsed:
 
 
 class LLMStopController:
-    """LLM-Stop as an online controller (:class:`raypipe.control.base.StopController`) over an Engine.
+    """LLM-Stop as an online controller (:class:`raypipe.agents.hooks.StopController`) over an Engine.
 
     Iterations before ``first_decision`` always continue (0: the probe before any retrieval). An engine
     error on the decision prompt is the default verdict, not a failed trajectory. ``enforce`` constrains

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -26,9 +27,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from raypipe.config import EngineConfig, RunConfig, StopRagConfig
-from raypipe.control.caps import cap, natural
-from raypipe.control.evaluate import (
+from raypipe.core.config import EngineConfig, RunConfig, StopRagConfig
+from raypipe.core.jobargs import job_parser, run_config_from_args, setup_logging
+from raypipe.core.rundir import RunDir, RunDirError
+from raypipe.llm.base import Engine
+from raypipe.runtime.cluster import init_ray
+from raypipe.stopping.caps import cap, natural
+from raypipe.stopping.replay import (
     OfflineController,
     Summary,
     Trajectory,
@@ -37,7 +42,7 @@ from raypipe.control.evaluate import (
     split_qids,
     summarise,
 )
-from raypipe.control.stoprag import (
+from raypipe.stoprag.targets import (
     Episode,
     Margins,
     build_episode,
@@ -47,8 +52,6 @@ from raypipe.control.stoprag import (
     tune_threshold,
     with_documents,
 )
-from raypipe.llm.base import Engine
-from raypipe.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +74,7 @@ def split_three(qids: Sequence[str], shares: tuple[float, float, float], seed: i
 
 def load_documents(corpus: str, wanted: set[str]) -> dict[str, tuple[str, str]]:
     """doc_id -> (title, text) for the wanted ids, streamed from the corpus jsonl."""
-    from raypipe.data import BUNDLED_CORPUS, iter_corpus
+    from raypipe.data.loaders import BUNDLED_CORPUS, iter_corpus
 
     docs = {}
     for passage in iter_corpus(BUNDLED_CORPUS if corpus == "bundled" else corpus):
@@ -98,7 +101,7 @@ def load_histories(run: RunDir, config: RunConfig, qids: set[str]) -> tuple[dict
 
 
 def score_episodes(folder: Path, episodes: Sequence[Episode], max_length: int) -> tuple[Margins, list[dict]]:
-    from raypipe.control.qnet import QNetwork, load_tokenizer, score
+    from raypipe.stoprag.qnet import QNetwork, load_tokenizer, score
 
     net, _ = QNetwork.load(folder)
     texts = [t for ep in episodes for t in ep.texts]
@@ -117,8 +120,8 @@ def train_variant(
     cfg: StopRagConfig, config: RunConfig, episodes: dict[str, Episode], splits: Splits, out: Path, val_t: list[Trajectory]
 ) -> tuple[Path, float, Summary, list[dict], list[dict], Margins]:
     """Train one network, score val+test states, tune the threshold; store it in the network's metadata."""
-    from raypipe.control.stoprag_train import train_qnetwork
-    from raypipe.models import resolve_sentence_model
+    from raypipe.core.models import resolve_sentence_model
+    from raypipe.stoprag.train import train_qnetwork
 
     texts, samples = training_samples([episodes[q] for q in sorted(splits.train) if q in episodes], cfg.drop_no_signal)
     log.info("Stop-RAG[%s]: %d training states (%d in the state table)", cfg.target, len(samples), len(texts))
@@ -157,7 +160,7 @@ def llm_stop_margins(
 ) -> tuple[Margins, list[dict]]:
     """Run LLM-Stop through the engine on every decision point of the test trajectories (all at
     once, so the engine batches them); its verdicts become margins 1 (stop) / 0 (continue)."""
-    from raypipe.control.llm_stop import LLMStopController, judge_prefixes
+    from raypipe.stoprag.llm_stop import LLMStopController, judge_prefixes
 
     cfg = config.stoprag
     items = []
@@ -196,8 +199,8 @@ def heuristic_controller(run: RunDir, config: RunConfig) -> tuple[OfflineControl
     predictors have not run."""
     if not run.has("predictions"):
         return None
-    from raypipe.control.heuristic import Thresholds, replay_controller
-    from raypipe.control.sweep import predictions_by_head
+    from raypipe.stopping.grid import predictions_by_head
+    from raypipe.stopping.heuristic import Thresholds, replay_controller
 
     heads = predictions_by_head(run.read("predictions"))
     if len(heads) != 1:
@@ -336,3 +339,45 @@ def run_stoprag(
     pd.DataFrame(outcomes).to_parquet(out / "outcomes.parquet")
     return StopRagReport(table, out, {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
                          excluded, time.monotonic() - started)  # fmt: skip
+
+
+DESCRIPTION = """Train and evaluate Stop-RAG (Q(lambda) value-based stopping) and the LLM-Stop baseline on a run: RUN_DIR/stoprag/.
+
+Trains the Q-network with Ray Train on the run's training questions, tunes its margin threshold on the
+validation questions, and compares natural stopping, Cap@k, the 4-state heuristic (when predictions/
+exists), Stop-RAG and LLM-Stop (the engine asked to STOP or CONTINUE) on the test questions:
+RUN_DIR/stoprag/comparison.csv, .md and .png. Options are the ``stoprag`` section of the config
+(``--set stoprag.target=mc``, ``--set stoprag.epochs=5``). The run's own config.yaml is the base
+configuration unless --config names another.
+"""
+
+
+
+
+def main() -> None:
+    parser = job_parser(DESCRIPTION)
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by jobs/probe.py")
+    parser.add_argument("--no-llm-stop", action="store_true", help="skip the LLM-Stop baseline (it runs the engine)")
+    parser.add_argument("--ablation", nargs="*", default=[], choices=["qlambda", "mc", "q0", "binary"],
+                        help="also train these target types (the paper's ablation) and add them to the comparison")
+    args = parser.parse_args()
+    setup_logging(args.verbose)
+    run = RunDir(args.run_dir)
+    if not run.path.is_dir():
+        sys.exit(f"error: run directory {run.path} does not exist")
+    config = run_config_from_args(args, run.path)
+
+    import ray
+
+    from raypipe.stages.stoprag import run_stoprag
+
+    init_ray(config, log_to_driver=True)
+    try:
+        report = run_stoprag(run, config, llm_stop=False if args.no_llm_stop else None, ablation=args.ablation)
+    except (RunDirError, ValueError) as exc:
+        sys.exit(f"error: {exc}")
+    finally:
+        ray.shutdown()
+    run.write_config(config, "stoprag")
+    log.info("questions %s, left out %s, %.0f s; wrote %s", report.splits, report.excluded or "none", report.seconds, report.out)
+    print((report.out / "comparison.md").read_text())

@@ -25,10 +25,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from raypipe.config import HeadRefit, TrainConfig
-from raypipe.control.caps import cap, natural
-from raypipe.control.evaluate import OfflineController, Outcome, Trajectory, outcome, relative_change, replay, share
-from raypipe.control.heuristic import (
+from raypipe.core.config import HeadRefit, TrainConfig
+from raypipe.stopping.caps import cap, natural
+from raypipe.stopping.heuristic import (
     PAPER_OPTIONS,
     HeuristicOptions,
     Predictions,
@@ -36,6 +35,7 @@ from raypipe.control.heuristic import (
     classified_signals,
     replay_controller,
 )
+from raypipe.stopping.replay import OfflineController, Outcome, Trajectory, outcome, relative_change, replay, share
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ def _trial_head(head: list, payload: dict) -> tuple[HeadKey, Predictions]:
     if head[0] == "grid":
         key = (head[1], int(head[2]))
         return key, payload["predictions"][key]
-    from raypipe.control.refit import refit_label, refit_predictions
+    from raypipe.stopping.refit import refit_label, refit_predictions
 
     refit = payload["refits"][int(head[1])]
     preds = refit_predictions(payload["refit_frame"], refit, payload["train"], payload["seed"])
@@ -328,7 +328,7 @@ def run_tune(
     """Run the sweep as a Tune experiment (Ray must be initialised): the grid of every head.
 
     One trial per head of ``heads`` and per refit (head training settings fit on ``refit_frame``,
-    :mod:`raypipe.control.refit`); the grid has ``feature_group`` and ``window`` columns naming it.
+    :mod:`raypipe.stopping.refit`); the grid has ``feature_group`` and ``window`` columns naming it.
     """
     from ray import tune
 

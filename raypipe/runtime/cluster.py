@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from raypipe.config import RunConfig
+from raypipe.core.config import RunConfig
 
 
 def init_ray(config: RunConfig, log_to_driver: bool = True) -> None:

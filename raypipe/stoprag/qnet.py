@@ -20,8 +20,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from raypipe.control.base import CONTINUE, StopDecision
-from raypipe.control.stoprag import rounds_from_history, state_text
+from raypipe.agents.hooks import CONTINUE, StopDecision
+from raypipe.stoprag.targets import rounds_from_history, state_text
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def score(net: QNetwork, tokenizer, texts: Sequence[str], max_length: int, batch
 
 
 class StopRagController:
-    """Stop-RAG online (:class:`raypipe.control.base.StopController`): after each iteration from
+    """Stop-RAG online (:class:`raypipe.agents.hooks.StopController`): after each iteration from
     ``first_decision`` on, score the state and stop when Q_stop - Q_cont > threshold.
 
     Built from a saved network folder, whose metadata holds the tuned threshold and the state settings.
