@@ -1,4 +1,4 @@
-"""Reliability under faults and bad input: run every case of tests/chaos_cases.py and print a table.
+"""Reliability under faults and bad input: run every case of raypipe/testing/chaos.py and print a table.
 
 Cases (the same as tests/test_chaos.py): a generation actor and a retrieval actor killed mid-job, the
 driver interrupted with SIGINT and with SIGTERM and rerun, bad input lines, a 10,000-character question
@@ -24,13 +24,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from tests import chaos_cases as cases  # noqa: E402
-from tests.tiny_models import tiny_bert  # noqa: E402
+from raypipe.testing import chaos as cases
+from raypipe.testing.tiny_models import tiny_bert
 
 COLUMNS = ("case", "outcome", "rows in", "rows out", "duplicates", "time", "note")
 

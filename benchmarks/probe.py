@@ -34,13 +34,12 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from raypipe.agents import TrajectoryOutput  # noqa: E402
-from raypipe.core.config import RunConfig  # noqa: E402
-from raypipe.core.jobargs import config_from_args, job_parser, setup_logging  # noqa: E402
-from raypipe.data.loaders import load_datasets  # noqa: E402
-from raypipe.llm.base import Generation, GenerationRequest  # noqa: E402
+from raypipe.agents import TrajectoryOutput
+from raypipe.core.config import RunConfig
+from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.data.loaders import load_datasets
+from raypipe.llm.base import Generation, GenerationRequest
 
 log = logging.getLogger("benchmarks.probe")
 

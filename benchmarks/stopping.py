@@ -22,15 +22,11 @@ import logging
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from raypipe.core.config import DEFAULT_PRESET, RunConfig  # noqa: E402
-from raypipe.core.jobargs import config_from_args, job_parser, setup_logging  # noqa: E402
-from raypipe.core.rundir import RunDir  # noqa: E402
-from raypipe.data.loaders import load_datasets  # noqa: E402
+from raypipe.core.config import DEFAULT_PRESET, RunConfig
+from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.core.rundir import RunDir
+from raypipe.data.loaders import load_datasets
 
 log = logging.getLogger("benchmarks.stopping")
 

@@ -7,7 +7,7 @@ import pytest
 from raypipe.agents import EnforcementBounds, R1Searcher, SearchR1, build_protocol
 from raypipe.agents.protocol import ANSWER, INVALID, SEARCH, Action
 from raypipe.core.config import load_config
-from tests.agent_fakes import FakeEngine, hit
+from raypipe.testing.fakes import FakeEngine, hit
 
 SEARCH_R1_USER = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get new "

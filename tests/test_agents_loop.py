@@ -6,7 +6,7 @@ from raypipe.agents import AgentLoop, LoopSettings, R1Searcher, SearchR1
 from raypipe.core.schema import conform
 from raypipe.data.loaders import Question
 from raypipe.llm.base import EngineError
-from tests.agent_fakes import FakeEngine, FakeRetriever, ScriptedController, agent_turns
+from raypipe.testing.fakes import FakeEngine, FakeRetriever, ScriptedController, agent_turns
 
 Q = Question(qid="q1", dataset="toy", question="Who wrote Hamlet", golden_answers=["William Shakespeare"])
 SEARCH_1 = "<think> I need the author. </think>\n<search> Hamlet author </search>"

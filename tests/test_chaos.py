@@ -1,4 +1,4 @@
-"""Reliability under faults and bad input (issue 10): the cases of tests/chaos_cases.py, one test each.
+"""Reliability under faults and bad input (issue 10): the cases of raypipe/testing/chaos.py, one test each.
 
 ``python benchmarks/chaos.py`` runs the same cases and prints their table.
 """
@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
-from tests import chaos_cases as cases
-from tests.tiny_models import tiny_bert
+from raypipe.testing import chaos as cases
+from raypipe.testing.tiny_models import tiny_bert
 
 
 def passed(outcome: cases.Outcome) -> bool:

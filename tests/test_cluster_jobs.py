@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ray_cluster import LocalCluster
 from raypipe.core.rundir import RunDir
+from raypipe.testing.cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

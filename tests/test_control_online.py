@@ -11,7 +11,7 @@ from raypipe.agents.hooks import CONTINUE, StopDecision
 from raypipe.data.loaders import Question
 from raypipe.stopping.heuristic import HeuristicOptions, Thresholds
 from raypipe.stopping.online import OnlineController
-from tests.agent_fakes import FakeEngine, FakeRetriever, agent_turns
+from raypipe.testing.fakes import FakeEngine, FakeRetriever, agent_turns
 
 TH = Thresholds(0.5, 0.0)
 

@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from index_checks import assert_rows_are_their_passages
 from raypipe.core.config import load_config
 from raypipe.features.extract import extract_trajectory
 from raypipe.stages.features import IndexCorpus, SbertEncoder
+from raypipe.testing.index_checks import assert_rows_are_their_passages
 
 PASSAGES = [
     ("p1", "Hamlet", "Hamlet is a tragedy written by William Shakespeare."),

@@ -7,7 +7,7 @@ import pytest
 
 from raypipe.core.config import TrainConfig
 from raypipe.predict import crossencoder
-from tests.tiny_models import tiny_bert
+from raypipe.testing.tiny_models import tiny_bert
 
 pytestmark = pytest.mark.slow
 

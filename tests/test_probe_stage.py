@@ -15,8 +15,8 @@ from raypipe.data.loaders import Question
 from raypipe.llm.base import EngineError
 from raypipe.stages.generate import GenerateStage, question_items, split_output
 from raypipe.stages.probe import check_resumable, done_qids, format_summary, run_probe, summarize
-from tests import agent_fakes
-from tests.agent_fakes import FakeEngine, FakeRetriever
+from raypipe.testing import fakes as agent_fakes
+from raypipe.testing.fakes import FakeEngine, FakeRetriever
 
 SEARCH = "<think> look it up </think>\n<search> {q} </search>"
 ANSWER = "<think> done </think>\n<answer> answer {q} </answer>"

@@ -5,7 +5,6 @@ import asyncio
 import numpy as np
 import pytest
 
-from index_checks import assert_rows_are_their_passages
 from raypipe.core.config import load_config
 from raypipe.data.loaders import BUNDLED_CORPUS
 from raypipe.retrieval import (
@@ -16,6 +15,7 @@ from raypipe.retrieval import (
     passage_text,
 )
 from raypipe.runtime.retrieval import start_retrieval_service
+from raypipe.testing.index_checks import assert_rows_are_their_passages
 
 ray = pytest.importorskip("ray")
 

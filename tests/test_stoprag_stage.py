@@ -7,14 +7,14 @@ import random
 
 import pandas as pd
 import pytest
+from test_llm_stop import FakeEngine
+from test_stoprag_train import ray_local, tiny_encoder  # noqa: F401  (fixtures)
 
 from raypipe.core.config import load_config
 from raypipe.core.rundir import RunDir
 from raypipe.core.schema import conform
 from raypipe.data.loaders import BUNDLED_CORPUS, iter_corpus, load_questions
 from raypipe.stages.stoprag import run_stoprag, split_three
-from test_llm_stop import FakeEngine
-from test_stoprag_train import ray_local, tiny_encoder  # noqa: F401  (fixtures)
 
 
 def write_synthetic_run(path, n_questions=30, seed=0, max_iterations=4, predictions=False):

@@ -1,9 +1,9 @@
 """The reliability cases (issue 10), shared by tests/test_chaos.py and ``benchmarks/chaos.py``.
 
-Each case runs a small job on fakes with one fault from ``tests/faults.py`` and returns an
+Each case runs a small job on fakes with one fault from ``raypipe/testing/faults.py`` and returns an
 :class:`Outcome`: rows in and out, duplicate rows, seconds, and the problems found (none: the
 guarantee held). The probe cases need Ray started by :func:`init_local_ray` (or a test fixture that
-registers the same modules); the driver-interrupt case also starts ``tests/chaos_job.py`` processes.
+registers the same modules); the driver-interrupt case also starts ``python -m raypipe.testing.chaos_job`` processes.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from raypipe.data.loaders import BUNDLED_CORPUS, DataError, Question
 from raypipe.retrieval import IndexMismatchError, ensure_index
 from raypipe.runtime.retrieval import start_retrieval_service
 from raypipe.stages.probe import run_probe
-from tests import agent_fakes, faults
-from tests.agent_fakes import FakeRetriever
-from tests.faults import FailTrainingOnce, KillReplicaOnce, ScriptedAgents
+from raypipe.testing import fakes as agent_fakes
+from raypipe.testing import faults
+from raypipe.testing.fakes import FakeRetriever
+from raypipe.testing.faults import FailTrainingOnce, KillReplicaOnce, ScriptedAgents
 
-REPO = Path(__file__).resolve().parents[1]
-JOB = REPO / "tests" / "chaos_job.py"
+JOB_MODULE = "raypipe.testing.chaos_job"  # the driver-interrupt case runs it with python -m
 N_QUESTIONS = 12
 # Two questions a batch, one batch at a time (a job writes its parts one after another); a window small
 # enough for a long question to overflow.
@@ -167,7 +167,7 @@ def driver_interrupted(work: Path, sig: signal.Signals, reference: RunDir, delay
     """Signal a probe job once its first part is written, rerun it, compare with an uninterrupted run."""
     started, out_dir = time.monotonic(), work / f"run-{sig.name}"
     with open(work / f"job-{sig.name}.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, str(JOB), str(out_dir), str(delay_s)], stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", JOB_MODULE, str(out_dir), str(delay_s)], stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             _wait_for_part(RunDir(out_dir), proc, timeout_s=300)
@@ -246,7 +246,7 @@ def bad_input(work: Path) -> Outcome:
         if run.path.exists():
             out.problems.append(f"{kind}: the run directory was created")
     path = work / "malformed_JSON.jsonl"
-    job = subprocess.run([sys.executable, str(REPO / "jobs" / "probe.py"), "--dataset", str(path), "--out",
+    job = subprocess.run([sys.executable, "-m", "raypipe", "probe", "--dataset", str(path), "--out",
                           str(work / "run-cli")], capture_output=True, text=True, timeout=300)
     if job.returncode != 1 or f"error: {path}:3: malformed JSON" not in job.stderr:
         out.problems.append(f"jobs/probe.py: exit {job.returncode}, stderr {job.stderr[-300:]!r}")
@@ -337,7 +337,6 @@ def crossencoder_training_interrupted(work: Path, base_model: str) -> Outcome:
 def stoprag_training_interrupted(work: Path, encoder: str, epochs: int = 4) -> Outcome:
     """The Q-network, one checkpoint per epoch; the worker dies before the third epoch's report."""
     from raypipe.control import stoprag_train
-
     from raypipe.stoprag.targets import Episode, training_samples
 
     started = time.monotonic()

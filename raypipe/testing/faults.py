@@ -20,7 +20,7 @@ from typing import Any
 from raypipe.core.config import EngineConfig
 from raypipe.llm.base import EngineError, GenerationRequest
 from raypipe.retrieval.types import SearchResult
-from tests.agent_fakes import FakeEngine
+from raypipe.testing.fakes import FakeEngine
 
 DOC_1 = 'Doc 1(Title: "'  # the first document shown, in Search-R1's observation format
 

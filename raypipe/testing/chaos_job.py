@@ -1,6 +1,6 @@
-"""The probe job the driver-interrupt case signals: ``python tests/chaos_job.py OUT_DIR DELAY_S``.
+"""The probe job the driver-interrupt case signals: ``python -m raypipe.testing.chaos_job OUT_DIR DELAY_S``.
 
-Fakes only (tests/chaos_cases.py ``fake_probe``), each agent turn slowed by DELAY_S seconds so the job
+Fakes only (raypipe/testing/chaos.py ``fake_probe``), each agent turn slowed by DELAY_S seconds so the job
 is still running when its first part lands.
 """
 
@@ -8,9 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.chaos_cases import fake_probe, init_local_ray  # noqa: E402
+from raypipe.testing.chaos import fake_probe, init_local_ray
 
 if __name__ == "__main__":
     # A shell starts background commands with SIGINT ignored, and children inherit that; the case
