@@ -1,11 +1,10 @@
 # The two set-up commands of the README, plus developer conveniences.
 #   make run    install (idempotent) and run the main job on the embedded default
 #   make test   install (idempotent) and run the whole test suite (what CI runs)
+# The cache is raypipe's own, as for every entry point: $RAYPIPE_CACHE if set, else ~/.cache/raypipe.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.raypipe-installed
-export RAYPIPE_CACHE ?= $(CURDIR)/.cache/raypipe
-export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 PYTEST_ARGS ?=

@@ -18,20 +18,13 @@ import asyncio
 import logging
 import time
 
-from raypipe.core.config import EngineConfig
+from raypipe.agents.search_r1 import PROMPT, SearchR1
+from raypipe.core.config import AgentConfig, EngineConfig
 from raypipe.data.loaders import load_questions
 from raypipe.llm.base import GenerationRequest
 from raypipe.llm.factory import build_engine
 
-SEARCH_R1 = (
-    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
-    "new information. After reasoning, if you find you lack some knowledge, you can call a search engine by "
-    "<search> query </search> and it will return the top searched results between <information> and "
-    "</information>. You can search as many times as your want. If you find no further external knowledge needed, "
-    "you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. For "
-    "example, <answer> Beijing </answer>. Question: {question}\n"
-)
-FORMAT = r"<think> ?[^\s<>][^<>]{0,398}</think>\n(<search> ?[^\s<>][^<>\n]{0,98}</search>|<answer> ?[^\s<>][^<>\n]{0,58}</answer>)"
+FORMAT = SearchR1().enforcement_regex(AgentConfig(enforcement="free"), 0)  # think, then search or answer
 
 
 async def measure(engine, prompts: list[str], max_tokens: int, regex: bool) -> dict[str, float]:
@@ -87,7 +80,7 @@ def main() -> None:
     engine = build_engine(config)
     start_s = time.perf_counter() - started
     questions = load_questions("hotpotqa", limit=args.prompts)
-    prompts = [engine.apply_chat_template([{"role": "user", "content": SEARCH_R1.format(question=q.question)}])
+    prompts = [engine.apply_chat_template([{"role": "user", "content": PROMPT.format(question=q.question)}])
                for q in questions]
     row = asyncio.run(measure(engine, prompts, args.max_tokens, args.regex))
     asyncio.run(engine.close())

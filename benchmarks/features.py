@@ -20,9 +20,10 @@ from functools import partial
 from raypipe.core.config import load_config
 from raypipe.core.rundir import RunDir
 from raypipe.features.extract import extract_trajectory
+from raypipe.features.resources import IndexCorpus, SbertEncoder
 from raypipe.features.synthetic import HashEncoder, synthetic_corpus, write_synthetic_run
 from raypipe.runtime.cluster import init_ray
-from raypipe.stages.features import IndexCorpus, SbertEncoder, run_features, signal_settings
+from raypipe.stages.features import run_features
 
 
 def pure_rate(run: RunDir, corpus, encoder, settings) -> tuple[int, float]:
@@ -53,7 +54,7 @@ def main() -> None:
         run = write_synthetic_run(tempfile.mkdtemp(prefix="features-bench-") + "/run", n_questions=args.questions)
         config = load_config("embedded", [f"features.actors={args.actors}"])
         corpus_factory = synthetic_corpus
-    settings = signal_settings(config.features)
+    settings = config.features
     corpus = corpus_factory()
     results = []
     rows, secs = pure_rate(run, corpus, HashEncoder(), settings)

@@ -129,12 +129,13 @@ class Result:
 
 
 def run_variant(name: str, config: RunConfig, questions, retriever) -> Result:
-    from raypipe.stages.generate import GenerateStage, default_engine_factory
+    from raypipe.llm.factory import build_engine
+    from raypipe.stages.probe import GenerateStage
 
     recorders = []
 
     def factory(engine_config):
-        recorders.append(Recorder(default_engine_factory(engine_config)))
+        recorders.append(Recorder(build_engine(engine_config)))
         return recorders[-1]
 
     log.info("%s: starting an engine", name)
@@ -195,11 +196,12 @@ def main() -> None:
     parser.add_argument("--job", action="store_true", help="also run jobs/probe.py and measure it")
     args = parser.parse_args()
     setup_logging(args.verbose)
-    extra = [f"data.limit={args.limit}"] if args.limit else []
+    extra = [f"data.limit={args.limit}", "data.limit_files=true"] if args.limit else []
     config = config_from_args(args, extra)
-    questions = load_datasets(config.data.datasets, config.data.limit)
+    questions = load_datasets(config.data.datasets, config.data.limit, config.data.limit_files)
 
-    from raypipe.retrieval import LocalRetriever, encoder_spec, ensure_index, search_params
+    from raypipe.retrieval import LocalRetriever, encoder_spec, search_params
+    from raypipe.stages.index import ensure_index
 
     retriever = LocalRetriever.open(ensure_index(config, use_ray=False), encoder_spec(config.retrieval), search_params(config.retrieval))
     no_probe = config.model_copy(deep=True)

@@ -24,13 +24,14 @@ import time
 from raypipe.core.config import RunConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.data.loaders import load_corpus, load_datasets
-from raypipe.retrieval.build import encoder_spec, ensure_index, search_params
+from raypipe.retrieval.build import encoder_spec, search_params
 from raypipe.retrieval.encoders import EncoderSpec, passage_text
 from raypipe.retrieval.evaluate import dataset_recall
 from raypipe.retrieval.index import DOCSTORE_FILE, load_index_dir
 from raypipe.retrieval.searcher import LocalRetriever
 from raypipe.runtime.cluster import init_ray
 from raypipe.runtime.retrieval import launch_replicas
+from raypipe.stages.index import ensure_index
 
 log = logging.getLogger("benchmarks.retrieval")
 

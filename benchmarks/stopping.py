@@ -45,7 +45,7 @@ def unseen_questions(config: RunConfig, run: RunDir, limit: int):
 
 
 def run_once(name: str, config: RunConfig, questions, retriever, controller) -> dict:
-    from raypipe.stages.generate import GenerateStage
+    from raypipe.stages.probe import GenerateStage
 
     log.info("%s: starting an engine", name)
     stage = GenerateStage(config, retriever, controller=controller)
@@ -82,7 +82,8 @@ def main() -> None:
         args.config = str(run.path / "config.yaml")
     config = config_from_args(args)
 
-    from raypipe.retrieval import LocalRetriever, encoder_spec, ensure_index, search_params
+    from raypipe.retrieval import LocalRetriever, encoder_spec, search_params
+    from raypipe.stages.index import ensure_index
     from raypipe.stopping.online import OnlineController, controller_from_path
 
     if args.which == "paper":

@@ -6,16 +6,23 @@ Each command runs ``raypipe.stages.COMMAND.main`` with the remaining arguments, 
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import sys
+from pathlib import Path
 
 JOBS = ("index", "probe", "features", "train", "sweep", "stoprag", "report")
 
 
 def job_summary(name: str) -> str:
-    """The first line of a job's description."""
-    module = importlib.import_module(f"raypipe.stages.{name}")
-    return module.DESCRIPTION.strip().splitlines()[0]
+    """The first line of a job's DESCRIPTION, read from its source: listing the jobs imports none of them
+    (each pulls in Ray, torch or vLLM)."""
+    tree = ast.parse(Path(importlib.util.find_spec(f"raypipe.stages.{name}").origin).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "DESCRIPTION" for t in node.targets):
+            return ast.literal_eval(node.value).strip().splitlines()[0]
+    raise LookupError(f"raypipe.stages.{name} has no DESCRIPTION")
 
 
 def usage() -> str:

@@ -4,10 +4,10 @@ import re
 
 import pytest
 
-from raypipe.agents import EnforcementBounds, R1Searcher, SearchR1, build_protocol
+from raypipe.agents import R1Searcher, SearchR1, build_loop, build_protocol, visible_docs
 from raypipe.agents.protocol import ANSWER, INVALID, SEARCH, Action
-from raypipe.core.config import load_config
-from raypipe.testing.fakes import FakeEngine, hit
+from raypipe.core.config import AgentConfig, load_config
+from raypipe.testing.fakes import FakeEngine, FakeRetriever, hit
 
 SEARCH_R1_USER = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get new "
@@ -173,27 +173,51 @@ def test_probe_answer_parsing():
 
 
 def test_enforcement_regexes_match_valid_turns_and_force_a_first_search():
-    bounds = EnforcementBounds()
+    free_agent, first_agent = AgentConfig(enforcement="free"), AgentConfig(enforcement="first_search")
     p = SearchR1()
-    free = p.enforcement_regex("free", 0, bounds)
+    free = p.enforcement_regex(free_agent, 0)
     assert free == (
         r"<think> ?[^\s<>][^<>]{0,398}</think>\n(<search> ?[^\s<>][^<>\n]{0,98}</search>|"
         r"<answer> ?[^\s<>][^<>\n]{0,58}</answer>)"
-    )  # ENVIRONMENT.md's regex
-    first = p.enforcement_regex("first_search", 0, bounds)
+    )  # Search-R1's turn at the default bounds (agent.enforce_*_chars)
+    first = p.enforcement_regex(first_agent, 0)
     assert re.fullmatch(first, "<think> x </think>\n<search> who </search>")
     assert not re.fullmatch(first, "<think> x </think>\n<answer> y </answer>")
-    assert p.enforcement_regex("first_search", 1, bounds) == free
-    assert p.enforcement_regex("none", 0, bounds) is None
+    assert p.enforcement_regex(first_agent, 1) == free
+    assert p.enforcement_regex(AgentConfig(), 0) is None
     # whatever the regex lets through parses as the action it encodes, closing tag cut by the stop string or not
     for text, stop in (("<think> x </think>\n<search> who ", "</search>"), ("<think> x </think>\n<search> who </search>", None)):
         assert p.parse_action(p.restore_stop(text, stop)) == Action(SEARCH, "who")
     r1 = R1Searcher()
-    r1_first = r1.enforcement_regex("first_search", 0, bounds)
+    r1_first = r1.enforcement_regex(first_agent, 0)
     assert re.fullmatch(r1_first, " I should look. <|begin_of_query|> Hamlet author<|end_of_query|>")
-    r1_free = r1.enforcement_regex("free", 0, bounds)
+    r1_free = r1.enforcement_regex(free_agent, 0)
     assert re.fullmatch(r1_free, " known. </think>\n\n<answer> yes </answer>")
-    assert r1.enforcement_regexes("first_search", bounds) == [r1_first, r1_free]
+    assert r1.enforcement_regexes(first_agent) == [r1_first, r1_free]
+
+
+def test_enforcement_bounds_come_from_the_agent_section():
+    agent = AgentConfig(enforcement="free", enforce_think_chars=10, enforce_query_chars=5, enforce_answer_chars=3)
+    assert SearchR1().enforcement_regex(agent, 0) == (
+        r"<think> ?[^\s<>][^<>]{0,10}</think>\n(<search> ?[^\s<>][^<>\n]{0,5}</search>|"
+        r"<answer> ?[^\s<>][^<>\n]{0,3}</answer>)"
+    )
+
+
+def test_turn_limit_and_visible_docs_default_to_the_protocol():
+    config = load_config("embedded", ["agent.protocol=r1_searcher", "agent.max_turns=null", "retrieval.top_k=null"])
+    protocol = build_protocol(config.agent)
+    assert protocol.turn_limit(config.agent) == R1Searcher.default_max_turns
+    assert visible_docs(config) == visible_docs(config, protocol) == R1Searcher.default_top_k
+    config.agent.max_turns, config.retrieval.top_k = 2, 7
+    assert protocol.turn_limit(config.agent) == 2 and visible_docs(config, protocol) == 7
+
+
+def test_build_loop_reads_the_run_config():
+    config = load_config("embedded", ["retrieval.top_k=5", "retrieval.deep_k=2", "seed=3"])
+    loop = build_loop(config, ENGINE, FakeRetriever())
+    assert (loop.top_k, loop.deep_k, loop.seed, loop.max_turns) == (5, 5, 3, config.agent.max_turns)
+    assert loop.agent is config.agent and isinstance(loop.protocol, SearchR1)
 
 
 def test_build_protocol_from_config():

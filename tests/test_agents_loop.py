@@ -2,7 +2,8 @@
 
 import asyncio
 
-from raypipe.agents import AgentLoop, LoopSettings, R1Searcher, SearchR1
+from raypipe.agents import AgentLoop, R1Searcher, SearchR1
+from raypipe.core.config import AgentConfig
 from raypipe.core.schema import conform
 from raypipe.data.loaders import Question
 from raypipe.llm.base import EngineError
@@ -23,14 +24,18 @@ def probe_by_evidence(prompt: str) -> str:
     return " Marlowe </answer>"
 
 
-def run(turns, settings=None, protocol=None, retriever=None, controller=None, probe=probe_by_evidence, engine=None):
+def run(
+    turns, agent=None, protocol=None, retriever=None, controller=None, probe=probe_by_evidence, engine=None, top_k=3
+):
     engine = engine or FakeEngine(agent_turns(turns, probe))
     loop = AgentLoop(
         engine,
         retriever or FakeRetriever(n=5),
         protocol or SearchR1("pyterrier"),
-        settings or LoopSettings(max_turns=4, top_k=3, deep_k=5),
-        controller,
+        agent or AgentConfig(max_turns=4),
+        top_k=top_k,
+        deep_k=5,
+        controller=controller,
     )
     return asyncio.run(loop.run(Q)), engine
 
@@ -76,8 +81,7 @@ def test_contexts_and_probes_share_the_trajectory_prefix():
 
 
 def test_turn_limit_forces_an_answer_from_the_last_documents():
-    settings = LoopSettings(max_turns=2, top_k=3, deep_k=5)
-    out, engine = run([SEARCH_1, SEARCH_2], settings)
+    out, engine = run([SEARCH_1, SEARCH_2], AgentConfig(max_turns=2))
     rows, traj = out.iterations, out.trajectory
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     assert rows[2]["query"] == "Shakespeare" and rows[2]["reasoning"] == "" and rows[2]["tokens_generated"] == 0
@@ -85,7 +89,7 @@ def test_turn_limit_forces_an_answer_from_the_last_documents():
     assert traj["stop_reason"] == "max_turns" and traj["final_answer"] == "William Shakespeare"
     assert traj["n_iterations"] == 2
     assert traj["transcript"].endswith("</information>\n\n\n\n<answer> William Shakespeare </answer>")
-    out_none, _ = run([SEARCH_1, SEARCH_2], LoopSettings(max_turns=2, top_k=3, deep_k=5, at_limit="none"))
+    out_none, _ = run([SEARCH_1, SEARCH_2], AgentConfig(max_turns=2, at_limit="none"))
     assert out_none.trajectory["final_answer"] is None and out_none.trajectory["final_f1"] == 0.0
     assert out_none.iterations[2]["probe_answer"] == "William Shakespeare"
 
@@ -150,8 +154,7 @@ def test_controller_stop_rolls_back_to_the_named_iteration():
 
 
 def test_probing_off():
-    settings = LoopSettings(max_turns=2, top_k=3, deep_k=5, probe=False)
-    out, engine = run([SEARCH_1, SEARCH_2], settings)
+    out, engine = run([SEARCH_1, SEARCH_2], AgentConfig(max_turns=2, probe=False))
     assert all(r["probe_answer"] is None and r["probe_f1"] is None and r["probe_tokens"] == 0 for r in out.iterations[:2])
     # only the forced final answer is generated with an answer trigger
     assert sum(r.prompt.endswith("<answer>") for r in engine.requests) == 1
@@ -160,8 +163,7 @@ def test_probing_off():
 
 
 def test_enforcement_regex_per_turn():
-    settings = LoopSettings(max_turns=4, top_k=3, deep_k=5, enforcement="first_search")
-    _, engine = run([SEARCH_1, ANSWER], settings)
+    _, engine = run([SEARCH_1, ANSWER], AgentConfig(max_turns=4, enforcement="first_search"))
     agent = [r for r in engine.requests if not r.prompt.endswith("<answer>")]
     assert "<answer>" not in agent[0].regex and "<answer>" in agent[1].regex
     assert all(r.regex is None for r in engine.requests if r.prompt.endswith("<answer>"))
@@ -170,8 +172,8 @@ def test_enforcement_regex_per_turn():
 def test_r1_searcher_trajectory():
     turns = [" I need the author. <|begin_of_query|> Hamlet\tauthor <|end_of_query|>",
              " It is Shakespeare. </think>\n\n<answer> William Shakespeare </answer>"]  # fmt: skip
-    settings = LoopSettings(max_turns=10, top_k=5, deep_k=5)
-    out, engine = run(turns, settings, protocol=R1Searcher("pyterrier"), probe=" Shakespeare </answer>")
+    agent = AgentConfig(max_turns=10)
+    out, engine = run(turns, agent, protocol=R1Searcher("pyterrier"), probe=" Shakespeare </answer>", top_k=5)
     assert out.trajectory["stop_reason"] == "answer" and out.iterations[1]["query"] == "Hamlet author"
     agent = [r for r in engine.requests if not r.prompt.endswith("<answer>")]
     assert agent[1].prompt.endswith(

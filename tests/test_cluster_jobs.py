@@ -1,7 +1,7 @@
 """The main job through ``ray job submit`` on a local head, then across two nodes placed by custom resources.
 
 The head starts with token authentication (Ray 2.60's default for ``ray start --head``) and the job
-client uses the same token, as on a real cluster (README, "Run on a cluster"). The job is the embedded
+client uses the same token, as on a real cluster (docs/cluster.md). The job is the embedded
 default on one question per dataset, in float32 with one trajectory at a time, so that greedy decoding
 gives the same tokens wherever the engine runs.
 """
@@ -31,7 +31,8 @@ def job_args(corpus: Path, out: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    env = {k: os.environ[k] for k in ("RAYPIPE_CACHE", "VLLM_CACHE_ROOT", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    names = ("RAYPIPE_CACHE", "VLLM_CACHE_ROOT", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    env = {k: os.environ[k] for k in names if k in os.environ}  # the job's cache is the tests' own
     local = LocalCluster(extra_env=env)
     try:
         local.start_head(num_cpus=2, resources={"raypipe_retrieval": 1})

@@ -1,15 +1,20 @@
 """The 4-state heuristic pinned on hand-built trajectories (FIDELITY.md, the seed's joint_controller)."""
 
 import random
+from typing import get_args
 
 import pytest
 
 from raypipe.agents.hooks import StopDecision
+from raypipe.core.config import PAPER_THETA_P, PAPER_THETA_U, HeuristicVariant, StoppingConfig
 from raypipe.stopping.heuristic import (
     HIGH_HIGH,
     HIGH_P_LOW_U,
     LOW_LOW,
     LOW_P_HIGH_U,
+    PAPER_OPTIONS,
+    PAPER_THRESHOLDS,
+    VARIANTS,
     FourStateHeuristic,
     HeuristicOptions,
     Thresholds,
@@ -222,3 +227,11 @@ def test_replay_no_retrieval_trajectory_is_natural():
     assert (d.decision_iteration, d.answer_iteration) == (0, None)
     d = replay_controller({}, TH)(traj("b", 0))  # predictions start at iteration 1
     assert (d.decision_iteration, d.answer_iteration) == (0, None)
+
+
+def test_named_variants_are_the_configs_and_paper_is_the_default():
+    assert list(VARIANTS) == list(get_args(HeuristicVariant)) == StoppingConfig().variants
+    assert VARIANTS["paper"] == PAPER_OPTIONS == HeuristicOptions()
+    config = StoppingConfig()
+    assert PAPER_THRESHOLDS == Thresholds(config.theta_p, config.theta_u) == Thresholds(PAPER_THETA_P, PAPER_THETA_U)
+    assert (PAPER_THETA_P, PAPER_THETA_U) == (0.3, 0.2)  # the paper's operating point

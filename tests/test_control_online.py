@@ -6,8 +6,9 @@ import pickle
 
 import pytest
 
-from raypipe.agents import AgentLoop, LoopSettings, SearchR1
+from raypipe.agents import AgentLoop, SearchR1
 from raypipe.agents.hooks import CONTINUE, StopDecision
+from raypipe.core.config import AgentConfig
 from raypipe.data.loaders import Question
 from raypipe.stopping.heuristic import HeuristicOptions, Thresholds
 from raypipe.stopping.online import OnlineController
@@ -147,7 +148,7 @@ class ProbePredictor:
 def run_loop(controller):
     engine = FakeEngine(agent_turns([SEARCH_1, SEARCH_2, SEARCH_3, ANSWER], probe))
     loop = AgentLoop(
-        engine, FakeRetriever(n=5), SearchR1("pyterrier"), LoopSettings(max_turns=5, top_k=3, deep_k=5), controller
+        engine, FakeRetriever(n=5), SearchR1("pyterrier"), AgentConfig(max_turns=5), top_k=3, deep_k=5, controller=controller
     )
     return asyncio.run(loop.run(Q)), engine
 

@@ -105,3 +105,22 @@ def test_corpus_errors(write_jsonl, lines, message):
     path = write_jsonl(lines, name="corpus.jsonl")
     with pytest.raises(DataError, match=message):
         load_corpus(path)
+
+
+def test_a_presets_limit_cuts_bundled_datasets_only_and_an_explicit_limit_every_file(write_jsonl):
+    import argparse
+
+    from raypipe.core.config import load_config
+    from raypipe.stages.probe import flag_overrides
+
+    mine = str(write_jsonl([q(str(i)) for i in range(7)], name="mine.jsonl"))
+
+    def run(limit: int | None = None) -> dict[str, int]:
+        args = argparse.Namespace(dataset=[f"hotpotqa,{mine}"], limit=limit, no_probe=False)  # --dataset, --limit
+        data = load_config("embedded", flag_overrides(args)).data
+        questions = load_datasets(data.datasets, data.limit, data.limit_files)
+        return {name: sum(x.dataset == name for x in questions) for name in ("hotpotqa", "mine")}
+
+    assert run() == {"hotpotqa": 4, "mine": 7}  # the embedded preset's data.limit: 4, the user's whole file
+    assert run(2) == {"hotpotqa": 2, "mine": 2}  # --limit 2 cuts every dataset
+    assert len(load_datasets([mine], limit=3)) == 3  # a direct caller's limit cuts files (the default)

@@ -7,9 +7,10 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+from raypipe.core.config import FeaturesConfig
 from raypipe.core.schema import FEATURE_COLUMNS, RBO_COLUMNS, conform
 from raypipe.features import overlap, qpp
-from raypipe.features.extract import SignalSettings, TrajectoryError, extract_many, extract_trajectory
+from raypipe.features.extract import TrajectoryError, extract_many, extract_trajectory
 from raypipe.features.resources import InMemoryCorpus
 
 
@@ -82,7 +83,7 @@ def trajectory():
 
 def extract(corpus, rows=None, question="Who wrote Hamlet?", **settings):
     encoder = DictEncoder(SENTENCES)
-    return extract_trajectory(rows or trajectory(), question, corpus, encoder, SignalSettings(**settings))
+    return extract_trajectory(rows or trajectory(), question, corpus, encoder, FeaturesConfig(**settings))
 
 
 def test_rows_conform_to_the_schema_in_iteration_order(corpus):
@@ -248,3 +249,11 @@ def test_extract_many_batches_the_calls_and_matches_one_by_one(corpus):
     one_by_one = [extract_trajectory(rows, q, corpus, DictEncoder(SENTENCES)) for rows, q in pairs]
     assert batched == one_by_one
     assert batched[1][2]["rbo_prev_3"] == pytest.approx(overlap.rbo_truncated(["d", "a", "b"], ["a", "b", "c"], 3))
+
+
+def test_signal_settings_default_to_the_seed_papers():
+    cfg = FeaturesConfig()
+    seed = {"rbo_p": 0.99, "nqc_depth": 100, "nqc_k": 100, "a_pair_depth": 50, "dense_qpp_k": 3, "confidence_drop_last": 4}
+    assert cfg.model_dump(include=set(seed)) == seed
+    assert (qpp.SEED.nqc_depth, qpp.SEED.nqc_k, qpp.SEED.a_pair_depth, qpp.SEED.dense_qpp_k) == (100, 100, 50, 3)
+    assert overlap.SEED_P == 0.99

@@ -7,7 +7,7 @@ import pytest
 
 from raypipe.core.config import load_config
 from raypipe.features.extract import extract_trajectory
-from raypipe.stages.features import IndexCorpus, SbertEncoder
+from raypipe.features.resources import IndexCorpus, SbertEncoder
 from raypipe.testing.index_checks import assert_rows_are_their_passages
 
 PASSAGES = [
@@ -22,7 +22,7 @@ PASSAGES = [
 
 @pytest.fixture(scope="module")
 def index_config(tmp_path_factory):
-    from raypipe.retrieval import ensure_index
+    from raypipe.stages.index import ensure_index
 
     root = tmp_path_factory.mktemp("index")
     path = root / "corpus.jsonl"

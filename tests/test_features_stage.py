@@ -11,8 +11,9 @@ from raypipe.core.config import load_config
 from raypipe.core.rundir import RunDir, RunDirError
 from raypipe.core.schema import FEATURE_COLUMNS, FEATURES
 from raypipe.features.extract import extract_trajectory
+from raypipe.features.resources import SbertEncoder
 from raypipe.features.synthetic import HashEncoder, synthetic_corpus, write_synthetic_run
-from raypipe.stages.features import FeatureStage, SbertEncoder, pack_trajectory, run_features, signal_settings
+from raypipe.stages.features import FeatureStage, pack_trajectory, run_features
 
 
 def expected_rows(run, config):
@@ -25,7 +26,7 @@ def expected_rows(run, config):
     corpus, encoder = synthetic_corpus(), HashEncoder()
     out = {}
     for qid, rows in by_qid.items():
-        for feats in extract_trajectory(rows, questions[qid], corpus, encoder, signal_settings(config.features)):
+        for feats in extract_trajectory(rows, questions[qid], corpus, encoder, config.features):
             out[(qid, feats["iteration"])] = feats
     return out
 

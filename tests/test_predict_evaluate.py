@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from raypipe.core.stats import pearson
 from raypipe.predict import evaluate
 
 Y = np.array([0.0, 0.2, 0.5, 0.5, 1.0, 0.8, 0.1, 0.0])
@@ -11,18 +12,18 @@ P = np.array([0.1, 0.3, 0.4, 0.6, 0.7, 0.9, 0.0, 0.2])
 
 
 def test_pearson_and_kendall_match_scipy():
-    assert evaluate.pearson(Y, P) == pytest.approx(stats.pearsonr(Y, P)[0])
+    assert pearson(Y, P) == pytest.approx(stats.pearsonr(Y, P)[0])
     assert evaluate.kendall(Y, P) == pytest.approx(stats.kendalltau(Y, P)[0])
     # hand value: perfectly monotone -> 1
     assert evaluate.kendall([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-    assert evaluate.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
 
 
 def test_nan_rows_are_dropped_and_constants_give_nan():
     y = np.append(Y, np.nan)
     p = np.append(P, 0.5)
-    assert evaluate.pearson(y, p) == pytest.approx(stats.pearsonr(Y, P)[0])
-    assert math.isnan(evaluate.pearson(Y, np.ones_like(Y)))
+    assert pearson(y, p) == pytest.approx(stats.pearsonr(Y, P)[0])
+    assert math.isnan(pearson(Y, np.ones_like(Y)))
 
 
 def test_fisher_z_by_hand():
@@ -43,8 +44,8 @@ def test_bootstrap_resamples_questions():
     y = rng.normal(size=200)
     p = y + rng.normal(size=200)
     groups = np.repeat(np.arange(50), 4)
-    lo, hi = evaluate.bootstrap_ci(y, p, groups, evaluate.pearson, samples=200)
-    r = evaluate.pearson(y, p)
+    lo, hi = evaluate.bootstrap_ci(y, p, groups, pearson, samples=200)
+    r = pearson(y, p)
     assert lo < r < hi and hi - lo < 0.4
     assert evaluate.bootstrap_ci(y, p, groups, samples=50, seed=3) == evaluate.bootstrap_ci(
         y, p, groups, samples=50, seed=3

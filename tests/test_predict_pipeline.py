@@ -9,8 +9,8 @@ from raypipe.core.models import resolve_sentence_model
 from raypipe.core.schema import PREDICTIONS
 from raypipe.predict import crossencoder, synthetic
 from raypipe.predict.bundle import PredictorBundle
-from raypipe.predict.pipeline import run_train
 from raypipe.predict.window import build_window
+from raypipe.stages.train import run_train
 
 pytestmark = pytest.mark.slow  # about 1 min on 2 busy cores: a real MiniLM is loaded and run
 

@@ -103,3 +103,18 @@ def test_relation_frame_needs_documents_for_intra():
     with pytest.raises(ValueError, match="doc_lookup"):
         relation_frame(iterations, trajectories)
     assert "text_intra_iteration" not in relation_frame(iterations, trajectories, relations=["long_distance"])
+
+
+def test_document_lookups_from_the_corpus_and_the_doc_store(tmp_path):
+    from raypipe.data.loaders import Passage
+    from raypipe.retrieval.store import DocStore, corpus_documents
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"id": "d{i}", "contents": "\\"T{i}\\"\\ntext {i}"}}\n' for i in range(5)))
+    assert corpus_documents(corpus) == {f"d{i}": (f"T{i}", f"text {i}") for i in range(5)}
+    assert corpus_documents(corpus, {"d3", "d1"}) == {"d1": ("T1", "text 1"), "d3": ("T3", "text 3")}
+    DocStore.write([Passage(f"d{i}", f"T{i}", f"text {i}") for i in range(5)], tmp_path / "docs.parquet")
+    store = DocStore.read(tmp_path / "docs.parquet")
+    assert [(p.doc_id, p.title) for p in store.by_id(["d4", "d0"])] == [("d4", "T4"), ("d0", "T0")]
+    with pytest.raises(KeyError):
+        store.by_id(["nope"])

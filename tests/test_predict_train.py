@@ -7,6 +7,7 @@ import pytest
 
 from raypipe.core.config import TrainConfig
 from raypipe.predict import crossencoder
+from raypipe.stages.train import train_crossencoders
 from raypipe.testing.tiny_models import tiny_bert
 
 pytestmark = pytest.mark.slow
@@ -41,7 +42,7 @@ def test_ray_train_two_models_checkpointed_with_curves(ray_local, tiny_base, tmp
         learning_rate=1e-4,
     )
     assert crossencoder.accumulation_steps(cfg) == 2
-    trained = crossencoder.train_crossencoders(tasks, cfg, tmp_path, seed=0)
+    trained = train_crossencoders(tasks, cfg, tmp_path, seed=0)
     assert set(trained) == {t.name for t in tasks}
     for model in trained.values():
         assert model.rows == 12 and model.effective_batch_size == 8
@@ -57,6 +58,6 @@ def test_ray_train_two_models_checkpointed_with_curves(ray_local, tiny_base, tmp
     # a rerun with the same data and settings reuses the models without training, and recovers a model
     # whose copy is gone from its Ray Train checkpoint (as after an interrupted run)
     shutil.rmtree(trained["long_distance_u_fold0"].path)
-    again = crossencoder.train_crossencoders(tasks, cfg, tmp_path, seed=0)
+    again = train_crossencoders(tasks, cfg, tmp_path, seed=0)
     for name, model in trained.items():
         assert again[name].seconds == model.seconds and (again[name].path / crossencoder.DONE).exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from raypipe.agents import AgentLoop, build_protocol, loop_settings
+from raypipe.agents import build_loop, build_protocol
 from raypipe.core.config import load_config
 from raypipe.core.rundir import RunDir
 from raypipe.data.loaders import load_questions
@@ -34,6 +34,9 @@ def test_main_job_on_three_questions(tmp_path, small_corpus):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "3 new trajectories" in proc.stdout and "hotpotqa" in proc.stdout and "P_0" in proc.stdout
+    # not a terminal: Ray Data's progress goes to the run's log, raypipe's own line to the terminal
+    assert "Running Dataset" in (out / "logs" / "ray_data.log").read_text()
+    assert "Running Dataset" not in proc.stderr and "3/3 trajectories" in proc.stderr
     run = RunDir(out)
     trajectories, iterations = run.read("trajectories"), run.read("iterations")
     assert trajectories.num_rows == 3
@@ -48,20 +51,20 @@ def test_main_job_on_three_questions(tmp_path, small_corpus):
 
 def test_vllm_trajectories_equal_transformers_float32(small_corpus):
     from raypipe.llm.factory import build_engine
-    from raypipe.retrieval import LocalRetriever, encoder_spec, ensure_index, search_params
+    from raypipe.retrieval import LocalRetriever, encoder_spec, search_params
+    from raypipe.stages.index import ensure_index
 
     config = load_config("embedded", ["engine.dtype=float32", "agent.enforcement=none", "agent.max_turns=2",
                                       "agent.max_new_tokens=48", "agent.probe_max_tokens=16", f"data.corpus={small_corpus}"])  # fmt: skip
     questions = load_questions("hotpotqa", limit=2)
     retriever = LocalRetriever.open(ensure_index(config, use_ray=False), encoder_spec(config.retrieval), search_params(config.retrieval))
     protocol = build_protocol(config.agent)
-    settings = loop_settings(config, protocol)
 
     def transcripts(backend):
         cfg = config.model_copy(deep=True)
         cfg.engine.backend = backend
         engine = build_engine(cfg.engine)
-        loop = AgentLoop(engine, retriever, protocol, settings)
+        loop = build_loop(cfg, engine, retriever, protocol)
 
         async def go():
             outs = [await loop.run(q) for q in questions]

@@ -13,8 +13,17 @@ from raypipe.core.rundir import RunDir
 from raypipe.core.schema import ITERATIONS, TRAJECTORIES
 from raypipe.data.loaders import Question
 from raypipe.llm.base import EngineError
-from raypipe.stages.generate import GenerateStage, question_items, split_output
-from raypipe.stages.probe import check_resumable, done_qids, format_summary, run_probe, summarize
+from raypipe.stages import probe
+from raypipe.stages.probe import (
+    GenerateStage,
+    check_resumable,
+    done_qids,
+    format_summary,
+    question_items,
+    run_probe,
+    split_output,
+    summarize,
+)
 from raypipe.testing import fakes as agent_fakes
 from raypipe.testing.fakes import FakeEngine, FakeRetriever
 
@@ -135,15 +144,22 @@ def test_enforcement_on_an_engine_without_structured_outputs_is_refused():
     GenerateStage(load_config("embedded", ["agent.enforcement=none"]), FakeRetriever(), engine_factory=no_regex_engine).close()
 
 
-def test_actor_meter_reports_finished_in_flight_and_rate():
-    from raypipe.stages.generate import ActorMeter
+def test_actor_line_reports_finished_in_flight_and_rate(monkeypatch, caplog):
+    monkeypatch.setattr(probe, "ACTOR_LINE_EVERY_S", 0.0)  # a line per finished trajectory
+    stage = GenerateStage(CONFIG, FakeRetriever(), engine_factory=scripted_engine)
+    with caplog.at_level("INFO", logger=probe.__name__):
+        outputs = stage.run(questions(3))
+    stage.close()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("actor: ")]
+    assert len(lines) == 3
+    assert all(line.endswith("tokens/s in finished trajectories") for line in lines)
+    assert lines[-1].startswith("actor: 3 trajectories finished, 0 in flight,")
+    tokens = sum(o.trajectory["tokens_generated"] + (o.trajectory["probe_tokens"] or 0) for o in outputs)
+    assert stage._tokens == tokens > 0
 
-    quiet = ActorMeter(every_s=3600)
-    quiet.started()
-    assert quiet.finished({"tokens_generated": 10, "probe_tokens": 2}) is None  # not yet time for a line
-    meter = ActorMeter(every_s=0)
-    for _ in range(3):
-        meter.started()
-    line = meter.finished({"tokens_generated": 30, "probe_tokens": None})
-    assert line.startswith("actor: 1 trajectories finished, 2 in flight,") and line.endswith("tokens/s in finished trajectories")
-    assert meter.tokens == 30
+
+def test_without_a_factory_the_actor_builds_the_engine_with_the_one_builder(monkeypatch):
+    built = []
+    monkeypatch.setattr(probe, "build_engine", lambda config: built.append(config) or scripted_engine(config))
+    GenerateStage(CONFIG, FakeRetriever()).close()
+    assert built == [CONFIG.engine]

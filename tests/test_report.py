@@ -17,6 +17,7 @@ from raypipe.analysis.blocks import Table, Text  # noqa: E402
 from raypipe.analysis.screenshot import assert_not_blank, blankness  # noqa: E402
 from raypipe.core.config import ReportConfig  # noqa: E402
 from raypipe.core.rundir import RunDir  # noqa: E402
+from raypipe.stages.report import build_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ReportConfig(bootstrap_samples=200)
@@ -25,7 +26,7 @@ FAST = ReportConfig(bootstrap_samples=200)
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     run = build_run_dir(tmp_path_factory.mktemp("report") / "run")
-    return report.build_report(run.path, FAST)
+    return build_report(run.path, FAST)
 
 
 def test_page_has_the_tables_and_embedded_plots(built):
@@ -66,7 +67,7 @@ def test_missing_stages_are_named_with_their_producers(built):
 
 
 def test_empty_run_dir_still_gives_a_page(tmp_path):
-    result = report.build_report(tmp_path, FAST)
+    result = build_report(tmp_path, FAST)
     html = result.html.read_text()
     assert "jobs/probe.py" in html and "No config.yaml" in html
     assert {s.key: s.status for s in result.sections}["trajectories"] == "missing"
@@ -75,7 +76,7 @@ def test_empty_run_dir_still_gives_a_page(tmp_path):
 
 def test_missing_run_dir_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        report.build_report(tmp_path / "nope")
+        build_report(tmp_path / "nope")
 
 
 def test_generic_stage_folders_show_csv_markdown_png_and_parquet(tmp_path):
@@ -94,7 +95,7 @@ def test_generic_stage_folders_show_csv_markdown_png_and_parquet(tmp_path):
     fig.savefig(stopping / "curve.png")
     plt.close(fig)
     run.write_part("features", pa.table({"qid": ["A", "B"], "nqc": [0.5, 1.5]}), "part-0")
-    result = report.build_report(run.path, FAST)
+    result = build_report(run.path, FAST)
     status = {s.key: s.status for s in result.sections}
     assert status["stopping"] == status["features"] == "ok"
     html = result.html.read_text()
@@ -124,7 +125,7 @@ def test_registered_sections_replace_stages_and_failures_are_contained(tmp_path,
     report.register_section(report.Section("extra", "Broken section", (), broken))
     keys = [s.key for s in report.ordered_sections()]
     assert keys.index("stoprag") < keys.index("extra") and keys[-1] == "extra"
-    result = report.build_report(run.path, FAST)
+    result = build_report(run.path, FAST)
     html = result.html.read_text()
     assert "custom Stop-RAG section" in html and "Q(λ)" in html
     assert [s.key for s in result.errors] == ["extra"]
@@ -159,12 +160,12 @@ def test_blankness_tells_blank_from_drawn(tmp_path):
 def test_compared_runs_are_more_agents(tmp_path):
     search_r1 = build_run_dir(tmp_path / "s", protocol="search_r1")
     r1 = build_run_dir(tmp_path / "r", protocol="r1_searcher")
-    result = report.build_report(search_r1.path, FAST, compare=[r1.path])
+    result = build_report(search_r1.path, FAST, compare=[r1.path])
     md = result.markdown.read_text()
     assert "| search_r1 | hotpotqa | 4 |" in md and "| r1_searcher | hotpotqa | 4 |" in md
     assert "compared run" in md
     with pytest.raises(FileNotFoundError, match="no trajectories"):
-        report.build_report(search_r1.path, FAST, compare=[tmp_path])
+        build_report(search_r1.path, FAST, compare=[tmp_path])
 
 
 def test_run_without_probes_renders_without_errors(tmp_path):
@@ -176,7 +177,7 @@ def test_run_without_probes_renders_without_errors(tmp_path):
     for part in (run.path / "iterations").glob("*.parquet"):
         part.unlink()
     run.write_part("iterations", its, "part-0")
-    result = report.build_report(run.path, FAST)
+    result = build_report(run.path, FAST)
     assert not result.errors
     assert "0.750 [" in result.html.read_text()  # the final answers' F1 is still there
 

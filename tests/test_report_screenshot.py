@@ -8,9 +8,9 @@ import os
 import pytest
 from test_analysis_fixture import build_run_dir
 
-from raypipe.analysis.report import build_report
 from raypipe.analysis.screenshot import assert_not_blank, find_browser, screenshot
 from raypipe.core.config import ReportConfig
+from raypipe.stages.report import build_report
 
 if find_browser() is None and not os.environ.get("CI"):
     pytest.skip("no chromium installed (apt-get install -y chromium); required when CI is set",

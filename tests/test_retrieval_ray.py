@@ -10,11 +10,11 @@ from raypipe.data.loaders import BUNDLED_CORPUS
 from raypipe.retrieval import (
     LocalRetriever,
     encoder_spec,
-    ensure_index,
     load_index_dir,
     passage_text,
 )
 from raypipe.runtime.retrieval import start_retrieval_service
+from raypipe.stages.index import ensure_index
 from raypipe.testing.index_checks import assert_rows_are_their_passages
 
 ray = pytest.importorskip("ray")
@@ -69,7 +69,7 @@ def ask(client, queries, k):
 
 
 def test_service_answers_concurrent_calls_from_ray_tasks(config, local):
-    client = start_retrieval_service(config)  # reuses the index built above
+    client = start_retrieval_service(config, ensure_index(config))  # reuses the index built above
     try:
         docs = local.docs.get(range(N_PASSAGES))
         calls = [[docs[i].text, f"Who is {docs[i + 1].title}?", " "] for i in range(0, 24, 3)]

@@ -66,11 +66,27 @@ def test_split_three_partitions():
     assert split_three(qids, (0.6, 0.2, 0.2), 0) == s
 
 
+def test_an_old_runs_stoprag_worker_keys_load_under_their_new_names(tmp_path):
+    import yaml
+
+    from raypipe.core.config import dump_config
+    from raypipe.core.jobargs import job_parser, run_config_from_args
+
+    dump_config(load_config(), tmp_path / "config.yaml")
+    tree = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    tree["stoprag"] = {**{k: v for k, v in tree["stoprag"].items() if k not in ("num_workers", "cpus_per_worker")},
+                       "workers": 3, "worker_num_cpus": 0.5, "epochs": 4}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tree))
+    args = job_parser("test").parse_args(["--set", "stoprag.epochs=7"])
+    config = run_config_from_args(args, tmp_path)
+    assert (config.stoprag.num_workers, config.stoprag.cpus_per_worker, config.stoprag.epochs) == (3, 0.5, 7)
+
+
 @pytest.mark.slow
 def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):  # noqa: F811
     run = write_synthetic_run(tmp_path / "run", predictions=True)
     config = load_config(overrides=[
-        f"stoprag.encoder={tiny_encoder}", "stoprag.epochs=1", "stoprag.workers=1", "stoprag.max_length=64",
+        f"stoprag.encoder={tiny_encoder}", "stoprag.epochs=1", "stoprag.num_workers=1", "stoprag.max_length=64",
         "stoprag.batch_size=8", "stoprag.split=[0.5,0.25,0.25]", "stoprag.llm_stop_max_questions=3",
     ])  # fmt: skip
     outputs = iter(["Decision: <STOP>", "<CONTINUE>", "gibberish"] * 20)

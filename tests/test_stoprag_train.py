@@ -10,7 +10,7 @@ from raypipe.core.config import StopRagConfig  # noqa: E402
 from raypipe.core.models import resolve_sentence_model  # noqa: E402
 from raypipe.stoprag.qnet import QNetwork, load_tokenizer, score  # noqa: E402
 from raypipe.stoprag.targets import Episode, training_samples  # noqa: E402
-from raypipe.stoprag.train import _targets  # noqa: E402
+from raypipe.stoprag.train import cont_targets, worker_share  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +46,13 @@ def test_targets_bootstrap_from_the_network(tiny_encoder):
     tok = load_tokenizer(tiny_encoder)
     texts, samples = training_samples([Episode("a", (1, 2, 3), ("x", "y", "z"), (0.2, 0.5, 1.0))])
     cfg = StopRagConfig(target="q0", max_length=16)
-    first = _targets(net, tok, texts, samples, cfg, 0.0, score)
+    first = cont_targets(net, tok, texts, samples, cfg, 0.0)
     assert net.training
     net.eval()
     s, c = score(net, tok, ["y"], 16)
     assert first[0] == pytest.approx(max(s[0], c[0]))
     assert first[1] == 1.0  # next state terminal: r_T
-    assert _targets(net, tok, texts, samples, cfg.model_copy(update={"target": "mc"}), 0.3, score) == [1.0, 1.0]
+    assert cont_targets(net, tok, texts, samples, cfg.model_copy(update={"target": "mc"}), 0.3) == [1.0, 1.0]
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +65,13 @@ def ray_local():
 
 @pytest.mark.slow
 def test_ray_train_run_learns_and_checkpoints(tiny_encoder, tmp_path, ray_local):
-    from raypipe.stoprag.train import train_qnetwork
+    from raypipe.stages.stoprag import train_qnetwork
 
     # "good" states should be stopped at (reward 1 now, 0 later), "bad" ones continued (0 now, 1 later)
     eps = [Episode(f"g{i}", (1, 2), (f"good evidence {i}", f"noise {i}"), (1.0, 0.0)) for i in range(6)]
     eps += [Episode(f"b{i}", (1, 2), (f"bad {i}", f"answer found {i}"), (0.0, 1.0)) for i in range(6)]
     texts, samples = training_samples(eps)
-    cfg = StopRagConfig(workers=2, worker_num_cpus=1, epochs=6, batch_size=4, learning_rate=5e-3,
+    cfg = StopRagConfig(num_workers=2, cpus_per_worker=1, epochs=6, batch_size=4, learning_rate=5e-3,
                         warmup_ratio=0.0, max_length=16, dropout=0.0)
     folder, history = train_qnetwork(texts, samples, cfg, tiny_encoder, tmp_path / "qnet", seed=0, meta={"threshold": 0.1})
     assert len(history) == 6 and history[-1]["loss"] < history[0]["loss"]
@@ -111,3 +111,10 @@ def test_online_controller_pickles_light_and_decides(tiny_encoder, tmp_path):
     assert controller_from_path(tmp_path / "run", threshold=0.5).folder == tmp_path / "run" / "stoprag" / "qnet"
     with pytest.raises(FileNotFoundError, match="jobs/stoprag.py"):
         controller_from_path(tmp_path)
+
+
+def test_worker_share_deals_one_permutation_evenly():
+    shares = [worker_share(5, seed=0, epoch=1, rank=r, world=2, size=4) for r in range(2)]
+    assert all(len(s) == 4 for s in shares)  # every worker takes the same number of steps
+    assert set(shares[0][:3]) | set(shares[1][:2]) == set(range(5)) and not set(shares[0][:3]) & set(shares[1][:2])
+    assert worker_share(5, 0, 1, 0, 2, 4) == shares[0] and worker_share(5, 0, 2, 0, 2, 4) != shares[0]

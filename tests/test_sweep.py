@@ -12,7 +12,6 @@ from raypipe.core.config import HeadRefit, StoppingConfig, TrainConfig
 from raypipe.core.schema import PREDICTIONS
 from raypipe.stopping.grid import (
     SUMS,
-    VARIANTS,
     aggregate,
     baseline_rows,
     beats_paper,
@@ -26,7 +25,7 @@ from raypipe.stopping.grid import (
     select,
     threshold_grid,
 )
-from raypipe.stopping.heuristic import Thresholds, replay_controller
+from raypipe.stopping.heuristic import VARIANTS, Thresholds, replay_controller
 from raypipe.stopping.replay import Trajectory
 
 
@@ -239,7 +238,7 @@ def test_refit_predictions_use_the_predictors_head(tmp_path):
     with pytest.raises(ValueError, match="the run has no signals"):
         refit_predictions(frame, resolve(HeadRefit(group="unsup+sup"), train), train)  # no sup_signals/ here
     # a Tune trial's head: from prediction_grid, or refit
-    from raypipe.stopping.grid import _trial_head
+    from raypipe.stages.sweep import _trial_head
 
     payload = {"predictions": {("g", 3): {"q0": {1: (0.1, 0.2)}}}, "refits": [refit], "refit_frame": frame,
                "train": train, "seed": 0}  # fmt: skip

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import time
 import zlib
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 from raypipe.agents.hooks import StopController
-from raypipe.agents.protocol import ANSWER, INVALID, AgentProtocol, Enforcement, EnforcementBounds
-from raypipe.core.metrics import DEFAULT_RULE, Rule, f1_score
+from raypipe.agents.protocol import ANSWER, INVALID, AgentProtocol
+from raypipe.core.config import AgentConfig
+from raypipe.core.metrics import f1_score
 from raypipe.core.schema import (
     STOP_ANSWER,
     STOP_CONTEXT,
@@ -39,28 +40,11 @@ from raypipe.data.loaders import Question
 from raypipe.llm.base import ContextOverflowError, Engine, EngineError, Generation, GenerationRequest
 from raypipe.retrieval.types import Retriever, SearchResult
 
-AtLimit = Literal["forced", "none"]
 # Columns an online controller may see (never the gold-based probe_f1 / utility).
 ONLINE_COLUMNS = (
     "qid", "dataset", "iteration", "query", "doc_ids", "doc_scores", "reasoning",
     "probe_answer", "probe_token_logprobs", "tokens_generated", "probe_tokens",
 )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    max_turns: int
-    top_k: int
-    deep_k: int = 100
-    max_new_tokens: int = 1024
-    temperature: float = 0.0
-    enforcement: Enforcement = "none"
-    bounds: EnforcementBounds = field(default_factory=EnforcementBounds)
-    probe: bool = True
-    probe_max_tokens: int = 64
-    at_limit: AtLimit = "forced"
-    metric_rule: Rule = DEFAULT_RULE
-    seed: int = 0
 
 
 @dataclass
@@ -83,20 +67,30 @@ class _Retrieval:
 
 
 class AgentLoop:
-    """Runs trajectories of one protocol against one engine and one retriever (many may run concurrently)."""
+    """Runs trajectories of one protocol against one engine and one retriever (many may run concurrently).
+
+    ``agent`` is the run's agent section; besides it the loop needs the retrieval depths (a search
+    retrieves ``deep_k`` documents, the agent reads ``top_k``) and the run's seed (sampled turns).
+    """
 
     def __init__(
         self,
         engine: Engine,
         retriever: Retriever,
         protocol: AgentProtocol,
-        settings: LoopSettings,
+        agent: AgentConfig,
+        *,
+        top_k: int,
+        deep_k: int,
+        seed: int = 0,
         controller: StopController | None = None,
     ):
         self.engine = engine
         self.retriever = retriever
         self.protocol = protocol
-        self.settings = settings
+        self.agent = agent
+        self.max_turns = protocol.turn_limit(agent)
+        self.top_k, self.deep_k, self.seed = top_k, deep_k, seed
         self.controller = controller
 
     async def run(self, question: Question) -> TrajectoryOutput:
@@ -116,7 +110,7 @@ class _Run:
 
     def __init__(self, loop: AgentLoop, question: Question):
         self.loop, self.question = loop, question
-        self.protocol, self.settings = loop.protocol, loop.settings
+        self.protocol, self.agent = loop.protocol, loop.agent
         self.rows: list[dict[str, Any]] = []
         self.prompt = ""
         self.context = ""
@@ -127,19 +121,21 @@ class _Run:
         self.retrievals = 0
 
     async def steps(self) -> None:
-        s, protocol = self.settings, self.protocol
+        agent, protocol = self.agent, self.protocol
         try:
             self.prompt = protocol.prompt(self.question.question, self.loop.engine.apply_chat_template)
         except Exception as exc:
             raise _Stop(STOP_ENGINE_ERROR, f"prompt: {type(exc).__name__}: {exc}") from exc
         self.context = self.prompt
         pending: _Retrieval | None = None
-        for turn in range(s.max_turns):
-            regex = protocol.enforcement_regex(s.enforcement, turn, s.bounds)
-            gen = await self._generate(self.context, s.max_new_tokens, s.temperature, protocol.stop, regex, turn)
+        for turn in range(self.loop.max_turns):
+            regex = protocol.enforcement_regex(agent, turn)
+            gen = await self._generate(
+                self.context, agent.max_new_tokens, agent.temperature, protocol.stop, regex, turn
+            )
             output = protocol.restore_stop(protocol.clean_output(gen.text), gen.stop_string)
             row = self._row(turn, pending, output, len(gen.token_ids))
-            if s.probe:
+            if agent.probe:
                 await self._probe(row, protocol.probe_prompt(self.context, output))
             self.rows.append(row)
             action = protocol.parse_action(output)
@@ -162,11 +158,11 @@ class _Run:
 
     async def _search(self, query: str) -> _Retrieval:
         try:
-            result = (await self.loop.retriever.search([query], self.settings.deep_k))[0]
+            result = (await self.loop.retriever.search([query], self.loop.deep_k))[0]
         except Exception as exc:
             raise _Stop(STOP_RETRIEVAL_ERROR, f"query {query!r}: {type(exc).__name__}: {exc}") from exc
         self.retrievals += 1
-        visible = min(self.settings.top_k, len(result.hits))
+        visible = min(self.loop.top_k, len(result.hits))
         self.context += self.protocol.observation(result.hits[:visible])
         return _Retrieval(query, result, visible)
 
@@ -174,25 +170,25 @@ class _Run:
         """The turn budget is spent after a search: one forced answer reads the last documents."""
         prompt = self.protocol.forced_answer_prompt(self.context)
         row = self._row(len(self.rows), pending, "", 0)
-        if self.settings.probe:
+        if self.agent.probe:
             gen = await self._probe(row, prompt)
         else:
-            gen = await self._generate(prompt, self.settings.probe_max_tokens, 0.0, (self.protocol.answer_close,))
+            gen = await self._generate(prompt, self.agent.probe_max_tokens, 0.0, (self.protocol.answer_close,))
             row["tokens_generated"] = len(gen.token_ids)
         answer = self.protocol.parse_probe(gen.text)
         self.rows.append(row)
         self.tail = prompt[len(self.context):] + gen.text + self.protocol.answer_close
-        if not await self._controller_stops() and self.settings.at_limit == "forced":
+        if not await self._controller_stops() and self.agent.at_limit == "forced":
             self.final_answer = answer
 
     async def _probe(self, row: dict[str, Any], prompt: str) -> Generation:
-        gen = await self._generate(prompt, self.settings.probe_max_tokens, 0.0, (self.protocol.answer_close,), logprobs=True)
+        gen = await self._generate(prompt, self.agent.probe_max_tokens, 0.0, (self.protocol.answer_close,), logprobs=True)
         answer = self.protocol.parse_probe(gen.text)
         golds = self.question.golden_answers
         row["probe_answer"] = answer
         row["probe_token_logprobs"] = list(gen.token_logprobs or [])
         row["probe_tokens"] = len(gen.token_ids)
-        row["probe_f1"] = f1_score(answer, golds, self.settings.metric_rule)
+        row["probe_f1"] = f1_score(answer, golds, self.agent.metric)
         if self.rows and self.rows[-1]["probe_f1"] is not None:
             row["utility"] = row["probe_f1"] - self.rows[-1]["probe_f1"]
         return gen
@@ -229,7 +225,7 @@ class _Run:
         turn: int = 0,
         logprobs: bool = False,
     ) -> Generation:
-        seed = None if temperature == 0 else (zlib.crc32(self.question.qid.encode()) + self.settings.seed + turn) % 2**31
+        seed = None if temperature == 0 else (zlib.crc32(self.question.qid.encode()) + self.loop.seed + turn) % 2**31
         request = GenerationRequest(
             prompt=prompt, max_tokens=max_tokens, temperature=temperature, stop=stop, logprobs=logprobs, regex=regex, seed=seed
         )
@@ -270,7 +266,7 @@ class _Run:
             "question": self.question.question,
             "golden_answers": list(golds),
             "final_answer": self.final_answer,
-            "final_f1": f1_score(self.final_answer, golds, self.settings.metric_rule),
+            "final_f1": f1_score(self.final_answer, golds, self.agent.metric),
             "n_iterations": self.retrievals,
             "stop_reason": self.stop_reason,
             "error": self.error,

@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from raypipe.core.config import AgentConfig
 from raypipe.retrieval.types import SearchHit
 
 ObservationFormat = Literal["original", "pyterrier"]
-Enforcement = Literal["none", "first_search", "free"]
 OBSERVATION_FORMATS: tuple[ObservationFormat, ...] = ("original", "pyterrier")
 
 SEARCH, ANSWER, INVALID = "search", "answer", "invalid"
@@ -35,15 +35,6 @@ SEARCH, ANSWER, INVALID = "search", "answer", "invalid"
 class Action:
     kind: str  # SEARCH, ANSWER or INVALID
     content: str = ""  # the query or the answer
-
-
-@dataclass(frozen=True)
-class EnforcementBounds:
-    """Upper bounds of the enforcement regex repeats (characters after the first one)."""
-
-    think: int = 398
-    query: int = 98
-    answer: int = 58
 
 
 class AgentProtocol(ABC):
@@ -61,6 +52,10 @@ class AgentProtocol(ABC):
         if observation_format not in OBSERVATION_FORMATS:
             raise ValueError(f"unknown observation format {observation_format!r}; choose one of {OBSERVATION_FORMATS}")
         self.observation_format = observation_format
+
+    def turn_limit(self, agent: AgentConfig) -> int:
+        """The configured turn limit, else the protocol's own."""
+        return agent.max_turns or self.default_max_turns
 
     # --- prompt -------------------------------------------------------------------------------
     @abstractmethod
@@ -155,20 +150,23 @@ class AgentProtocol(ABC):
 
     # --- format enforcement -------------------------------------------------------------------
     @abstractmethod
-    def enforcement_parts(self, bounds: EnforcementBounds) -> tuple[str, str, str]:
-        """The protocol's (reasoning, search, answer) regex pieces; a turn is reasoning then one action."""
+    def enforcement_parts(self, agent: AgentConfig) -> tuple[str, str, str]:
+        """The protocol's (reasoning, search, answer) regex pieces; a turn is reasoning then one action.
 
-    def enforcement_regex(self, enforcement: Enforcement, turn: int, bounds: EnforcementBounds) -> str | None:
-        """The structured-output regex for one turn; None when the turn is unconstrained."""
-        if enforcement == "none":
+        ``agent.enforce_*_chars`` bound the repeats (characters after the first one).
+        """
+
+    def enforcement_regex(self, agent: AgentConfig, turn: int) -> str | None:
+        """The structured-output regex of ``agent.enforcement`` for one turn; None when the turn is unconstrained."""
+        if agent.enforcement == "none":
             return None
-        think, search, answer = self.enforcement_parts(bounds)
-        if enforcement == "first_search" and turn == 0:
+        think, search, answer = self.enforcement_parts(agent)
+        if agent.enforcement == "first_search" and turn == 0:
             return think + search
         return f"{think}({search}|{answer})"
 
-    def enforcement_regexes(self, enforcement: Enforcement, bounds: EnforcementBounds) -> list[str]:
+    def enforcement_regexes(self, agent: AgentConfig) -> list[str]:
         """Every distinct regex a run may use (to warm the grammar compiler up when the engine starts)."""
-        regexes = [self.enforcement_regex(enforcement, turn, bounds) for turn in (0, 1)]
+        regexes = [self.enforcement_regex(agent, turn) for turn in (0, 1)]
         return list(dict.fromkeys(r for r in regexes if r))
 

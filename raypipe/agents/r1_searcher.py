@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from raypipe.agents.protocol import AgentProtocol, EnforcementBounds, ObservationFormat
+from raypipe.agents.protocol import AgentProtocol, ObservationFormat
+from raypipe.core.config import AgentConfig
 from raypipe.retrieval.types import SearchHit
 
 _FORMAT = (
@@ -93,10 +94,10 @@ class R1Searcher(AgentProtocol):
         reasoning = output.split(self.search_open, 1)[0].rstrip()
         return context + self.joiner + reasoning + "</think>\n\n" + self.answer_open
 
-    def enforcement_parts(self, bounds: EnforcementBounds) -> tuple[str, str, str]:
-        think = rf" ?[^\s<>][^<>]{{0,{bounds.think}}}"
-        search = rf"<\|begin_of_query\|> ?[^\s<>][^<>\n]{{0,{bounds.query}}}<\|end_of_query\|>"
-        answer = rf"</think>\n\n<answer> ?[^\s<>][^<>\n]{{0,{bounds.answer}}}</answer>"
+    def enforcement_parts(self, agent: AgentConfig) -> tuple[str, str, str]:
+        think = rf" ?[^\s<>][^<>]{{0,{agent.enforce_think_chars}}}"
+        search = rf"<\|begin_of_query\|> ?[^\s<>][^<>\n]{{0,{agent.enforce_query_chars}}}<\|end_of_query\|>"
+        answer = rf"</think>\n\n<answer> ?[^\s<>][^<>\n]{{0,{agent.enforce_answer_chars}}}</answer>"
         return think, search, answer
 
 

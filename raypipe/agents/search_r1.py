@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from raypipe.agents.protocol import AgentProtocol, EnforcementBounds
+from raypipe.agents.protocol import AgentProtocol
+from raypipe.core.config import AgentConfig
 from raypipe.retrieval.types import SearchHit
 
 PROMPT = (
@@ -68,8 +69,8 @@ class SearchR1(AgentProtocol):
             return context + self.joiner + output[: end + len("</think>")] + "\n\n" + self.answer_open
         return context + "\n\n" + self.answer_open
 
-    def enforcement_parts(self, bounds: EnforcementBounds) -> tuple[str, str, str]:
-        think = rf"<think> ?[^\s<>][^<>]{{0,{bounds.think}}}</think>\n"
-        search = rf"<search> ?[^\s<>][^<>\n]{{0,{bounds.query}}}</search>"
-        answer = rf"<answer> ?[^\s<>][^<>\n]{{0,{bounds.answer}}}</answer>"
+    def enforcement_parts(self, agent: AgentConfig) -> tuple[str, str, str]:
+        think = rf"<think> ?[^\s<>][^<>]{{0,{agent.enforce_think_chars}}}</think>\n"
+        search = rf"<search> ?[^\s<>][^<>\n]{{0,{agent.enforce_query_chars}}}</search>"
+        answer = rf"<answer> ?[^\s<>][^<>\n]{{0,{agent.enforce_answer_chars}}}</answer>"
         return think, search, answer

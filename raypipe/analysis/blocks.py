@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from raypipe.core.tables import markdown_table
+
 
 @dataclass
 class Table:
@@ -78,12 +80,8 @@ def _slug(text: str) -> str:
 
 
 def table_markdown(table: Table) -> str:
-    cols = [str(c) for c in table.frame.columns]
-    esc = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
     lines = [f"**{table.title}**", ""] if table.title else []
-    lines.append("| " + " | ".join(esc(c) for c in cols) + " |")
-    lines.append("|" + "|".join("---" for _ in cols) + "|")
-    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in formatted(table)]
+    lines.append(markdown_table([str(c) for c in table.frame.columns], formatted(table)))
     if table.note:
         lines += ["", f"_{table.note}_"]
     return "\n".join(lines)

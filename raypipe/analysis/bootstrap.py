@@ -12,8 +12,7 @@ import numpy as np
 import pandas as pd
 
 from raypipe.analysis.stats import by_agent_dataset
-
-_CHUNK = 2_000_000  # index cells per chunk: bounds memory for large runs
+from raypipe.core.stats import percentile_interval, resamples
 
 
 def ratio_cis(
@@ -28,28 +27,19 @@ def ratio_cis(
     figures, n = num.shape
     if n == 0:
         return [(float("nan"),) * 3] * figures
-    rng = np.random.default_rng(seed)
-    stats = np.empty((figures, samples))
-    per_chunk = max(1, _CHUNK // n)
-    for start in range(0, samples, per_chunk):
-        stop = min(samples, start + per_chunk)
-        idx = rng.integers(0, n, size=(stop - start, n))
+    values = np.empty((figures, samples))
+    start = 0
+    for idx in resamples(n, samples, seed):
         with np.errstate(invalid="ignore", divide="ignore"):
             for k in range(figures):
-                stats[k, start:stop] = num[k][idx].sum(axis=1) / den[k][idx].sum(axis=1)
-    alpha = (1 - confidence) / 2
-    out = []
-    for k in range(figures):
-        total = den[k].sum()
-        finite = stats[k][np.isfinite(stats[k])]  # a resample with no defined value at all is skipped
-        if not total:
-            out.append((float("nan"),) * 3)
-        elif not len(finite):
-            out.append((float(num[k].sum() / total), float("nan"), float("nan")))
-        else:
-            low, high = np.quantile(finite, [alpha, 1 - alpha])
-            out.append((float(num[k].sum() / total), float(low), float(high)))
-    return out
+                values[k, start : start + len(idx)] = num[k][idx].sum(axis=1) / den[k][idx].sum(axis=1)
+        start += len(idx)
+    return [
+        (float(num[k].sum() / den[k].sum()), *percentile_interval(values[k], confidence))
+        if den[k].sum()
+        else (float("nan"),) * 3
+        for k in range(figures)
+    ]
 
 
 def ratio_ci(

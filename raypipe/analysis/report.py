@@ -1,5 +1,8 @@
-"""Assemble ``RUN_DIR/report/``: ``index.html`` (self-contained: CSS inline, plots embedded), ``report.md``
-(the same tables in Markdown), ``plots/*.png`` and ``tables/*.csv`` (the numbers behind the tables).
+"""The report's sections: the registry, the built-in renderers and the context they render from.
+
+The report job (:mod:`raypipe.stages.report`) assembles ``RUN_DIR/report/``: ``index.html``
+(self-contained: CSS inline, plots embedded), ``report.md`` (the same tables in Markdown), ``plots/*.png``
+and ``tables/*.csv`` (the numbers behind the tables).
 
 The report is a list of *sections*. A section is ``(key, title, requires, render)``: ``requires`` are
 paths relative to RUN_DIR (a folder counts when it holds at least one file); when one is missing the
@@ -20,8 +23,9 @@ appear without touching this module:
    them (``01_pearson.md``) to choose the order. Stages known here: ``features``, ``predictions``,
    ``tables`` (cross-stage tables such as ``RUN_DIR/tables/*.csv``), ``stopping``, ``stoprag``.
 2. A custom section. Put a module ``raypipe/<your package>/report_section.py`` that calls
-   :func:`register_section` at import; :func:`build_report` imports every such module. A section with
-   the key of a stage (e.g. ``"stopping"``) replaces that stage's generic rendering and keeps its place::
+   :func:`register_section` at import; the report job imports every such module (:func:`discover_plugins`).
+   A section with the key of a stage (e.g. ``"stopping"``) replaces that stage's generic rendering and
+   keeps its place::
 
        from raypipe.analysis.report import Section, register_section
        from raypipe.analysis.blocks import Table, Figure
@@ -36,7 +40,6 @@ appear without touching this module:
 
 from __future__ import annotations
 
-import datetime as _dt
 import importlib
 import logging
 from dataclasses import dataclass, field
@@ -51,11 +54,8 @@ from raypipe.analysis import plots
 from raypipe.analysis.blocks import (
     Block,
     Figure,
-    RenderedSection,
     Table,
     Text,
-    document_html,
-    document_markdown,
     markdown_blocks,
 )
 from raypipe.analysis.bootstrap import headline_intervals
@@ -392,73 +392,3 @@ for _i, (_stage, (_title, _producer)) in enumerate(STAGES.items()):
 
 def ordered_sections() -> list[Section]:
     return sorted(SECTIONS.values(), key=lambda s: s.order)
-
-
-# ---------------------------------------------------------------- assembly
-
-
-@dataclass
-class ReportResult:
-    html: Path
-    markdown: Path
-    sections: list[RenderedSection]
-
-    @property
-    def errors(self) -> list[RenderedSection]:
-        return [s for s in self.sections if s.status == "error"]
-
-
-def build_report(
-    run_dir: str | Path,
-    options: ReportConfig | None = None,
-    out: str | Path | None = None,
-    compare: list[str | Path] = (),
-) -> ReportResult:
-    """Render every registered section of ``run_dir`` into ``out`` (default RUN_DIR/report).
-
-    ``compare``: further run directories (e.g. the other agent) whose trajectories join the RQ-1 tables
-    and plots as more agents; the later-stage sections show ``run_dir`` only.
-    """
-    run = RunDir(run_dir)
-    others = [RunDir(c) for c in compare]
-    for r in (run, *others):
-        if not r.path.is_dir():
-            raise FileNotFoundError(f"run directory {r.path} does not exist")
-    for r in others:
-        if not (r.has("trajectories") and r.has("iterations")):
-            raise FileNotFoundError(f"compared run {r.path} has no trajectories/iterations tables")
-    plugin_error = None
-    try:
-        discover_plugins()
-    except Exception as exc:  # a broken plugin must not hide the rest of the report
-        log.exception("a report_section plugin failed to import")
-        plugin_error = f"a report_section plugin failed to import: {exc!r}"
-    ctx = ReportContext(run, Path(out) if out else run.path / "report", options or ReportConfig(), RunMeta.read(run),
-                        others)
-    ctx.out.mkdir(parents=True, exist_ok=True)
-    rendered = []
-    for section in ordered_sections():
-        missing = missing_requirements(section, run)
-        if missing:
-            paths = ", ".join(f"{run.path / m}" for m in missing)
-            hint = f"; run {section.producer} on {run.path}" if section.producer else ""
-            rendered.append(RenderedSection(section.key, section.title,
-                                            [Text(f"Not run yet: {paths} missing{hint}.", "missing")], "missing"))
-            continue
-        try:
-            blocks = section.render(ctx)
-            rendered.append(RenderedSection(section.key, section.title, blocks))
-        except Exception as exc:
-            log.exception("section %s failed", section.key)
-            rendered.append(RenderedSection(section.key, section.title,
-                                            [Text(f"This section failed: {type(exc).__name__}: {exc}", "error")],
-                                            "error"))
-    if plugin_error:
-        rendered.append(RenderedSection("plugins", "Report plugins", [Text(plugin_error, "error")], "error"))
-    title = f"raypipe report: {ctx.meta.name}"
-    stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
-    subtitle = f"{run.path.resolve()} · agent {ctx.meta.agent} · model {ctx.meta.model} · generated {stamp}"
-    html_path, md_path = ctx.out / "index.html", ctx.out / "report.md"
-    html_path.write_text(document_html(title, subtitle, rendered, ctx.out))
-    md_path.write_text(document_markdown(title, rendered, ctx.out))
-    return ReportResult(html_path, md_path, rendered)

@@ -10,13 +10,25 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"  # inside the package: a wheel has them
 DEFAULT_PRESET = "embedded"
+
+# The seed paper's reported operating point (Tian et al.): these θ_P, θ_U gave the iterations change at the
+# share of natural F1 below. The stopping defaults, the sweep's comparison and Stop-RAG's share objective use it.
+PAPER_THETA_P = 0.3
+PAPER_THETA_U = 0.2
+PAPER_THETA_U_STRICT = 0.3  # the paper's second operating point: θ_U=0.3 keeps 98.49% of natural F1
+PAPER_ITERATIONS_CHANGE = -0.1089
+PAPER_F1_SHARE = 0.976
+# The seed's prediction head (jobs/train.py), also the base of the sweep's head refits.
+SEED_HEAD_HIDDEN = (16, 8)
+SEED_HEAD_ALPHA = 1e-3
+SEED_HEAD_LEARNING_RATE = 1e-3
 
 
 class ConfigError(ValueError):
@@ -32,7 +44,14 @@ class DataConfig(StrictModel):
         default_factory=lambda: ["hotpotqa", "2wikimultihopqa", "musique"],
         description="Bundled dataset names or paths of FlashRAG-style question files.",
     )
-    limit: int | None = Field(default=None, ge=1, description="First N questions of each dataset.")
+    limit: int | None = Field(
+        default=None, ge=1,
+        description="First N questions of each bundled dataset (the presets' quick sample); a question file given by "
+        "path runs whole unless limit_files is set.",
+    )
+    limit_files: bool = Field(
+        default=False, description="Apply limit to question files too: what --limit N sets (with data.limit=N)."
+    )
     corpus: str = Field(default="bundled", description="'bundled' or the path of a corpus jsonl.")
 
 
@@ -48,7 +67,7 @@ class RetrievalConfig(StrictModel):
     encoder_quantization: Literal["auto", "none", "int8"] = Field(
         default="auto",
         description="int8: ONNX Runtime dynamic int8 (per-channel weights), ~1.6x faster on CPU, vectors at cosine ~0.993 to "
-        "fp32, same recall on the bundled corpus (README). auto: int8 for the embedded minilm, none for other encoders.",
+        "fp32, same recall on the bundled corpus (docs/retrieval.md). auto: int8 for the embedded minilm, none for other encoders.",
     )
     index_type: Literal["flat", "ivf", "hnsw", "pq"] = Field(default="flat", description="pq = IVF-PQ.")
     fp16: bool = Field(default=False, description="Store vectors as float16 (flat/ivf/hnsw): half the memory.")
@@ -75,10 +94,10 @@ class RetrievalConfig(StrictModel):
         default=3, ge=-1, description="Ray retries of a search whose actor died (searches are idempotent); -1: unlimited."
     )
     encode_actors: int = Field(
-        default=2, ge=1, description="Actor pool size for corpus encoding (2 x 1 thread beats 1 x 2 threads on 2 cores: README)."
+        default=2, ge=1, description="Actor pool size for corpus encoding (2 x 1 thread beats 1 x 2 threads on 2 cores: docs/retrieval.md)."
     )
     encode_batch_size: int = Field(default=256, ge=1)
-    encode_num_cpus: float = Field(default=0.5, ge=0, description="Per encoding actor (0.5: see ENVIRONMENT.md).")
+    encode_num_cpus: float = Field(default=0.5, ge=0, description="Per encoding actor (0.5: whole-CPU pool actors stall Ray Data on 2 cores).")
     encode_num_gpus: float = Field(default=0.0, ge=0)
     encode_threads: int | None = Field(default=None, ge=1, description="CPU threads per encoding actor; None: cores / actors.")
     resources: dict[str, float] = Field(
@@ -238,15 +257,15 @@ class StopRagConfig(StrictModel):
     weight_decay: float = Field(default=0.01, ge=0)
     warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
     max_grad_norm: float = Field(default=30.0, gt=0)
-    workers: int = Field(default=2, ge=1, description="Ray Train workers.")
-    worker_num_cpus: float = Field(default=1.0, gt=0)
+    num_workers: int = Field(default=2, ge=1, description="Ray Train workers.")
+    cpus_per_worker: float = Field(default=1.0, gt=0)
     use_gpu: bool = False
     split: tuple[float, float, float] = Field(default=(0.6, 0.2, 0.2), description="train/val/test shares by qid.")
     split_seed: int = 0
     threshold_objective: Literal["reward", "share"] = Field(
         default="reward", description="reward: best validation F1 (paper); share: fewest iterations at min_share."
     )
-    min_share: float = Field(default=0.976, gt=0, le=1.5)
+    min_share: float = Field(default=PAPER_F1_SHARE, gt=0, le=1.5)
     llm_stop: bool = Field(default=True, description="Evaluate the LLM-Stop baseline (runs the engine).")
     llm_stop_max_questions: int | None = Field(default=40, ge=1, description="Test questions LLM-Stop is run on.")
     llm_stop_max_tokens: int = Field(default=200, ge=1)
@@ -273,7 +292,7 @@ class FeaturesConfig(StrictModel):
 
     sentence_model: str = Field(default="minilm", description="SBERT model for the similarity signals (embedded name or folder).")
     actors: int = Field(default=1, ge=1, description="Actor pool size; each actor holds the sentence encoder and the index.")
-    actor_num_cpus: float = Field(default=0.5, ge=0, description="Per actor (0.5: see ENVIRONMENT.md).")
+    actor_num_cpus: float = Field(default=0.5, ge=0, description="Per actor (0.5: whole-CPU pool actors stall Ray Data on 2 cores).")
     batch_trajectories: int = Field(default=32, ge=1, description="Trajectories per map_batches batch (one encoder call each).")
     partitions: int | None = Field(
         default=None, ge=1, description="Shuffle partitions of the group-by-trajectory; None: one per 5000 rows, at least actors."
@@ -322,9 +341,9 @@ class TrainConfig(StrictModel):
     ablation_windows: list[int] | None = Field(default=None, description="Table 4 windows; None = windows.")
     chosen_group: str = Field(default="unsup+sup+prob", description="Head configuration written to predictions/ and the bundle.")
     chosen_window: int = Field(default=3, ge=1)
-    head_hidden: list[int] = Field(default_factory=lambda: [16, 8])
-    head_alpha: float = Field(default=1e-3, ge=0, description="L2 penalty (the seed's Adam weight decay).")
-    head_learning_rate: float = Field(default=1e-3, gt=0)
+    head_hidden: list[int] = Field(default_factory=lambda: list(SEED_HEAD_HIDDEN))
+    head_alpha: float = Field(default=SEED_HEAD_ALPHA, ge=0, description="L2 penalty (the seed's Adam weight decay).")
+    head_learning_rate: float = Field(default=SEED_HEAD_LEARNING_RATE, gt=0)
     head_batch_size: int = Field(default=256, ge=1)
     head_max_iter: int = Field(default=300, ge=1)
     head_patience: int = Field(default=15, ge=1)
@@ -356,18 +375,22 @@ class HeadRefit(StrictModel):
 
     group: str | None = Field(default=None, description="Signal group, e.g. 'unsup+sup+prob'; None = train.chosen_group.")
     window: int | None = Field(default=None, ge=1, description="Head window; None = train.chosen_window.")
-    head_hidden: list[int] = Field(default_factory=lambda: [16, 8])
-    head_alpha: float = Field(default=1e-3, ge=0)
-    head_learning_rate: float = Field(default=1e-3, gt=0)
+    head_hidden: list[int] = Field(default_factory=lambda: list(SEED_HEAD_HIDDEN))
+    head_alpha: float = Field(default=SEED_HEAD_ALPHA, ge=0)
+    head_learning_rate: float = Field(default=SEED_HEAD_LEARNING_RATE, gt=0)
+
+
+# The heuristic's named variants (their options: raypipe.stopping.heuristic.VARIANTS).
+HeuristicVariant = Literal["paper", "delta_p", "mean_utility", "best_rollback", "quality_floor", "give_up"]
 
 
 class StoppingConfig(StrictModel):
     """Prediction-guided early stopping: the online controller and the sweep (jobs/sweep.py)."""
 
-    theta_p: float = Field(default=0.3, description="θ_P of the online controller (default: the paper's operating point).")
-    theta_u: float = Field(default=0.2, description="θ_U of the online controller.")
-    variant: Literal["paper", "delta_p", "mean_utility", "best_rollback", "quality_floor", "give_up"] = Field(
-        default="paper", description="Heuristic variant of the online controller (raypipe.stopping.grid.VARIANTS)."
+    theta_p: float = Field(default=PAPER_THETA_P, description="θ_P of the online controller (default: the paper's operating point).")
+    theta_u: float = Field(default=PAPER_THETA_U, description="θ_U of the online controller.")
+    variant: HeuristicVariant = Field(
+        default="paper", description="Heuristic variant of the online controller (raypipe.stopping.heuristic.VARIANTS)."
     )
     theta_p_grid: list[float] = Field(
         default_factory=lambda: [round(0.05 * i, 2) for i in range(21)], description="θ_P values swept."
@@ -378,8 +401,8 @@ class StoppingConfig(StrictModel):
     quantile_points: int = Field(
         default=9, ge=0, description="Also sweep this many quantiles of the validation P̂ / Û (weak models predict in a narrow range)."
     )
-    variants: list[Literal["paper", "delta_p", "mean_utility", "best_rollback", "quality_floor", "give_up"]] = Field(
-        default_factory=lambda: ["paper", "delta_p", "mean_utility", "best_rollback", "quality_floor", "give_up"],
+    variants: list[HeuristicVariant] = Field(
+        default_factory=lambda: list(get_args(HeuristicVariant)),
         description="Heuristic variants swept; 'paper' is the faithful one.",
     )
     heads: Literal["chosen", "windows", "all"] = Field(
@@ -393,9 +416,9 @@ class StoppingConfig(StrictModel):
     )
     val_fraction: float = Field(default=0.5, gt=0, lt=1, description="Share of questions (by qid hash) for choosing thresholds.")
     split_seed: int = 0
-    min_f1_share: float = Field(default=0.976, gt=0, description="Selection: least share of natural F1 kept on validation (the paper's 97.6%).")
+    min_f1_share: float = Field(default=PAPER_F1_SHARE, gt=0, description="Selection: least share of natural F1 kept on validation (the paper's 97.6%).")
     max_concurrent_trials: int = Field(default=2, ge=1)
-    trial_num_cpus: float = Field(default=0.5, gt=0, description="CPUs per Tune trial (0.5: see ENVIRONMENT.md).")
+    trial_num_cpus: float = Field(default=0.5, gt=0, description="CPUs per Tune trial (0.5: a small-machine default, as for the actor pools).")
 
 
 class RunConfig(StrictModel):
@@ -420,6 +443,11 @@ class RunConfig(StrictModel):
         return self
 
 
+def known_presets() -> list[str]:
+    """The preset names shipped in the package."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
 def preset_path(preset: str | Path) -> Path:
     """A preset name (``raypipe/presets/<name>.yaml``) or a YAML path."""
     path = Path(preset)
@@ -429,8 +457,7 @@ def preset_path(preset: str | Path) -> Path:
         return path
     named = PRESET_DIR / f"{preset}.yaml"
     if not named.exists():
-        known = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-        raise ConfigError(f"unknown preset {preset!r}; known presets: {', '.join(known)}")
+        raise ConfigError(f"unknown preset {preset!r}; known presets: {', '.join(known_presets())}")
     return named
 
 

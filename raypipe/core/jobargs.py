@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
 
-from raypipe.core.config import DEFAULT_PRESET, ConfigError, RunConfig, load_config
+from raypipe.core.config import DEFAULT_PRESET, ConfigError, RunConfig, known_presets, load_config
 
 
 def job_parser(description: str) -> argparse.ArgumentParser:
@@ -17,7 +18,7 @@ def job_parser(description: str) -> argparse.ArgumentParser:
         "--config",
         default=DEFAULT_PRESET,
         metavar="PRESET",
-        help=f"preset name (raypipe/presets/) or a YAML path (default: {DEFAULT_PRESET})",
+        help=f"a preset ({', '.join(known_presets())}) or a YAML path (default: {DEFAULT_PRESET})",
     )
     parser.add_argument(
         "--set",
@@ -49,20 +50,43 @@ def config_from_args(args: argparse.Namespace, extra_overrides: list[str] | None
 
 def run_config_from_args(args: argparse.Namespace, run_dir: Path) -> RunConfig:
     """The config a later stage uses: the run's own ``config.yaml`` unless ``--config`` names another."""
-    if args.config == DEFAULT_PRESET and (run_dir / "config.yaml").exists():
-        args.config = str(run_dir / "config.yaml")
-        return config_from_args(args, legacy_run_overrides(run_dir / "config.yaml"))
+    path = run_dir / "config.yaml"
+    if args.config == DEFAULT_PRESET and path.exists():
+        args.config = str(path)
+        args.overrides = [*renamed_key_overrides(path), *args.overrides]  # renamed first: --set still applies
+        return config_from_args(args, legacy_run_overrides(path))
     return config_from_args(args)
+
+
+# Keys renamed since runs were written (section -> old name -> new name)
+RENAMED_KEYS = {"stoprag": {"workers": "num_workers", "worker_num_cpus": "cpus_per_worker"}}
+
+
+def renamed_key_overrides(path: Path) -> list[str]:
+    """Overrides that let a run's config.yaml written before a key was renamed load: each section that
+    still has an old name is set whole, under the new names."""
+    tree = _yaml_tree(path)
+    overrides = []
+    for section, renames in RENAMED_KEYS.items():
+        values = tree.get(section)
+        if isinstance(values, dict) and renames.keys() & values.keys():
+            renamed = {renames.get(key, key): value for key, value in values.items()}
+            overrides.append(f"{section}={json.dumps(renamed)}")  # JSON is YAML
+    return overrides
 
 
 def legacy_run_overrides(path: Path) -> list[str]:
     """Overrides that keep a run written before a default changed on what it ran with: a run's
     config.yaml without ``retrieval.encoder_quantization`` used the fp32 encoder (the default became
     int8 for minilm), so a later stage or a resume must query the same fp32 index."""
-    import yaml
-
-    tree = yaml.safe_load(path.read_text()) or {}
-    retrieval = tree.get("retrieval") if isinstance(tree, dict) else None
+    retrieval = _yaml_tree(path).get("retrieval")
     if isinstance(retrieval, dict) and "encoder_quantization" not in retrieval:
         return ["retrieval.encoder_quantization=none"]
     return []
+
+
+def _yaml_tree(path: Path) -> dict:
+    import yaml
+
+    tree = yaml.safe_load(path.read_text()) or {}
+    return tree if isinstance(tree, dict) else {}

@@ -79,12 +79,15 @@ def load_questions(name_or_path: str, limit: int | None = None) -> list[Question
     return questions
 
 
-def load_datasets(names: list[str], limit: int | None = None) -> list[Question]:
-    """Load several question files; ids must be unique across them (they key every table)."""
+def load_datasets(names: list[str], limit: int | None = None, limit_files: bool = True) -> list[Question]:
+    """Load several question files, the first ``limit`` questions of each; ids must be unique across them
+    (they key every table). ``limit_files=False`` cuts the bundled datasets only and runs question files
+    given by path whole (``data.limit`` from a preset, unlike ``--limit N``)."""
     questions: list[Question] = []
     owner: dict[str, str] = {}
     for name in names:
-        for q in load_questions(name, limit):
+        cut = limit if limit_files or name in BUNDLED_DATASETS else None
+        for q in load_questions(name, cut):
             if q.qid in owner:
                 raise DataError(f"id {q.qid!r} appears in both {owner[q.qid]} and {name}")
             owner[q.qid] = name

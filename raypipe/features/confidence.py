@@ -11,8 +11,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-SEED_DROP_LAST = 4
-
 
 def mean_logprob(token_logprobs: Sequence[float] | None, drop_last: int = 0) -> float | None:
     """Mean of the token log-probs after dropping the last ``drop_last``; ``None`` when nothing is left."""

@@ -3,38 +3,30 @@
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 
 from raypipe.core.schema import FEATURE_COLUMNS
+from raypipe.core.stats import finite_pairs, pearson
 
 TARGETS = (("P", "probe_f1"), ("U", "utility"))
-MIN_PAIRS = 3
-
-
-def pearson(x: Sequence[float | None], y: Sequence[float | None]) -> tuple[float | None, int]:
-    """(r, n) over the pairs where both values are finite; r is None with < 3 pairs or a constant side."""
-    a = np.array([np.nan if v is None else v for v in x], dtype=float)
-    b = np.array([np.nan if v is None else v for v in y], dtype=float)
-    keep = np.isfinite(a) & np.isfinite(b)
-    a, b = a[keep], b[keep]
-    n = int(keep.sum())
-    if n < MIN_PAIRS or a.std() == 0 or b.std() == 0:
-        return None, n
-    return float(np.corrcoef(a, b)[0, 1]), n
 
 
 def correlation_table(features: pa.Table, signals: Sequence[str] = FEATURE_COLUMNS) -> list[dict]:
-    """One row per signal: ``signal, r_P, n_P, r_U, n_U``."""
+    """One row per signal: ``signal, r_P, n_P, r_U, n_U``; n counts the pairs where both values are finite,
+    r is None with fewer than 3 pairs or a constant side."""
     rows = []
     for signal in signals:
         row: dict = {"signal": signal}
         x = features.column(signal).to_pylist()
         for name, column in TARGETS:
-            row[f"r_{name}"], row[f"n_{name}"] = pearson(x, features.column(column).to_pylist())
+            y = features.column(column).to_pylist()
+            r = pearson(x, y)
+            row[f"r_{name}"] = None if math.isnan(r) else r
+            row[f"n_{name}"] = len(finite_pairs(x, y)[0])
         rows.append(row)
     return rows
 

@@ -3,7 +3,8 @@
 A trajectory is processed as a whole because the inter-iteration signals look backwards: iteration i
 needs the lists, reasoning and probes of iterations < i. :func:`extract_trajectory` calls each encoder
 and the index once per trajectory; :func:`extract_many` does a batch of trajectories with one call per
-kind for the whole batch (bigger encoder batches, one index search for all the questions).
+kind for the whole batch (bigger encoder batches, one index search for all the questions). The
+signals' depths and constants are the ``features`` section of the run config (defaults: the seed paper's).
 """
 
 from __future__ import annotations
@@ -14,24 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from raypipe.core.config import FeaturesConfig
 from raypipe.core.schema import RBO_DEPTHS
 from raypipe.features import confidence, overlap, qpp
 from raypipe.features.resources import CorpusResources, SentenceEncoder
 from raypipe.features.similarity import cosine, reasoning_text
 
 RBO_VARIANTS = {"rbo": overlap.rbo_truncated, "rbo_ext": overlap.rbo_extrapolated}
-
-
-@dataclass(frozen=True)
-class SignalSettings:
-    """Depths and constants of the signals (defaults: the seed paper's)."""
-
-    rbo_p: float = 0.99
-    nqc_depth: int = qpp.SEED_NQC_DEPTH
-    nqc_k: int = 100
-    a_pair_depth: int = qpp.SEED_A_PAIR_DEPTH
-    dense_qpp_k: int = qpp.SEED_DENSE_QPP_K
-    confidence_drop_last: int = confidence.SEED_DROP_LAST
 
 
 class TrajectoryError(ValueError):
@@ -87,7 +77,7 @@ class _Needs:
     search: str | None  # the question, when its own list is needed
 
 
-def _needs(its: list[_Iteration], question: str | None, settings: SignalSettings) -> _Needs:
+def _needs(its: list[_Iteration], question: str | None, settings: FeaturesConfig) -> _Needs:
     retrieved = [it for it in its if it.doc_ids]
     texts = [question, *(_text(it.row.get("query")) for it in its), *(_reasoning(it.row) for it in its)]
     depth = max(settings.a_pair_depth, settings.dense_qpp_k)
@@ -104,12 +94,14 @@ def extract_trajectory(
     question: str | None,
     corpus: CorpusResources,
     sentences: SentenceEncoder,
-    settings: SignalSettings = SignalSettings(),
+    settings: FeaturesConfig | None = None,
 ) -> list[dict[str, Any]]:
     """Feature rows (FEATURES schema, ordered by iteration) for one trajectory's ITERATIONS rows.
 
     Each encoder and the index are called at most once per kind (see :func:`extract_many` for batches).
+    ``settings``: the signals' depths and constants (default: the seed paper's).
     """
+    settings = settings or FeaturesConfig()
     its = _prepare(rows)
     by_index = {it.index: it for it in its}
     question = _text(question)
@@ -175,7 +167,7 @@ def _qpp(
     corpus: CorpusResources,
     doc_vec: Mapping[str, np.ndarray],
     query_vec: Mapping[str, np.ndarray],
-    settings: SignalSettings,
+    settings: FeaturesConfig,
 ) -> dict[str, float | None]:
     if not it.doc_ids:
         return {"nqc_seed": None, "nqc_shtok": None, "a_pair_ratio": None, "dense_qpp": None}
@@ -200,10 +192,11 @@ def extract_many(
     trajectories: Sequence[tuple[Sequence[Mapping[str, Any]], str | None]],
     corpus: CorpusResources,
     sentences: SentenceEncoder,
-    settings: SignalSettings = SignalSettings(),
+    settings: FeaturesConfig | None = None,
 ) -> list[list[dict[str, Any]]]:
     """:func:`extract_trajectory` over many ``(rows, question)`` pairs, with one batched call per encoder
     and one index search for all of them (what an actor does with a batch of trajectories)."""
+    settings = settings or FeaturesConfig()
     needs = [_needs(_prepare(rows), _text(question), settings) for rows, question in trajectories]
     texts = list(dict.fromkeys(t for n in needs for t in n.texts))
     doc_ids = list(dict.fromkeys(d for n in needs for d in n.doc_ids))

@@ -18,6 +18,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from raypipe.core.config import FeaturesConfig
+
+SEED_P = FeaturesConfig().rbo_p  # the seed paper's persistence (the features section's default)
 PTA_HORIZON = 1000  # ranks PyTerrier-alpha's loop always runs over
 
 
@@ -38,7 +41,7 @@ def _overlaps(a: Sequence[str], b: Sequence[str], length: int) -> np.ndarray:
     return out
 
 
-def rbo_truncated(a: Sequence[str], b: Sequence[str], depth: int, p: float = 0.99) -> float | None:
+def rbo_truncated(a: Sequence[str], b: Sequence[str], depth: int, p: float = SEED_P) -> float | None:
     """PyTerrier-alpha's (non-extrapolated) RBO of the top ``depth`` of two lists."""
     _check(depth, p)
     a, b = list(a)[:depth], list(b)[:depth]
@@ -53,7 +56,7 @@ def rbo_truncated(a: Sequence[str], b: Sequence[str], depth: int, p: float = 0.9
     return float(np.sum(weights * x / ranks) / np.sum(weights))
 
 
-def rbo_extrapolated(a: Sequence[str], b: Sequence[str], depth: int, p: float = 0.99) -> float | None:
+def rbo_extrapolated(a: Sequence[str], b: Sequence[str], depth: int, p: float = SEED_P) -> float | None:
     """Webber et al.'s extrapolated RBO (RBO_EXT) of the top ``depth`` of two lists."""
     _check(depth, p)
     a, b = list(a)[:depth], list(b)[:depth]

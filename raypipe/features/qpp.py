@@ -26,9 +26,9 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-SEED_NQC_DEPTH = 100
-SEED_A_PAIR_DEPTH = 50
-SEED_DENSE_QPP_K = 3
+from raypipe.core.config import FeaturesConfig
+
+SEED = FeaturesConfig()  # the features section's defaults are the seed paper's depths
 
 
 def max_idf(dfs: Iterable[int | None], num_docs: int) -> float:
@@ -41,7 +41,7 @@ def max_idf(dfs: Iterable[int | None], num_docs: int) -> float:
     return max(math.log(num_docs / df) for df in values)
 
 
-def nqc_seed(scores: Sequence[float], query_max_idf: float, depth: int = SEED_NQC_DEPTH) -> float | None:
+def nqc_seed(scores: Sequence[float], query_max_idf: float, depth: int = SEED.nqc_depth) -> float | None:
     """The seed paper's "NQC": ``var(top-depth scores) * max IDF``."""
     top = np.asarray(scores, dtype=float)[:depth]
     if top.size == 0:
@@ -49,7 +49,7 @@ def nqc_seed(scores: Sequence[float], query_max_idf: float, depth: int = SEED_NQ
     return float(np.var(top) * query_max_idf)
 
 
-def nqc_shtok(scores: Sequence[float], k: int = 100, corpus_score: float | None = None) -> float | None:
+def nqc_shtok(scores: Sequence[float], k: int = SEED.nqc_k, corpus_score: float | None = None) -> float | None:
     """Textbook NQC: ``std(top-k scores) / |corpus score|``; the corpus score defaults to the mean of ``scores``."""
     all_scores = np.asarray(scores, dtype=float)
     if all_scores.size == 0:
@@ -60,7 +60,7 @@ def nqc_shtok(scores: Sequence[float], k: int = 100, corpus_score: float | None 
     return float(np.std(all_scores[:k]) / abs(reference))
 
 
-def a_pair_ratio(doc_vectors: np.ndarray, scores: Sequence[float], depth: int = SEED_A_PAIR_DEPTH) -> float | None:
+def a_pair_ratio(doc_vectors: np.ndarray, scores: Sequence[float], depth: int = SEED.a_pair_depth) -> float | None:
     """The seed's pairwise document coherence ratio over the top ``depth`` documents."""
     n = min(depth, len(scores))
     if n == 0:
@@ -80,7 +80,7 @@ def a_pair_ratio(doc_vectors: np.ndarray, scores: Sequence[float], depth: int = 
     return float(np.mean(weighted[:top_n, :top_n]) / tail_mean)
 
 
-def dense_qpp(query_vector: np.ndarray, doc_vectors: np.ndarray, k: int = SEED_DENSE_QPP_K) -> float | None:
+def dense_qpp(query_vector: np.ndarray, doc_vectors: np.ndarray, k: int = SEED.dense_qpp_k) -> float | None:
     """The seed's semantic concentration: ``-Σ_dim log(max - min)`` over the query and top-k document vectors."""
     docs = np.asarray(doc_vectors, dtype=float)[:k]
     if docs.shape[0] == 0:

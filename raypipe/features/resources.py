@@ -1,20 +1,28 @@
-"""What the signals need from outside a trajectory, as two small interfaces.
+"""What the signals need from outside a trajectory: two small interfaces and their implementations.
 
 - :class:`CorpusResources`: the retrieval index's side: corpus statistics for IDF, the index's vectors
   for the documents, the index's query encoder, and a search for the original question's own list.
-  ``raypipe.stages.features`` adapts the retrieval package's index directory to it;
+  :class:`IndexCorpus` adapts a retrieval index directory (``raypipe.retrieval``) to it;
   :class:`InMemoryCorpus` is a small brute-force implementation (tests, synthetic benchmarks).
-- :class:`SentenceEncoder`: SBERT-style text embeddings for the similarity signals.
+- :class:`SentenceEncoder`: SBERT-style text embeddings for the similarity signals;
+  :class:`SbertEncoder` loads a sentence-transformers model.
+
+The loaders are plain Python: the features job's actors and the online controller both open them.
 """
 
 from __future__ import annotations
 
-import re
+import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
+
+from raypipe.core.config import RunConfig
+from raypipe.retrieval.store import tokenize
+
+log = logging.getLogger(__name__)
 
 
 class CorpusResources(Protocol):
@@ -45,14 +53,6 @@ class SentenceEncoder(Protocol):
     def encode(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
-_TOKEN = re.compile(r"\w+")
-
-
-def simple_terms(text: str) -> list[str]:
-    """Lower-cased word tokens (the tokeniser of :class:`InMemoryCorpus`)."""
-    return _TOKEN.findall(text.lower())
-
-
 class InMemoryCorpus:
     """Brute-force inner-product search over a dict of document vectors, with document frequencies
     counted from the documents' texts."""
@@ -68,12 +68,12 @@ class InMemoryCorpus:
         self._ids = list(vectors)
         self._row = {doc_id: i for i, doc_id in enumerate(self._ids)}
         self._matrix = np.vstack([np.asarray(vectors[d], dtype=np.float32) for d in self._ids])
-        self._df = Counter(term for doc_id in self._ids for term in set(simple_terms(texts[doc_id])))
+        self._df = Counter(term for doc_id in self._ids for term in set(tokenize(texts[doc_id])))
         self._encode = query_encoder
         self.num_docs = len(self._ids)
 
     def terms(self, text: str) -> list[str]:
-        return simple_terms(text)
+        return tokenize(text)
 
     def document_frequency(self, term: str) -> int:
         return self._df.get(term, 0)
@@ -91,3 +91,83 @@ class InMemoryCorpus:
         scores = self.encode_queries(texts) @ self._matrix.T
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
         return [[self._ids[j] for j in row] for row in order]
+
+
+class SbertEncoder:
+    """A sentence-transformers model (embedded name or folder) as a :class:`SentenceEncoder`."""
+
+    def __init__(self, ref: str = "minilm", batch_size: int = 64):
+        from sentence_transformers import SentenceTransformer
+
+        from raypipe.core.models import resolve_sentence_model
+
+        self.model = SentenceTransformer(str(resolve_sentence_model(ref)), device="cpu", local_files_only=True)
+        self.batch_size = batch_size
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        texts = list(texts)
+        return self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False)
+
+
+class IndexCorpus:
+    """:class:`CorpusResources` over a retrieval index directory (``raypipe.retrieval``).
+
+    Document vectors are read back from the FAISS index (``reconstruct``: exact for flat indexes,
+    approximate for PQ); an index that cannot reconstruct (e.g. on GPU) re-encodes the passages with the
+    index's own encoder instead. IDF uses the index's corpus statistics and their tokeniser.
+    """
+
+    def __init__(self, retriever: Any):
+        from raypipe.retrieval.store import tokenize
+
+        self.retriever = retriever
+        self.stats = retriever.index_dir.stats
+        self.num_docs = int(self.stats.n_docs)
+        self._tokenize = tokenize
+        self._reconstruct = _direct_map(retriever.index)
+
+    @classmethod
+    def open(cls, config: RunConfig) -> "IndexCorpus":
+        from raypipe.retrieval.build import encoder_spec, index_dir_for, search_params
+        from raypipe.retrieval.searcher import LocalRetriever
+
+        path = index_dir_for(config)
+        log.info("features: index %s", path)
+        return cls(LocalRetriever.open(path, encoder_spec(config.retrieval), search_params(config.retrieval)))
+
+    def terms(self, text: str) -> list[str]:
+        return self._tokenize(text)
+
+    def document_frequency(self, term: str) -> int:
+        return self.stats.df(term)
+
+    def doc_vectors(self, doc_ids: Sequence[str]) -> np.ndarray:
+        docs = self.retriever.docs
+        rows = [docs.row_of(d) for d in doc_ids]
+        if self._reconstruct:
+            return np.stack([self.retriever.index.reconstruct(r) for r in rows]).astype(np.float32)
+        from raypipe.retrieval.encoders import passage_text
+
+        return self.retriever.encoder.encode_passages([passage_text(p.title, p.text) for p in docs.get(rows)])
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self.retriever.encoder.encode_queries(list(texts))
+
+    def search(self, texts: Sequence[str], k: int) -> list[list[str]]:
+        return [[hit.doc_id for hit in result.hits] for result in self.retriever.search_batch(texts, k)]
+
+
+def _direct_map(index: Any) -> bool:
+    """Prepare ``index`` for ``reconstruct``; False when it cannot reconstruct."""
+    import faiss
+
+    ivf = faiss.try_extract_index_ivf(index)
+    try:
+        if ivf is not None:
+            ivf.make_direct_map()
+        if index.ntotal:
+            index.reconstruct(0)
+    except RuntimeError:
+        log.info("features: the index cannot reconstruct vectors; re-encoding passages instead")
+        return False
+    return True

@@ -22,7 +22,7 @@ from typing import Any
 
 from raypipe.core.config import EngineConfig
 from raypipe.core.loopthread import LoopThread
-from raypipe.core.models import resolve_llm
+from raypipe.core.models import cache_dir, resolve_llm
 from raypipe.llm.base import EngineError, Generation, GenerationRequest
 from raypipe.llm.common import LocalTokenizer, check_request, fit_max_tokens, resolve_dtype
 
@@ -119,6 +119,8 @@ class VLLMEngine:
 
     def __init__(self, config: EngineConfig):
         started = time.perf_counter()  # start time includes importing vLLM and loading the tokenizer
+        # the compile cache lives in raypipe's cache, whatever the entry point, unless the user placed it
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / "vllm"))
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import pandas as pd
 
-from raypipe.predict.pipeline import MANIFEST
 from raypipe.predict.relations import SHORT, DocLookup, format_relation, lookup_top_doc, trajectory_texts
 from raypipe.predict.window import FIRST_ITERATION, window_for_last
 
+MANIFEST = "manifest.json"
 FeatureExtractor = Callable[[Sequence[dict[str, Any]], str], list[dict[str, Any]]]
 
 

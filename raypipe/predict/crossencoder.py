@@ -1,23 +1,20 @@
-"""Supervised relation regressors: a MiniLM cross-encoder (num_labels=1) fine-tuned with MSE on Ray Train.
+"""Supervised relation regressors: a MiniLM cross-encoder (num_labels=1) fine-tuned with MSE.
 
-One model per relation x target. ``train_crossencoder`` runs a TorchTrainer with
-``ScalingConfig(num_workers, use_gpu)`` from the config: data-parallel workers (DDP; gloo on CPUs, NCCL
-on GPUs), each reading its shard, gradients accumulated to the effective batch. Every epoch ends with a
-checkpoint (the CrossEncoder folder plus the training curve so far) reported to Ray Train.
+One model per relation x target x fold. This module is the Ray-free part: the model, its predictions,
+the training tasks, which models a rerun reuses (keyed by data and settings) and the files a trained
+model leaves (the CrossEncoder folder, its training curve and metadata). The fine-tuning itself runs on
+Ray Train in :mod:`raypipe.stages.train`: data-parallel workers (DDP), gradients accumulated to the
+effective batch, a checkpoint of this layout every epoch.
 The model's output is the raw regression value (identity activation, not CrossEncoder's default sigmoid).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import math
-import os
 import shutil
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,12 +22,14 @@ import numpy as np
 import pandas as pd
 
 from raypipe.core.config import TrainConfig
+from raypipe.core.models import resolve_sentence_model
 from raypipe.predict.relations import SPECIAL_TOKENS
 
 log = logging.getLogger(__name__)
 CURVE_FILE = "curve.csv"
 META_FILE = "meta.json"
 DONE = ".complete"
+TRAIN_STORAGE = "ray_train"  # Ray Train's run folders (per-epoch checkpoints), under the models folder
 
 
 @dataclass(frozen=True)
@@ -98,128 +97,15 @@ class Task:
     key: str = ""  # fingerprint of data and settings (task_key), written next to the model
 
 
-def train_loop_per_worker(config: dict) -> None:
-    """Ray Train worker: fine-tune every task in turn (DDP, gradient accumulation), a checkpoint per epoch.
-
-    One worker group serves all tasks, so the workers and libraries start once, not once per model.
-    Checkpoint scores keep every task's last epoch and drop its earlier epochs once superseded.
-    """
-    import ray.train
-    import ray.train.torch
-    import torch
-    from ray.train import Checkpoint
-
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    if config["threads"]:
-        torch.set_num_threads(config["threads"])
-    device = ray.train.torch.get_device()
-    first = 0
-    resumed = ray.train.get_checkpoint()  # set when Ray Train restarted the worker group after a failure
-    if resumed is not None:
-        with resumed.as_directory() as folder:
-            meta = json.loads((Path(folder) / META_FILE).read_text())
-        first = meta["index"] + 1 if meta["final"] else meta["index"]
-    for index, task in enumerate(config["tasks"]):
-        if index < first:
-            continue
-        torch.manual_seed(config["seed"])
-        started = time.monotonic()
-        ce = new_crossencoder(config["base"], task.relation)
-        tok = ce.tokenizer
-        net = ray.train.torch.prepare_model(ce.model)
-
-        def collate(batch, tok=tok):
-            enc = tok(
-                [t for t, _ in batch],
-                truncation=True,
-                max_length=config["max_tokens"],
-                padding=True,
-                return_tensors="pt",
-            )
-            enc["labels"] = torch.tensor([y for _, y in batch], dtype=torch.float32)
-            return enc
-
-        loader = torch.utils.data.DataLoader(
-            list(zip(task.texts, task.labels)), batch_size=config["batch_size"], shuffle=True, collate_fn=collate
-        )
-        loader = ray.train.torch.prepare_data_loader(loader, move_to_device=False)
-        optimizer = torch.optim.AdamW(net.parameters(), lr=config["lr"])
-        accum, loss_fn, curve, step = config["accum"], torch.nn.MSELoss(), [], 0
-        for epoch in range(1, config["epochs"] + 1):
-            if world > 1 and hasattr(loader.sampler, "set_epoch"):
-                loader.sampler.set_epoch(epoch)
-            net.train()
-            optimizer.zero_grad()
-            pending, running = 0, 0.0
-            for micro, batch in enumerate(loader, start=1):
-                batch = {k: v.to(device) for k, v in batch.items()}
-                y = batch.pop("labels")
-                sync = micro % accum == 0 or micro == len(loader)
-                with net.no_sync() if (world > 1 and not sync) else contextlib.nullcontext():
-                    loss = loss_fn(net(**batch).logits.squeeze(-1).float(), y)
-                    (loss / accum).backward()
-                running += loss.item()
-                pending += 1
-                if sync:
-                    optimizer.step()
-                    optimizer.zero_grad()
-                    mean_loss = torch.tensor([running / pending])
-                    if world > 1:
-                        torch.distributed.all_reduce(mean_loss)
-                        mean_loss /= world
-                    step += 1
-                    curve.append({"epoch": epoch, "step": step, "loss": float(mean_loss.item())})
-                    pending, running = 0, 0.0
-            final = epoch == config["epochs"]
-            metrics = {
-                "task": task.name,
-                "epoch": epoch,
-                "final": final,
-                "train_loss": float(np.mean([c["loss"] for c in curve if c["epoch"] == epoch])),
-                "seconds": time.monotonic() - started,
-                # last epochs outrank every intermediate one, so num_to_keep = tasks + 1 keeps them all
-                "keep_score": (1_000_000 if final else 0) + index,
-            }
-            if rank == 0:
-                with tempfile.TemporaryDirectory() as tmp:
-                    ce.save(tmp)
-                    pd.DataFrame(curve).to_csv(Path(tmp) / CURVE_FILE, index=False)
-                    meta = {
-                        **metrics,
-                        "index": index,
-                        "rows": len(task.texts),
-                        "relation": task.relation,
-                        "key": task.key,
-                    }
-                    (Path(tmp) / META_FILE).write_text(json.dumps(meta))
-                    ray.train.report(
-                        metrics,
-                        checkpoint=Checkpoint.from_directory(tmp),
-                        checkpoint_dir_name=f"{task.name}_epoch{epoch}",
-                    )
-            else:
-                ray.train.report(metrics)
-
-
-def train_crossencoders(
-    tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int = 0, max_failures: int = 2
-) -> dict[str, TrainedModel]:
-    """Fine-tune every task in one TorchTrainer run; each last-epoch model lands in ``model_dir(task)``.
-
-    A task whose model is already complete (an earlier or interrupted run) is not trained again. When a
-    worker dies (e.g. killed by the node's memory monitor), Ray Train restarts the worker group up to
-    ``max_failures`` times and the workers resume after the last finished task (its checkpoint).
-    """
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    from raypipe.core.models import resolve_sentence_model
-
+def plan_training(
+    tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int
+) -> tuple[dict[str, TrainedModel], list[Task]]:
+    """Split ``tasks`` into the models already trained with the same data and settings (an earlier or
+    interrupted run: reused) and those to train (their unlabelled rows dropped, their ``key`` set)."""
     done, todo = {}, []
     for task in tasks:
         folder, key = model_dir(models_dir, task.name), task_key(task, cfg, seed)
-        if _reuse(folder, key, models_dir / "ray_train", task.name):
+        if _reuse(folder, key, models_dir / TRAIN_STORAGE, task.name):
             log.info("%s: already trained with the same data and settings, reusing %s", task.name, folder)
             done[task.name] = load_trained(folder, cfg)
             continue
@@ -229,9 +115,12 @@ def train_crossencoders(
         if len(texts) < cfg.num_workers * 2:
             raise ValueError(f"{task.name}: {len(texts)} training rows are too few for {cfg.num_workers} workers")
         todo.append(Task(task.name, task.relation, texts, labels, key))
-    if not todo:
-        return done
-    config = {
+    return done, todo
+
+
+def loop_config(todo: list[Task], cfg: TrainConfig, seed: int) -> dict:
+    """What every training worker needs: the tasks and the settings of the fine-tuning loop."""
+    return {
         "base": str(resolve_sentence_model(cfg.base_model)),
         "tasks": todo,
         "max_tokens": cfg.max_tokens,
@@ -242,37 +131,16 @@ def train_crossencoders(
         "seed": seed,
         "threads": 0 if cfg.use_gpu else max(1, int(math.floor(cfg.cpus_per_worker))),
     }
-    # Ray Train gives a worker group 60 s to start; a busy 2-core machine can need several minutes
-    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "900")
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config=config,
-        scaling_config=ScalingConfig(
-            num_workers=cfg.num_workers, use_gpu=cfg.use_gpu, resources_per_worker={"CPU": cfg.cpus_per_worker}
-        ),
-        run_config=RunConfig(
-            name=f"crossencoders-{time.strftime('%Y%m%d-%H%M%S')}",
-            storage_path=str((models_dir / "ray_train").resolve()),
-            checkpoint_config=CheckpointConfig(num_to_keep=len(todo) + 1, checkpoint_score_attribute="keep_score"),
-            failure_config=FailureConfig(max_failures=max_failures),
-        ),
-    )
-    started = time.monotonic()
-    result = trainer.fit()
-    log.info("Ray Train: %d models in %.0f s", len(todo), time.monotonic() - started)
-    finals = {m["task"]: c for c, m in result.best_checkpoints if m.get("final")}
-    missing = [t.name for t in todo if t.name not in finals]
-    if missing:
-        raise RuntimeError(f"Ray Train finished without final checkpoints for {missing}")
-    for task in todo:
-        target = model_dir(models_dir, task.name)
-        if target.exists():
-            shutil.rmtree(target)
-        with finals[task.name].as_directory() as ckpt:
-            shutil.copytree(ckpt, target)
-        (target / DONE).write_text(task.key)
-        done[task.name] = load_trained(target, cfg)
-    return done
+
+
+def install_model(task: Task, checkpoint: Path, models_dir: Path, cfg: TrainConfig) -> TrainedModel:
+    """Copy a task's final checkpoint folder to ``model_dir`` and mark it complete with the task's key."""
+    target = model_dir(models_dir, task.name)
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(checkpoint, target)
+    (target / DONE).write_text(task.key)
+    return load_trained(target, cfg)
 
 
 def task_key(task: Task, cfg: TrainConfig, seed: int) -> str:

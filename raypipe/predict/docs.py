@@ -14,6 +14,7 @@ def doc_lookup_for(config: RunConfig) -> DocLookup:
     """doc_id -> (title, text) from the index's doc store when it is built, else from the corpus jsonl."""
     from raypipe.retrieval.build import corpus_path, index_dir_for
     from raypipe.retrieval.index import DOCSTORE_FILE, load_index_dir
+    from raypipe.retrieval.store import corpus_documents
 
     folder = index_dir_for(config)
     if (folder / DOCSTORE_FILE).exists():
@@ -22,15 +23,12 @@ def doc_lookup_for(config: RunConfig) -> DocLookup:
 
         def from_store(doc_id: str) -> tuple[str, str] | None:
             try:
-                passage = docs.get([docs.row_of(doc_id)])[0]
+                (passage,) = docs.by_id([doc_id])
             except KeyError:
                 return None
             return passage.title, passage.text
 
         return from_store
-    from raypipe.data.loaders import iter_corpus
-
     path = corpus_path(config.data)
     log.info("document texts from the corpus file %s (no index doc store at %s)", path, folder)
-    table = {p.doc_id: (p.title, p.text) for p in iter_corpus(path)}
-    return table.get
+    return corpus_documents(path).get

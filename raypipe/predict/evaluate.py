@@ -14,25 +14,14 @@ import math
 import numpy as np
 from scipy import stats
 
-
-def pearson(y: np.ndarray, p: np.ndarray) -> float:
-    y, p = _clean(y, p)
-    if len(y) < 3 or np.std(y) == 0 or np.std(p) == 0:
-        return float("nan")
-    return float(stats.pearsonr(y, p)[0])
+from raypipe.core.stats import MIN_PAIRS, finite_pairs, pearson, percentile_interval, resamples
 
 
 def kendall(y: np.ndarray, p: np.ndarray) -> float:
-    y, p = _clean(y, p)
-    if len(y) < 3:
+    y, p = finite_pairs(y, p)
+    if len(y) < MIN_PAIRS:
         return float("nan")
     return float(stats.kendalltau(y, p)[0])  # tau-b, handles the many ties of F1 targets
-
-
-def _clean(y, p) -> tuple[np.ndarray, np.ndarray]:
-    y, p = np.asarray(y, dtype=float), np.asarray(p, dtype=float)
-    keep = ~(np.isnan(y) | np.isnan(p))
-    return y[keep], p[keep]
 
 
 def fisher_z_test(r_a: float, n_a: int, r_b: float, n_b: int, alternative: str = "greater") -> tuple[float, float]:
@@ -65,24 +54,17 @@ def bootstrap_ci(
     y, p, groups = np.asarray(y, dtype=float), np.asarray(p, dtype=float), np.asarray(groups)
     uniques, codes = np.unique(groups, return_inverse=True)
     members = [np.flatnonzero(codes == g) for g in range(len(uniques))]
-    rng = np.random.default_rng(seed)
-    values = []
-    for _ in range(samples):
-        pick = rng.integers(0, len(members), len(members))
-        rows = np.concatenate([members[g] for g in pick])
-        values.append(statistic(y[rows], p[rows]))
-    values = np.asarray(values)
-    values = values[~np.isnan(values)]
-    if len(values) == 0:
-        return float("nan"), float("nan")
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(values, [tail, 100 - tail])
-    return float(low), float(high)
+    values = [
+        statistic(y[rows], p[rows])
+        for block in resamples(len(members), samples, seed)
+        for rows in (np.concatenate([members[g] for g in pick]) for pick in block)
+    ]
+    return percentile_interval(np.asarray(values), confidence)
 
 
 def score(y, p, groups, samples: int = 1000, confidence: float = 0.95, seed: int = 0) -> dict[str, float]:
     """Pearson r and Kendall tau with their question-bootstrap intervals, and n (rows with both values)."""
-    yc, _ = _clean(y, p)
+    yc, _ = finite_pairs(y, p)
     r_lo, r_hi = bootstrap_ci(y, p, groups, pearson, samples, confidence, seed)
     t_lo, t_hi = bootstrap_ci(y, p, groups, kendall, samples, confidence, seed)
     return {

@@ -1,4 +1,5 @@
-"""The train stage: out-of-fold cross-encoder signals, the windowed head grid, evaluation, the bundle.
+"""The train stage's steps, free of Ray: out-of-fold cross-encoder signals, the windowed head grid,
+evaluation, the bundle (the stage that runs them is :mod:`raypipe.stages.train`).
 
 Everything is k-fold by question with one fold assignment: the cross-encoders of fold f and the heads
 of fold f are trained on the other folds' questions and predict fold f's rows, so every row gets
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,18 +21,23 @@ import pandas as pd
 import pyarrow as pa
 
 from raypipe.core.config import TrainConfig
-from raypipe.core.rundir import RunDir
 from raypipe.core.schema import PREDICTIONS, SUP_COLUMNS, SUP_SIGNALS
 from raypipe.predict import evaluate, groups
+from raypipe.predict.bundle import MANIFEST
+from raypipe.predict.crossencoder import Task, TrainedModel, load_crossencoder, predict_texts
 from raypipe.predict.head import fit_head, out_of_fold
-from raypipe.predict.relations import TARGETS, DocLookup, relation_frame
-from raypipe.predict.splits import assign_folds, fold_column
-from raypipe.predict.tables import plot_curves, write_tables
+from raypipe.predict.relations import TARGETS
+from raypipe.predict.splits import fold_column
 from raypipe.predict.window import build_window
 
 log = logging.getLogger(__name__)
 KEYS = ["qid", "dataset", "iteration"]
-MANIFEST = "manifest.json"
+# trainer(tasks, cfg, models_dir, seed) -> {task name: TrainedModel}: every task's model trained (or reused)
+Trainer = Callable[[list[Task], TrainConfig, Path, int], dict[str, TrainedModel]]
+CellSpec = tuple[list[str], str, int]  # one head grid cell: feature columns, target column, window
+CellScores = tuple[np.ndarray, dict[str, float]]  # its out-of-fold predictions and scores
+# map_cells(data, fold_of_row, specs, cfg, seed) -> one CellScores per spec, in order
+CellMapper = Callable[[pd.DataFrame, np.ndarray, list[CellSpec], TrainConfig, int], list[CellScores]]
 
 
 @dataclass
@@ -53,17 +59,13 @@ def supervised_signals(
     folds: dict[str, int],
     cfg: TrainConfig,
     models_dir: Path,
+    trainer: Trainer,
     seed: int = 0,
-    trainer=None,
 ) -> SupervisedResult:
-    """Cross-encoders for every relation x target x fold (one Ray Train run); out-of-fold predictions.
+    """Cross-encoders for every relation x target x fold (one ``trainer`` call); out-of-fold predictions.
 
-    ``folds`` are the cross-encoders' question folds. ``trainer(tasks, cfg, models_dir, seed) ->
-    {name: TrainedModel}`` defaults to crossencoder.train_crossencoders (injectable for tests).
+    ``folds`` are the cross-encoders' question folds.
     """
-    from raypipe.predict import crossencoder
-
-    trainer = trainer or crossencoder.train_crossencoders
     fold_of_row = fold_column(texts, folds)
     fold_names = [*(str(f) for f in sorted(set(fold_of_row))), *(["all"] if cfg.refit_full else [])]
     tasks, plan = [], []
@@ -74,9 +76,7 @@ def supervised_signals(
             for fold in fold_names:
                 train = np.ones(len(texts), bool) if fold == "all" else fold_of_row != int(fold)
                 name = f"{relation}_{short}_fold{fold}"
-                tasks.append(
-                    crossencoder.Task(name, relation, [t for t, k in zip(text, train) if k], y[train].tolist())
-                )
+                tasks.append(Task(name, relation, [t for t, k in zip(text, train) if k], y[train].tolist()))
                 plan.append((name, relation, short, fold))
     trained = trainer(tasks, cfg, models_dir, seed)
 
@@ -89,9 +89,9 @@ def supervised_signals(
             signals[column] = np.nan
         if fold != "all":
             test = fold_of_row == int(fold)
-            loaded = crossencoder.load_crossencoder(model.path)
+            loaded = load_crossencoder(model.path)
             text = texts.loc[test, f"text_{relation}"].tolist()
-            signals.loc[test, column] = crossencoder.predict_texts(loaded, text, cfg.max_tokens)
+            signals.loc[test, column] = predict_texts(loaded, text, cfg.max_tokens)
         if fold == bundle_fold:
             bundle[column] = str(model.path.relative_to(models_dir))
         curves[name] = model.curve
@@ -153,14 +153,17 @@ def head_grid(
     seed: int = 0,
     label: str = "group",
     windows: list[int] | None = None,
+    map_cells: CellMapper | None = None,
 ) -> HeadGrid:
     """Out-of-fold head predictions and scores for every column set x target x window (default cfg.windows).
 
-    The fits run as Ray tasks when Ray is initialised (one CPU each), else in this process.
+    ``map_cells`` fits the cells (default :func:`fit_cells`, in this process; the train stage passes one
+    that runs them as Ray tasks).
     """
     windows = sorted(windows or cfg.windows)
     jobs = [(name, short, w) for name in column_sets for short in TARGETS for w in windows]
-    outputs = _map_jobs(data, fold_of_row, [(column_sets[n], TARGETS[s], w) for n, s, w in jobs], cfg, seed)
+    specs = [(column_sets[n], TARGETS[s], w) for n, s, w in jobs]
+    outputs = (map_cells or fit_cells)(data, fold_of_row, specs, cfg, seed)
     results, preds, base = [], {}, {}
     for (name, short, window), (pred, s) in zip(jobs, outputs):
         preds.setdefault((name, window), {})[short] = pred
@@ -186,7 +189,7 @@ def fit_and_score(
     window: int,
     cfg: TrainConfig,
     seed: int,
-) -> tuple[np.ndarray, dict[str, float]]:
+) -> CellScores:
     """One grid cell: out-of-fold predictions of ``target`` from the window of ``columns``, and its scores."""
     x, _ = build_window(data, columns, window)
     y = data[target].to_numpy(dtype=float)
@@ -194,14 +197,11 @@ def fit_and_score(
     return pred, evaluate.score(y, pred, data["qid"].to_numpy(), cfg.bootstrap_samples, cfg.confidence, seed)
 
 
-def _map_jobs(data, fold_of_row, specs, cfg: TrainConfig, seed: int) -> list:
-    import ray
-
-    if not ray.is_initialized():
-        return [fit_and_score(data, fold_of_row, cols, target, w, cfg, seed) for cols, target, w in specs]
-    remote = ray.remote(num_cpus=1)(fit_and_score)
-    data_ref, folds_ref = ray.put(data), ray.put(fold_of_row)
-    return ray.get([remote.remote(data_ref, folds_ref, cols, target, w, cfg, seed) for cols, target, w in specs])
+def fit_cells(
+    data: pd.DataFrame, fold_of_row: np.ndarray, specs: list[CellSpec], cfg: TrainConfig, seed: int
+) -> list[CellScores]:
+    """Every grid cell in turn, in this process."""
+    return [fit_and_score(data, fold_of_row, cols, target, w, cfg, seed) for cols, target, w in specs]
 
 
 def ablation_sets(cfg: TrainConfig) -> dict[str, list[str]]:
@@ -255,79 +255,3 @@ def fit_bundle_heads(
     path = models_dir / MANIFEST
     path.write_text(json.dumps(manifest, indent=2))
     return path
-
-
-def run_train(
-    run: RunDir, cfg: TrainConfig, doc_lookup: DocLookup | None, seed: int = 0, trainer=None
-) -> dict[str, object]:
-    """The whole stage on one run directory; returns a summary (tables and timings)."""
-    started = time.monotonic()
-    iterations = run.read("iterations").to_pandas()
-    trajectories = run.read("trajectories").to_pandas()
-    features = run.read("features").to_pandas()
-    data = prediction_rows(iterations)
-    if data.empty:
-        raise ValueError(f"{run.path}: no retrieval iterations (iteration >= 1) to predict")
-    questions = data[["qid", "dataset"]].drop_duplicates("qid")
-    folds = assign_folds(questions, cfg.folds, seed)
-    fold_of_row = fold_column(data, folds)
-    models_dir = run.path / "models"
-    out_dir = run.path / "predictions"
-    tables_dir = out_dir / "tables"
-    tables_dir.mkdir(parents=True, exist_ok=True)
-    log.info("%d questions, %d rows, %d folds", len(questions), len(data), cfg.folds)
-
-    texts = relation_frame(
-        iterations[iterations["qid"].isin(questions["qid"])],
-        trajectories,
-        cfg.relations,
-        doc_lookup,
-        cfg.field_chars,
-        cfg.title_chars,
-    )
-    texts = data[KEYS].merge(
-        texts.drop(columns=["dataset"]), on=["qid", "iteration"], how="left", validate="one_to_one"
-    )
-    ce_folds = (
-        folds if cfg.crossencoder_folds in (None, cfg.folds) else assign_folds(questions, cfg.crossencoder_folds, seed)
-    )
-    sup = supervised_signals(texts, ce_folds, cfg, models_dir, seed, trainer)
-    ce_table = crossencoder_scores(texts, sup, cfg)
-    curves_dir = out_dir / "curves"
-    curves_dir.mkdir(parents=True, exist_ok=True)
-    for name, curve in sup.curves.items():
-        curve.to_csv(curves_dir / f"{name}.csv", index=False)
-    plot_curves(sup.curves, tables_dir / "crossencoder_curves.png")
-    sup.models.to_csv(tables_dir / "crossencoder_models.csv", index=False)
-    run.write_part("sup_signals", sup_signals_table(texts, fold_column(texts, ce_folds), sup.signals), "part-0")
-
-    feature_cols = [c for c in features.columns if c not in (*KEYS, "probe_f1", "utility")]
-    data = data.merge(
-        features[["qid", "iteration", *feature_cols]], on=["qid", "iteration"], how="left", validate="one_to_one"
-    )
-    data = data.merge(sup.signals, on=["qid", "iteration"], how="left", validate="one_to_one")
-
-    sets = {g: groups.group_columns(g, cfg.unsup_columns, cfg.relations) for g in cfg.groups}
-    if cfg.chosen_group not in sets:
-        sets[cfg.chosen_group] = groups.group_columns(cfg.chosen_group, cfg.unsup_columns, cfg.relations)
-    grid = head_grid(data, fold_of_row, sets, cfg, seed)
-    ablation = head_grid(data, fold_of_row, ablation_sets(cfg), cfg, seed, "source", cfg.ablation_windows)
-
-    chosen = grid.predictions[(cfg.chosen_group, cfg.chosen_window)]
-    run.write_part(
-        "predictions", prediction_table(data, fold_of_row, cfg.chosen_group, cfg.chosen_window, chosen), "part-0"
-    )
-    grid_tables = [prediction_table(data, fold_of_row, g, w, p) for (g, w), p in grid.predictions.items()]
-    run.write_part("prediction_grid", pa.concat_tables(grid_tables), "part-0")
-    fit_bundle_heads(data, sets[cfg.chosen_group], cfg, seed, models_dir, sup.bundle_models)
-
-    write_tables(tables_dir, grid.results, ablation.results, ce_table, cfg)
-    return {
-        "questions": len(questions),
-        "rows": len(data),
-        "table3": grid.results,
-        "table4": ablation.results,
-        "crossencoders": ce_table,
-        "models": sup.models,
-        "seconds": time.monotonic() - started,
-    }

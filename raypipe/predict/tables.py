@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from raypipe.core.config import TrainConfig
+from raypipe.core.tables import markdown_table
 
 TARGET_NAMES = {"p": "P_i (quality)", "u": "U_i (utility)"}
 
@@ -34,31 +35,33 @@ def grid_markdown(results: pd.DataFrame, label: str, title: str, cfg: TrainConfi
             continue
         n = int(block["n"].max())
         lines += [f"### {TARGET_NAMES[target]} (n = {n})", ""]
-        lines.append("| " + " | ".join([label, *(f"w={w}" for w in windows)]) + " |")
-        lines.append("|" + "---|" * (len(windows) + 1))
+        rows = []
         for name in dict.fromkeys(block[label]):
             cells = [name]
             for w in windows:
                 hit = block[(block[label] == name) & (block["window"] == w)]
                 cells.append(_cell(hit.iloc[0]) if len(hit) else "")
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
+            rows.append(cells)
+        lines += [markdown_table([label, *(f"w={w}" for w in windows)], rows), ""]
     return "\n".join(lines)
 
 
 def crossencoder_markdown(table: pd.DataFrame) -> str:
-    lines = [
-        "## Cross-encoders (supervised signals), out of fold, against their own target",
-        "",
-        "| relation | target | n | Pearson r [CI] | Kendall tau [CI] | train s / model | models |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for _, r in table.iterrows():
-        lines.append(
-            f"| {r['relation']} | {r['target']} | {r['n']} | {r['pearson']:.3f} [{r['pearson_lo']:.3f}, {r['pearson_hi']:.3f}] "
-            f"| {r['kendall']:.3f} [{r['kendall_lo']:.3f}, {r['kendall_hi']:.3f}] | {r['train_seconds_per_model']} | {r['models']} |"
+    columns = ["relation", "target", "n", "Pearson r [CI]", "Kendall tau [CI]", "train s / model", "models"]
+    rows = [
+        (
+            r["relation"],
+            r["target"],
+            r["n"],
+            f"{r['pearson']:.3f} [{r['pearson_lo']:.3f}, {r['pearson_hi']:.3f}]",
+            f"{r['kendall']:.3f} [{r['kendall_lo']:.3f}, {r['kendall_hi']:.3f}]",
+            r["train_seconds_per_model"],
+            r["models"],
         )
-    return "\n".join(lines) + "\n"
+        for _, r in table.iterrows()
+    ]
+    title = "## Cross-encoders (supervised signals), out of fold, against their own target"
+    return f"{title}\n\n{markdown_table(columns, rows)}\n"
 
 
 def write_tables(

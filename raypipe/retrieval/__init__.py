@@ -2,7 +2,7 @@
 
 Agents (the ``Retriever`` protocol, :mod:`raypipe.retrieval.types`)::
 
-    client = start_retrieval_service(config)        # builds/reuses the index, starts replica actors
+    client = start_retrieval_service(config, ensure_index(config))  # raypipe.runtime / raypipe.stages.index
     results = await client.search(["who wrote ..."], k=config.retrieval.deep_k)
     results[0].hits[:3]                             # SearchHit(doc_id, score, title, text), best first
 
@@ -35,7 +35,7 @@ with another encoder, dimension or build setting), raised before any model or in
 """
 
 from raypipe.retrieval.batcher import QueryBatcher
-from raypipe.retrieval.build import encoder_spec, ensure_index, index_dir_for, index_settings, search_params
+from raypipe.retrieval.build import encoder_spec, index_dir_for, index_settings, search_params
 from raypipe.retrieval.encoders import Encoder, EncoderSpec, passage_text
 from raypipe.retrieval.index import (
     IndexDir,
@@ -65,7 +65,6 @@ __all__ = [
     "SearchParams",
     "SearchResult",
     "encoder_spec",
-    "ensure_index",
     "index_dir_for",
     "index_settings",
     "load_index_dir",

@@ -19,7 +19,7 @@ Backends for the sentence-transformers / Hugging Face models (``EncoderSpec.back
   graph) and run with ONNX Runtime on the CPU. In fp32 its vectors equal torch's (cosine 1.00000);
   with ``quantization="int8"`` the *passages* are encoded with weight matrices quantised per output
   channel (ONNX Runtime dynamic quantisation, activations quantised per batch), about 1.6x faster per
-  CPU-second on AVX2, vectors at cosine ~0.993 to fp32 (README, Retrieval). Queries are always encoded
+  CPU-second on AVX2, vectors at cosine ~0.993 to fp32 (docs/retrieval.md). Queries are always encoded
   in fp32: per-batch activation scales would make a query's vector depend on the queries batched with
   it, and queries are short, so fp32 costs little. The exported files live in
   ``$RAYPIPE_CACHE/encoders``, keyed by the weights' sha256, and are written once under a lock.

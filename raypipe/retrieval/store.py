@@ -11,13 +11,13 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raypipe.data.loaders import Passage
+from raypipe.data.loaders import Passage, iter_corpus
 
 _TOKEN = re.compile(r"\w+")
 
@@ -81,6 +81,22 @@ class DocStore:
         if self._row_of is None:
             self._row_of = {d: i for i, d in enumerate(self.table.column("doc_id").to_pylist())}
         return self._row_of[doc_id]
+
+    def by_id(self, doc_ids: Sequence[str]) -> list[Passage]:
+        """Passages for passage ids, in the given order (KeyError if one is unknown)."""
+        return self.get([self.row_of(d) for d in doc_ids])
+
+
+def corpus_documents(path: str | Path, wanted: Collection[str] | None = None) -> dict[str, tuple[str, str]]:
+    """doc_id -> (title, text) streamed from a corpus jsonl: every passage, or only the ``wanted`` ids
+    (the scan stops once all of them are found)."""
+    docs: dict[str, tuple[str, str]] = {}
+    for passage in iter_corpus(path):
+        if wanted is None or passage.doc_id in wanted:
+            docs[passage.doc_id] = (passage.title, passage.text)
+            if wanted is not None and len(docs) == len(wanted):
+                break
+    return docs
 
 
 class CorpusStats:

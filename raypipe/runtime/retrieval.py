@@ -1,6 +1,7 @@
 """The retrieval service on Ray: replica actors that coalesce concurrent queries, and their client.
 
-``start_retrieval_service(config)`` builds or reuses the index (:func:`ensure_index`), starts
+``start_retrieval_service(config, index_path)`` joins or starts Ray and, over an index directory that
+exists (the probe job builds or reuses it with :func:`raypipe.stages.index.ensure_index`), starts
 ``retrieval.replicas`` :class:`RetrievalActor` s with ``retrieval.num_cpus`` / ``num_gpus`` each, waits
 until they have loaded, and returns a :class:`RetrievalClient`. The client is picklable (it holds actor
 handles), so it can be passed into generation actors and Ray tasks; its ``await search(queries, k)``
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from raypipe.core.config import RunConfig
 from raypipe.retrieval.batcher import QueryBatcher
-from raypipe.retrieval.build import encoder_spec, ensure_index, search_params
+from raypipe.retrieval.build import encoder_spec, search_params
 from raypipe.retrieval.encoders import EncoderSpec
 from raypipe.retrieval.index import IndexDir, SearchParams
 from raypipe.retrieval.searcher import LocalRetriever
@@ -26,6 +27,7 @@ from raypipe.retrieval.types import SearchResult
 from raypipe.runtime.cluster import current_node_id, init_ray
 
 log = logging.getLogger(__name__)
+
 
 class RetrievalActor:
     """One replica: index + query encoder + doc store behind a :class:`QueryBatcher` (async actor)."""
@@ -95,7 +97,7 @@ def launch_replicas(config: RunConfig, index_path: str | Path) -> RetrievalClien
     return RetrievalClient(actors, index_path, [i["node_id"] for i in info])
 
 
-def start_retrieval_service(config: RunConfig, force_rebuild: bool = False) -> RetrievalClient:
-    """Build or reuse the configured index, launch the replicas, and return their client."""
+def start_retrieval_service(config: RunConfig, index_path: str | Path) -> RetrievalClient:
+    """Join or start Ray, launch the replicas over the index at ``index_path``, and return their client."""
     init_ray(config)
-    return launch_replicas(config, ensure_index(config, force=force_rebuild))
+    return launch_replicas(config, index_path)

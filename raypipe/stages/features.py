@@ -3,8 +3,8 @@
 Two steps, so that a trajectory never straddles two calls however the input files were split:
 ``groupby("qid").map_groups(pack_trajectory)`` (cheap tasks) turns each trajectory's iteration rows into
 one row, then ``map_batches(FeatureStage)`` on an actor pool (each actor holding the sentence encoder
-and the retrieval index, see :class:`IndexCorpus`) computes a batch of trajectories with one encoder
-call per kind (:func:`raypipe.features.extract.extract_many`, the pure core).
+and the retrieval index, :mod:`raypipe.features.resources`) computes a batch of trajectories with one
+encoder call per kind (:func:`raypipe.features.extract.extract_many`, the pure core).
 """
 
 from __future__ import annotations
@@ -12,22 +12,21 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypipe.core.config import FeaturesConfig, RunConfig
 from raypipe.core.jobargs import job_parser, run_config_from_args, setup_logging
+from raypipe.core.progress import Progress
 from raypipe.core.rundir import RunDir, RunDirError
 from raypipe.core.schema import FEATURES, ITERATIONS, conform
 from raypipe.features.correlation import correlation_table, format_table, write_csv
-from raypipe.features.extract import SignalSettings, extract_many
-from raypipe.features.resources import CorpusResources, SentenceEncoder
-from raypipe.runtime.cluster import init_ray
+from raypipe.features.extract import extract_many
+from raypipe.features.resources import CorpusResources, IndexCorpus, SbertEncoder, SentenceEncoder
+from raypipe.runtime.cluster import init_ray, route_ray_data_logs
 
 log = logging.getLogger(__name__)
 
@@ -38,99 +37,6 @@ REQUIRED_COLUMNS = (
 LOG_EVERY_S = 30.0
 ROWS_PER_PARTITION = 5000
 MAX_PARTITIONS = 200
-
-
-def signal_settings(cfg: FeaturesConfig) -> SignalSettings:
-    return SignalSettings(
-        rbo_p=cfg.rbo_p,
-        nqc_depth=cfg.nqc_depth,
-        nqc_k=cfg.nqc_k,
-        a_pair_depth=cfg.a_pair_depth,
-        dense_qpp_k=cfg.dense_qpp_k,
-        confidence_drop_last=cfg.confidence_drop_last,
-    )
-
-
-class SbertEncoder:
-    """A sentence-transformers model (embedded name or folder) as a :class:`SentenceEncoder`."""
-
-    def __init__(self, ref: str = "minilm", batch_size: int = 64):
-        from sentence_transformers import SentenceTransformer
-
-        from raypipe.core.models import resolve_sentence_model
-
-        self.model = SentenceTransformer(str(resolve_sentence_model(ref)), device="cpu", local_files_only=True)
-        self.batch_size = batch_size
-
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        texts = list(texts)
-        return self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False)
-
-
-class IndexCorpus:
-    """:class:`CorpusResources` over a retrieval index directory (``raypipe.retrieval``).
-
-    Document vectors are read back from the FAISS index (``reconstruct``: exact for flat indexes,
-    approximate for PQ); an index that cannot reconstruct (e.g. on GPU) re-encodes the passages with the
-    index's own encoder instead. IDF uses the index's corpus statistics and their tokeniser.
-    """
-
-    def __init__(self, retriever: Any):
-        from raypipe.retrieval.store import tokenize
-
-        self.retriever = retriever
-        self.stats = retriever.index_dir.stats
-        self.num_docs = int(self.stats.n_docs)
-        self._tokenize = tokenize
-        self._reconstruct = _direct_map(retriever.index)
-
-    @classmethod
-    def open(cls, config: RunConfig) -> "IndexCorpus":
-        from raypipe.retrieval.build import encoder_spec, index_dir_for, search_params
-        from raypipe.retrieval.searcher import LocalRetriever
-
-        path = index_dir_for(config)
-        log.info("features: index %s", path)
-        return cls(LocalRetriever.open(path, encoder_spec(config.retrieval), search_params(config.retrieval)))
-
-    def terms(self, text: str) -> list[str]:
-        return self._tokenize(text)
-
-    def document_frequency(self, term: str) -> int:
-        return self.stats.df(term)
-
-    def doc_vectors(self, doc_ids: Sequence[str]) -> np.ndarray:
-        docs = self.retriever.docs
-        rows = [docs.row_of(d) for d in doc_ids]
-        if self._reconstruct:
-            return np.stack([self.retriever.index.reconstruct(r) for r in rows]).astype(np.float32)
-        from raypipe.retrieval.encoders import passage_text
-
-        return self.retriever.encoder.encode_passages([passage_text(p.title, p.text) for p in docs.get(rows)])
-
-    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return self.retriever.encoder.encode_queries(list(texts))
-
-    def search(self, texts: Sequence[str], k: int) -> list[list[str]]:
-        return [[hit.doc_id for hit in result.hits] for result in self.retriever.search_batch(texts, k)]
-
-
-def _direct_map(index: Any) -> bool:
-    """Prepare ``index`` for ``reconstruct``; False when it cannot reconstruct."""
-    import faiss
-
-    ivf = faiss.try_extract_index_ivf(index)
-    try:
-        if ivf is not None:
-            ivf.make_direct_map()
-        if index.ntotal:
-            index.reconstruct(0)
-    except RuntimeError:
-        log.info("features: the index cannot reconstruct vectors; re-encoding passages instead")
-        return False
-    return True
-
-
 PACKED_ROWS = pa.list_(pa.struct([ITERATIONS.field(c) for c in REQUIRED_COLUMNS]))
 
 
@@ -148,30 +54,22 @@ class FeatureStage:
         questions: Mapping[str, str],
         corpus_factory: Callable[[], CorpusResources],
         sentence_factory: Callable[[], SentenceEncoder],
-        settings: SignalSettings = SignalSettings(),
+        settings: FeaturesConfig | None = None,
     ):
         self.questions = questions
         self.corpus = corpus_factory()
         self.sentences = sentence_factory()
         self.settings = settings
-        self.trajectories = self.rows = 0
-        self.started = self.logged = time.monotonic()
+        self.rows = 0
+        self.progress = Progress("trajectories", label="features actor", every_s=LOG_EVERY_S, per=None, log=log)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         trajectories = batch.column("rows").to_pylist()
         pairs = [(rows, self.questions.get(rows[0]["qid"])) for rows in trajectories]
         out = [row for rows in extract_many(pairs, self.corpus, self.sentences, self.settings) for row in rows]
-        self._progress(len(trajectories), len(out))
+        self.rows += len(out)
+        self.progress.advance(len(trajectories), f"{self.rows} rows, {self.progress.rate(self.rows):.1f} rows/s")
         return conform(out, "features")
-
-    def _progress(self, trajectories: int, rows: int) -> None:
-        self.trajectories += trajectories
-        self.rows += rows
-        now = time.monotonic()
-        if now - self.logged >= LOG_EVERY_S:
-            self.logged = now
-            rate = self.rows / max(now - self.started, 1e-9)
-            log.info("features actor: %d trajectories, %d rows, %.1f rows/s", self.trajectories, self.rows, rate)
 
 
 def run_features(
@@ -216,7 +114,7 @@ def run_features(
             "questions": questions,
             "corpus_factory": corpus_factory or partial(IndexCorpus.open, config),
             "sentence_factory": sentence_factory or partial(SbertEncoder, cfg.sentence_model),
-            "settings": signal_settings(cfg),
+            "settings": cfg,
         },
     )
     target = run.table_dir("features")
@@ -252,8 +150,6 @@ The run's own config.yaml is the base configuration (its retrieval index) unless
 """
 
 
-
-
 def main() -> None:
     parser = job_parser(DESCRIPTION)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by jobs/probe.py")
@@ -265,6 +161,7 @@ def main() -> None:
     import ray
 
     init_ray(config, log_to_driver=True)
+    route_ray_data_logs(run.path / "logs")
     try:
         rows = run_features(run, config)
     except RunDirError as exc:

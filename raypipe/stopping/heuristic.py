@@ -9,7 +9,8 @@ observed first). Anything else continues, to natural termination if nothing fire
 As in the public controller (``control/joint_controller.py``), the states run over the retrieval
 iterations 1..n only: the probe before any retrieval (iteration 0, where U is undefined) is neither a
 stopping point nor a rollback target. :class:`HeuristicOptions` holds named departures from that
-behaviour; its defaults are the paper's.
+behaviour; its defaults are the paper's, and :data:`VARIANTS` names the ones the sweep and the online
+controller offer.
 
 :class:`FourStateHeuristic` is streaming (one iteration at a time), so the offline replay and the
 online controller run the same code.
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from raypipe.agents.hooks import CONTINUE, StopDecision
+from raypipe.core.config import PAPER_THETA_P, PAPER_THETA_U
 from raypipe.stopping.replay import Decision, OfflineController, Trajectory, natural_decision
 
 HIGH_HIGH, HIGH_P_LOW_U, LOW_P_HIGH_U, LOW_LOW = 0, 1, 2, 3
@@ -34,8 +36,7 @@ class Thresholds:
     theta_u: float
 
 
-# The paper's reported operating point (θ_P=0.3, θ_U=0.2: -10.89% iterations at 97.60% of natural F1).
-PAPER_THRESHOLDS = Thresholds(theta_p=0.3, theta_u=0.2)
+PAPER_THRESHOLDS = Thresholds(theta_p=PAPER_THETA_P, theta_u=PAPER_THETA_U)  # the paper's operating point
 
 
 def classify(p_hat: float, u_hat: float, thresholds: Thresholds) -> int:
@@ -92,6 +93,16 @@ def effective_utility(
 
 
 PAPER_OPTIONS = HeuristicOptions()
+
+# Named heuristic variants (stopping.variant / stopping.variants); "paper" is the faithful one.
+VARIANTS: dict[str, HeuristicOptions] = {
+    "paper": PAPER_OPTIONS,
+    "delta_p": HeuristicOptions(utility="delta_p"),
+    "mean_utility": HeuristicOptions(utility="mean"),
+    "best_rollback": HeuristicOptions(rollback="best"),
+    "quality_floor": HeuristicOptions(stop_on_high_p=True),
+    "give_up": HeuristicOptions(give_up=True),
+}
 
 
 class FourStateHeuristic:

@@ -20,16 +20,26 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 from raypipe.agents.hooks import CONTINUE, StopDecision
-from raypipe.core.config import RunConfig
-from raypipe.stopping.heuristic import PAPER_OPTIONS, PAPER_THRESHOLDS, FourStateHeuristic, HeuristicOptions, Thresholds
+from raypipe.core.config import RunConfig, load_config
+from raypipe.features.extract import extract_trajectory
+from raypipe.features.resources import IndexCorpus, SbertEncoder
+from raypipe.predict.bundle import MANIFEST as BUNDLE_MANIFEST
+from raypipe.stopping.heuristic import (
+    PAPER_OPTIONS,
+    PAPER_THRESHOLDS,
+    VARIANTS,
+    FourStateHeuristic,
+    HeuristicOptions,
+    Thresholds,
+)
 
 log = logging.getLogger(__name__)
 MAX_TRACKED = 10_000  # trajectories whose predictions are kept between calls
-BUNDLE_MANIFEST = "manifest.json"  # raypipe.predict.pipeline.MANIFEST, without importing the training code
 
 
 class Predictor(Protocol):
@@ -50,18 +60,12 @@ def load_bundle_predictor(bundle_path: str | Path, config: RunConfig | None = No
 
     bundle = PredictorBundle.load(bundle_path)
     if bundle.needs_feature_extractor:
-        from functools import partial
-
-        from raypipe.core.config import load_config
-        from raypipe.features.extract import extract_trajectory
-        from raypipe.stages.features import IndexCorpus, SbertEncoder, signal_settings
-
         config = config or load_config()
         bundle.feature_extractor = partial(
             extract_trajectory,
             corpus=IndexCorpus.open(config),
             sentences=SbertEncoder(config.features.sentence_model),
-            settings=signal_settings(config.features),
+            settings=config.features,
         )
     log.info("online controller: bundle %s (%s, w=%d)", bundle_path, bundle.feature_group, bundle.window)
     return bundle
@@ -109,8 +113,6 @@ class OnlineController:
 
         The chosen head must be the bundle's (the bundle holds one head configuration).
         """
-        from raypipe.stopping.grid import VARIANTS
-
         chosen = json.loads(Path(selected_json).read_text())[which]
         manifest = json.loads((Path(bundle_path) / BUNDLE_MANIFEST).read_text())
         head = (manifest["feature_group"], int(manifest["window"]))
@@ -182,8 +184,6 @@ def controller_from_path(path: str | Path, config: RunConfig) -> OnlineControlle
     variant come from ``config.stopping`` (theta_p, theta_u, variant; default the paper's operating
     point), so ``--set stopping.theta_p=...`` picks others (e.g. a sweep's choice from selected.json).
     """
-    from raypipe.stopping.grid import VARIANTS
-
     folder = Path(path)
     if not (folder / BUNDLE_MANIFEST).exists() and (folder / "models" / BUNDLE_MANIFEST).exists():
         folder = folder / "models"

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from raypipe.stopping.grid import PAPER_F1_SHARE, PAPER_ITERATIONS_CHANGE, beats_paper
+from raypipe.core.config import PAPER_F1_SHARE, PAPER_ITERATIONS_CHANGE
+from raypipe.core.tables import frame_markdown
+from raypipe.stopping.grid import beats_paper
+from raypipe.stopping.heuristic import PAPER_THRESHOLDS
 
 TABLE_COLUMNS = [
     "controller", "feature_group", "window", "variant", "theta_p", "theta_u", "selection", "questions",
@@ -59,7 +62,7 @@ def summary(rows: dict[str, pd.Series | dict], questions: dict[str, int], min_f1
         f"Natural stopping: {nat['mean_iterations']:.3f} iterations, F1 {nat['mean_f1']:.3f}.",
     ]
     for label, key in (
-        ("Paper's heuristic at the paper's θ (0.3, 0.2)", "paper"),
+        (f"Paper's heuristic at the paper's θ ({PAPER_THRESHOLDS.theta_p}, {PAPER_THRESHOLDS.theta_u})", "paper"),
         ("Paper's heuristic, θ chosen on validation", "faithful"),
         ("Best configuration on validation", "best"),
     ):
@@ -88,9 +91,6 @@ def markdown(table: pd.DataFrame, intro: str = "") -> str:
     shown["mean_tokens"] = shown["mean_tokens"].map(lambda v: f"{v:.0f}")
     shown["window"] = shown["window"].map(lambda v: "" if pd.isna(v) else str(int(v)))
     shown = shown.fillna("")
-    head = "| " + " | ".join(shown.columns) + " |"
-    rule = "|" + "|".join("---" for _ in shown.columns) + "|"
-    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in shown.itertuples(index=False)]
     note = (
         f"\nTest questions. Paper's operating point: {100 * PAPER_ITERATIONS_CHANGE:+.2f}% iterations at "
         f"{100 * PAPER_F1_SHARE:.1f}% of natural F1; beats_paper = fewer iterations at no less F1 share (on test). "
@@ -98,7 +98,7 @@ def markdown(table: pd.DataFrame, intro: str = "") -> str:
         "with the thresholds chosen on the other).\n"
     )
     top = f"# Early stopping: iterations vs F1 on held-out questions\n\n{intro}\n\n" if intro else ""
-    return top + "\n".join([head, rule, *body]) + "\n" + note
+    return top + frame_markdown(shown) + "\n" + note
 
 
 def figure5(

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from raypipe.core.config import PAPER_F1_SHARE
 from raypipe.stopping.replay import Decision, OfflineController, Summary, Trajectory, evaluate, natural_decision
 
 TargetType = Literal["qlambda", "mc", "q0", "binary"]
@@ -295,7 +296,7 @@ def tune_threshold(
     trajectories: Sequence[Trajectory],
     margins: Margins,
     objective: Literal["reward", "share"] = "reward",
-    min_share: float = 0.976,
+    min_share: float = PAPER_F1_SHARE,
 ) -> tuple[float, Summary]:
     """Pick the threshold on validation trajectories; returns it and its validation summary.
 

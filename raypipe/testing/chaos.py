@@ -27,8 +27,9 @@ from raypipe.core.config import RunConfig, StopRagConfig, TrainConfig, load_conf
 from raypipe.core.models import ModelNotFoundError
 from raypipe.core.rundir import PARTIAL_SUFFIX, RunDir
 from raypipe.data.loaders import BUNDLED_CORPUS, DataError, Question
-from raypipe.retrieval import IndexMismatchError, ensure_index
+from raypipe.retrieval import IndexMismatchError
 from raypipe.runtime.retrieval import start_retrieval_service
+from raypipe.stages.index import ensure_index
 from raypipe.stages.probe import run_probe
 from raypipe.testing import fakes as agent_fakes
 from raypipe.testing import faults
@@ -147,7 +148,7 @@ def retrieval_actor_killed(work: Path, config: RunConfig) -> Outcome:
     """The retrieval replica is SIGKILLed before a search: Ray restarts it and retries the search."""
     started, qs, marker = time.monotonic(), questions(), work / "retrieval.fired"
     run = RunDir(work / "run")
-    client = start_retrieval_service(config)
+    client = start_retrieval_service(config, ensure_index(config, use_ray=False))
     try:
         killer = KillReplicaOnce(client, qs[5].question, marker)
         run_probe(config, run, qs, retriever=killer, engine_factory=ScriptedAgents())
@@ -315,16 +316,17 @@ def crossencoder_training_interrupted(work: Path, base_model: str) -> Outcome:
     The first model's last checkpoint was reported two reports earlier, so Ray Train has it; the restarted
     run must start after it (the first model is never trained again).
     """
-    from raypipe.predict import crossencoder
+    from raypipe.predict.crossencoder import Task
+    from raypipe.stages import train
 
     started = time.monotonic()
     texts = [f"question {i} [SEP] step {'good' if i % 2 else 'bad'}" for i in range(8)]
-    tasks = [crossencoder.Task(f"long_distance_{t}_fold0", "long_distance", texts, [float(i % 2) for i in range(8)])
+    tasks = [Task(f"long_distance_{t}_fold0", "long_distance", texts, [float(i % 2) for i in range(8)])
              for t in ("p", "u")]
     cfg = TrainConfig(base_model=base_model, epochs=2, batch_size=2, effective_batch_size=4, max_tokens=32,
                       num_workers=1, learning_rate=1e-4)
-    with failing_once(crossencoder, "train_loop_per_worker", 4, work / "crossencoder.log") as loop:
-        trained = crossencoder.train_crossencoders(tasks, cfg, work / "models")
+    with failing_once(train, "train_loop_per_worker", 4, work / "crossencoder.log") as loop:
+        trained = train.train_crossencoders(tasks, cfg, work / "models")
     out = _check_resumed("training interrupted (cross-encoders)", loop.events(), started)
     finished_first = [e for e in _after_restart(loop.events()) if e.get("task") == tasks[0].name]
     if finished_first:
@@ -336,15 +338,15 @@ def crossencoder_training_interrupted(work: Path, base_model: str) -> Outcome:
 
 def stoprag_training_interrupted(work: Path, encoder: str, epochs: int = 4) -> Outcome:
     """The Q-network, one checkpoint per epoch; the worker dies before the third epoch's report."""
-    from raypipe.control import stoprag_train
+    from raypipe.stages import stoprag
     from raypipe.stoprag.targets import Episode, training_samples
 
     started = time.monotonic()
     episodes = [Episode(f"e{i}", (1, 2), (f"evidence {i}", f"more {i}"), (float(i % 2), 1.0 - i % 2)) for i in range(6)]
     texts, samples = training_samples(episodes)
-    cfg = StopRagConfig(workers=1, worker_num_cpus=1, epochs=epochs, batch_size=4, max_length=16, dropout=0.0)
-    with failing_once(stoprag_train, "train_loop", 3, work / "stoprag.log") as loop:
-        _, history = stoprag_train.train_qnetwork(texts, samples, cfg, encoder, work / "qnet")
+    cfg = StopRagConfig(num_workers=1, cpus_per_worker=1, epochs=epochs, batch_size=4, max_length=16, dropout=0.0)
+    with failing_once(stoprag, "train_loop", 3, work / "stoprag.log") as loop:
+        _, history = stoprag.train_qnetwork(texts, samples, cfg, encoder, work / "qnet")
     out = _check_resumed("training interrupted (Stop-RAG)", loop.events(), started)
     redone = [e for e in _after_restart(loop.events()) if e.get("epoch") == 0]
     if redone:
