@@ -12,6 +12,12 @@ manifest are shown), then measures on this machine:
     and of the Ray service with 64 concurrent single-query callers (coalesced into batches),
   - recall@3 / @10 of the supporting paragraphs (title match) with the original questions as queries,
   - the FAISS index's memory (its serialised size) and the doc store's size on disk.
+
+``--service-paths`` instead compares the ways a job can reach retrieval on the configured index, at 1, 8
+and 64 concurrent clients (each sends one single-query search after another; k = deep_k): queries/s
+and p50/p99 latency of the in-job actor service, of the Serve deployment (``raypipe serve-retrieval``)
+through raypipe's HTTP client (which coalesces a job's concurrent searches into batched POSTs), and of
+the deployment with independent outside clients (one POST per query: Serve's request batching alone).
 """
 
 from __future__ import annotations
@@ -69,6 +75,81 @@ def service_rate(config: RunConfig, index_path, queries: list[str], k: int, call
         client.shutdown()
 
 
+CLIENTS = (1, 8, 64)
+
+
+async def closed_loop(search, queries: list[str], clients: int, k: int, seconds: float) -> dict:
+    """``clients`` callers, each searching one query after another for ``seconds``; ``search(c, qs, k)``
+    is caller ``c``'s call. Returns queries/s and the p50/p99 latency of one call in ms."""
+    latencies: list[float] = []
+    stop_at = time.perf_counter() + seconds
+
+    async def caller(c: int) -> None:
+        i = c
+        while time.perf_counter() < stop_at:
+            started = time.perf_counter()
+            await search(c, [queries[i % len(queries)]], k)
+            latencies.append(time.perf_counter() - started)
+            i += clients
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller(c) for c in range(clients)))
+    wall = time.perf_counter() - started
+    ms = sorted(1000 * x for x in latencies)
+    return {"qps": len(ms) / wall, "p50": ms[len(ms) // 2], "p99": ms[min(len(ms) - 1, int(0.99 * len(ms)))]}
+
+
+def bench_service_paths(config: RunConfig, args) -> list[dict]:
+    """The in-job actor service against the Serve deployment, on the same queries (see the module docstring)."""
+    from raypipe.retrieval.http_client import HttpRetriever
+    from raypipe.runtime.serve import deploy_retrieval, undeploy_retrieval
+
+    cfg = config.retrieval
+    path = ensure_index(config)
+    texts = [q.question for q in load_datasets(config.data.datasets, args.limit)]
+    seconds = args.service_seconds
+
+    async def measure_all(name: str, search) -> dict:  # one event loop: a client's batcher lives in it
+        await closed_loop(search, texts, 8, cfg.deep_k, 1.0)  # warm-up
+        row = {"path": name}
+        for clients in CLIENTS:
+            row[clients] = await closed_loop(search, texts, clients, cfg.deep_k, seconds)
+            log.info("%s, %d clients: %.0f q/s", name, clients, row[clients]["qps"])
+        return row
+
+    def measure(name: str, search) -> dict:
+        return asyncio.run(measure_all(name, search))
+
+    actors = launch_replicas(config, path)
+    try:
+        rows = [measure("in-job actor service", lambda c, qs, k: actors.search(qs, k))]
+    finally:
+        actors.shutdown()
+    url = deploy_retrieval(config, path, port=args.port)
+    try:
+        job_client = HttpRetriever.from_config(cfg.model_copy(update={"url": url}))
+        rows.append(measure("Serve deployment, raypipe HTTP client", lambda c, qs, k: job_client.search(qs, k)))
+        outside = [HttpRetriever(url, cfg.http_timeout_s, cfg.http_retries, max_batch_size=1, max_wait_ms=0)
+                   for _ in range(max(CLIENTS))]  # fmt: skip
+        rows.append(measure("Serve deployment, one POST per query", lambda c, qs, k: outside[c].search(qs, k)))
+    finally:
+        undeploy_retrieval(config)
+    return rows
+
+
+def print_service_table(rows: list[dict], passages: int) -> None:
+    print(f"retrieval paths, {passages} passages, k = deep_k, single-query searches; q/s and p50 / p99 ms per call\n")
+    head = "| path | " + " | ".join(f"{c} client{'s' if c > 1 else ''}" for c in CLIENTS) + " |"
+    print(head)
+    print("|---" * (len(CLIENTS) + 1) + "|")
+    for row in rows:
+        cells = [f"{row[c]['qps']:.0f} q/s, {row[c]['p50']:.1f} / {row[c]['p99']:.1f} ms" for c in CLIENTS]
+        print(f"| {row['path']} | " + " | ".join(cells) + " |")
+    base = rows[0][max(CLIENTS)]["qps"]
+    for row in rows[1:]:
+        print(f"\n{row['path']}: {row[max(CLIENTS)]['qps'] / base:.2f}x the in-job throughput at {max(CLIENTS)} clients")
+
+
 def bench_encoder(base: RunConfig, encoder: str, args) -> dict:
     update = {"encoder": encoder}
     if "@" in encoder:  # minilm@none / minilm@int8: the encoder with that retrieval.encoder_quantization
@@ -114,7 +195,7 @@ def bench_encoder(base: RunConfig, encoder: str, args) -> dict:
     import faiss
 
     row["index_bytes"] = len(faiss.serialize_index(retriever.index))
-    row["docstore_bytes"] = (path / DOCSTORE_FILE).stat().st_size
+    row["docstore_bytes"] = (path / idx.manifest.get("docstore", DOCSTORE_FILE)).stat().st_size
     row["index_type"] = idx.manifest["factory"]
     return row
 
@@ -163,6 +244,10 @@ def main() -> None:
     parser.add_argument("--force", action="store_true", help="rebuild the indexes (times the build)")
     parser.add_argument("--no-service", action="store_true", help="skip the Ray service measurement")
     parser.add_argument("--no-ray", action="store_true", help="build in-process and skip the service (no Ray)")
+    parser.add_argument("--service-paths", action="store_true",
+                        help="only compare the in-job actor service with the Serve deployment at 1, 8, 64 clients")
+    parser.add_argument("--service-seconds", type=float, default=10.0, help="measuring time per path and client count")
+    parser.add_argument("--port", type=int, default=8000, help="the deployment's HTTP port (--service-paths)")
     args = parser.parse_args()
     setup_logging(args.verbose)
     config = config_from_args(args)
@@ -173,11 +258,18 @@ def main() -> None:
     if not args.no_ray:
         init_ray(config)
     try:
-        rows = [bench_encoder(config, encoder, args) for encoder in encoders]
+        if args.service_paths:
+            rows = bench_service_paths(config, args)
+            passages = load_index_dir(ensure_index(config)).manifest["count"]
+        else:
+            rows = [bench_encoder(config, encoder, args) for encoder in encoders]
     finally:
         ray.shutdown()
     print()
-    print_table(rows)
+    if args.service_paths:
+        print_service_table(rows, passages)
+    else:
+        print_table(rows)
 
 
 if __name__ == "__main__":

@@ -93,3 +93,43 @@ def test_sbert_encoder_is_minilm():
     assert vectors.shape == (3, 384)
     unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     assert unit[0] @ unit[1] > unit[0] @ unit[2]
+
+
+@pytest.mark.slow
+def test_features_through_the_retrieval_service_equal_an_in_process_index(tmp_path):
+    """No features actor opens the index: vectors, frequencies and the question's list come from the
+    service's replicas, and the features equal those over the same index opened in this process."""
+    import json
+
+    ray = pytest.importorskip("ray")
+    from raypipe.features.resources import IndexCorpus
+    from raypipe.features.synthetic import _doc_text
+    from raypipe.stages.index import ensure_index
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"doc{j}", "contents": f'"T{j}"\n{_doc_text(j)}'}) + "\n"
+                              for j in range(200)))
+    config = load_config("embedded", [f"data.corpus={corpus}", f"retrieval.index_dir={tmp_path / 'idx'}",
+                                      "retrieval.encoder=hash:32", "features.actors=1", "retrieval.replicas=2"])
+    ensure_index(config, use_ray=False)
+    run = write_synthetic_run(tmp_path / "run", n_questions=5, deep_k=20, n_docs=200, parts=2)
+    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False, log_to_driver=False)
+    try:
+        rows = run_features(run, config, sentence_factory=HashEncoder)
+    finally:
+        ray.shutdown()
+    assert rows == run.read("iterations").num_rows
+    local = IndexCorpus.open(config)
+    trajectories = run.read("trajectories")
+    questions = dict(zip(trajectories.column("qid").to_pylist(), trajectories.column("question").to_pylist()))
+    by_qid = defaultdict(list)
+    for row in run.read("iterations").to_pylist():
+        by_qid[row["qid"]].append(row)
+    got = {(r["qid"], r["iteration"]): r for r in run.read("features").to_pylist()}
+    checked = 0
+    for qid, its in by_qid.items():
+        for feats in extract_trajectory(its, questions[qid], local, HashEncoder(), config.features):
+            for name in FEATURE_COLUMNS:
+                assert got[(qid, feats["iteration"])][name] == pytest.approx(feats[name]), (qid, name)
+            checked += feats["nqc_seed"] is not None and feats["rbo_question_3"] is not None
+    assert checked > 0  # the index-backed signals (IDF, the question's own list) were computed

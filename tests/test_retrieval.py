@@ -61,8 +61,9 @@ def retriever(built):
 def test_index_dir_layout_and_manifest(built, tiny_corpus):
     _, index_dir = built
     names = {p.name for p in index_dir.iterdir()}
-    assert names == {"manifest.json", "index.faiss", "docs.parquet", "corpus_stats.parquet"}
+    assert names == {"manifest.json", "index.faiss", "docs.arrow", "doc_rows.npy", "corpus_stats.parquet"}
     manifest = json.loads((index_dir / "manifest.json").read_text())
+    assert manifest["docstore"] == "docs.arrow" and not index_dir.with_name(".tiny.build").exists()
     assert manifest["count"] == N_PASSAGES and manifest["dimension"] == 384
     assert manifest["encoder"] == "minilm-int8" and manifest["index_type"] == "flat" and manifest["fp16"] is False
     assert manifest["quantization"] == "int8" and manifest["encoder_backend"] == "onnx"  # the embedded default
@@ -143,9 +144,27 @@ def test_missing_index_dir_and_files(built, tmp_path):
         LocalRetriever.open(tmp_path / "nope", spec)
     partial = tmp_path / "partial"
     shutil.copytree(index_dir, partial)
-    (partial / "docs.parquet").unlink()
-    with pytest.raises(IndexNotFoundError, match="docs.parquet"):
+    (partial / "docs.arrow").unlink()
+    with pytest.raises(IndexNotFoundError, match="docs.arrow"):
         LocalRetriever.open(partial, spec)
+
+
+def test_indexes_written_before_docs_arrow_still_load(built, tmp_path):
+    """An index directory of the earlier layout (docs.parquet, no docstore key, no doc_rows.npy)."""
+    import pyarrow.parquet as pq
+
+    config, index_dir = built
+    old = tmp_path / "old"
+    shutil.copytree(index_dir, old)
+    table = load_index_dir(index_dir).docs.table
+    pq.write_table(table, old / "docs.parquet")
+    for name in ("docs.arrow", "doc_rows.npy"):
+        (old / name).unlink()
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["docstore"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    idx = load_index_dir(old, encoder_spec(config.retrieval))
+    assert idx.docs.row_of("p7") == 7 and idx.docs.get([3])[0].doc_id == "p3"
 
 
 def test_encoder_mismatch_fails_before_loading(built, monkeypatch):
@@ -340,7 +359,7 @@ def test_query_encoder_must_match_the_passage_quantization(built, monkeypatch):
         check_encoder({**old, "encoder": "minilm-int8"}, EncoderSpec(quantization="int8"), index_dir)
 
 
-def test_local_encode_returns_doc_store_order(built):
+def test_encode_docs_returns_block_order(built):
     config, index_dir = built
     idx = load_index_dir(index_dir)
     spec = encoder_spec(config.retrieval)
@@ -348,11 +367,11 @@ def test_local_encode_returns_doc_store_order(built):
     order = build_module.length_order(table)
     lengths = [len(t) + len(x) for t, x in zip(table.column("title").to_pylist(), table.column("text").to_pylist())]
     assert [lengths[i] for i in order] == sorted(lengths, reverse=True)
-    got, cpu_s = build_module.local_encode(spec, table, chunk=5)
+    got, cpu_s = build_module.encode_docs(spec.load(), table, call_rows=5)
     assert cpu_s > 0
     # int8 activations are quantised per batch, and these batches differ from the build's: not bit-equal
     assert ((got * idx.vectors(range(12))).sum(1) > 0.98).all()
-    exact, _ = build_module.local_encode(EncoderSpec(threads=1), table, chunk=5)
+    exact, _ = build_module.encode_docs(EncoderSpec(threads=1).load(), table, call_rows=5)
     assert np.allclose(exact, EncoderSpec(threads=1).load().encode_passages(build_module.batch_texts(table.to_pydict())),
                        atol=1e-5)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -27,12 +27,22 @@ PAPER_ITERATIONS_CHANGE = -0.1089
 PAPER_F1_SHARE = 0.976
 # The seed's prediction head (jobs/train.py), also the base of the sweep's head refits.
 SEED_HEAD_HIDDEN = (16, 8)
-SEED_HEAD_ALPHA = 1e-3
+SEED_HEAD_WEIGHT_DECAY = 1e-3  # Adam weight decay of the seed's torch head (predictions/prediction_head/mlp.py)
 SEED_HEAD_LEARNING_RATE = 1e-3
 
 
 class ConfigError(ValueError):
     """A configuration that cannot be loaded or does not validate."""
+
+
+# r_i as the SBERT similarities (features) and the cross-encoders (train) read it; one definition for both.
+ReasoningText = Annotated[
+    Literal["parsed", "raw"],
+    Field(
+        description="r_i: parsed = the think text without the search action, query markup or final answer (the "
+        "seed's parsing of Search-R1 and R1-Searcher turns); raw = the turn's whole output."
+    ),
+]
 
 
 class StrictModel(BaseModel):
@@ -100,8 +110,30 @@ class RetrievalConfig(StrictModel):
     encode_num_cpus: float = Field(default=0.5, ge=0, description="Per encoding actor (0.5: whole-CPU pool actors stall Ray Data on 2 cores).")
     encode_num_gpus: float = Field(default=0.0, ge=0)
     encode_threads: int | None = Field(default=None, ge=1, description="CPU threads per encoding actor; None: cores / actors.")
+    build_block_rows: int = Field(
+        default=10_000, ge=1, description="Passages per index-build block: the unit read, encoded, written and kept on a resumed build."
+    )
+    read_num_cpus: float = Field(default=0.25, ge=0, description="Per Ray task reading a corpus block during the index build.")
+    mmap: bool = Field(
+        default=True, description="CPU serving: map the doc store and flat FAISS indexes from disk (pages shared by replicas) instead of copying them."
+    )
     resources: dict[str, float] = Field(
         default_factory=dict, description="Custom Ray resources per retrieval actor, e.g. {raypipe_retrieval: 1}."
+    )
+    backend: Literal["actors", "http", "serve"] = Field(
+        default="actors",
+        description="Where the agents' searches go: 'actors' (replicas the job starts and stops), 'http' (any server "
+        "speaking Search-R1's POST /retrieve at retrieval.url), 'serve' (the `raypipe serve-retrieval` deployment "
+        "named retrieval.deployment on the job's Ray cluster). docs/retrieval.md, 'Retrieval as a service'.",
+    )
+    url: str | None = Field(default=None, description="Retrieval server for backend=http, e.g. http://127.0.0.1:8000.")
+    deployment: str = Field(
+        default="raypipe-retrieval", description="Ray Serve application name `raypipe serve-retrieval` deploys as (backend=serve)."
+    )
+    http_timeout_s: float = Field(default=30.0, gt=0, description="Socket timeout of one request to retrieval.url.")
+    http_retries: int = Field(
+        default=3, ge=0, description="Retries (with backoff) of a request to retrieval.url that failed to connect, timed "
+        "out or got a 5xx/429; then the searching rows end with retrieval_error.",
     )
 
 
@@ -170,10 +202,11 @@ class AgentConfig(StrictModel):
     enforce_answer_chars: int = Field(default=58, ge=1, description="Enforcement regex bound on an answer.")
     probe: bool = Field(default=True, description="Force an answer after every turn (the seed paper's probing).")
     probe_max_tokens: int = Field(default=64, ge=1)
-    at_limit: Literal["forced", "none"] = Field(
-        default="forced",
-        description="Final answer when the turn limit ends a trajectory: the forced answer read from the last "
-        "documents, or none (pyterrier-rag / R1-Searcher evaluation).",
+    at_limit: Literal["none", "forced"] = Field(
+        default="none",
+        description="When the turn limit ends a trajectory after a search: none = no final answer (F1 0) and "
+        "no generation after that search, as pyterrier-rag and the seed paper; forced = one forced answer reads "
+        "the last documents (its probe row and the final answer).",
     )
     metric: Literal["squad", "hotpotqa", "r1searcher"] = Field(default="hotpotqa", description="F1 rule for P_i.")
 
@@ -238,14 +271,28 @@ class StopRagConfig(StrictModel):
     encoder: str = Field(default="minilm", description="Q-network encoder: embedded name or a local HF folder.")
     pooling: Literal["cls", "mean"] = Field(default="cls", description="cls: the public code's encoder-only pooling.")
     dropout: float = Field(default=0.1, ge=0, lt=1)
-    max_length: int = Field(default=256, ge=16, description="Encoder tokens per state (truncated at the end).")
+    max_length: int | None = Field(
+        default=None, ge=16, description="Encoder tokens per state; None: the longest the encoder accepts (reference: 2048)."
+    )
+    state_truncation: Literal["newest", "start"] = Field(
+        default="newest", description="newest: drop the oldest document tokens, keep question and newest document; "
+        "start: the tokenizer's cut at the end (the reference's call, which loses the newest documents).",
+    )
     state_input: Literal["docs", "trace"] = Field(
-        default="docs", description="docs: question + documents so far (paper); trace: + queries and reasoning."
+        default="docs", description="docs: question[SEP]title: text[SEP]... (reference --use-docs-only); "
+        "trace: + 'Follow up:' queries and 'Intermediate answer:' probes (its full trace).",
     )
-    doc_chars: int = Field(default=300, ge=1, description="Characters kept of each document in a state.")
+    doc_chars: int | None = Field(default=None, ge=1, description="Characters kept of each document; None: all (reference).")
     docs_per_iteration: int | None = Field(
-        default=None, ge=1, description="Documents per iteration in a state; None = retrieval.top_k or the protocol's."
+        default=1, ge=1, description="Documents each iteration adds to a state (reference max_docs=1); None: all it saw."
     )
+    reward_source: Literal["probe", "generator"] = Field(
+        default="probe", description="Answer generator of every state's reward, the terminal one included: probe = the "
+        "agent's probed answers; generator = the reference's docs-only final-answer prompt through the engine.",
+    )
+    reward_samples: int = Field(default=1, ge=1, description="Answers per state, mean F1 (generator only; paper: 8).")
+    reward_temperature: float = Field(default=0.0, ge=0, description="Generator temperature (reference default 0.0).")
+    reward_max_tokens: int = Field(default=400, ge=1, description="Generator answer tokens (reference --fag-max-gen-length).")
     first_decision: int = Field(default=1, ge=0, le=1, description="First iteration that may stop (0 = before retrieval).")
     target: Literal["qlambda", "mc", "q0", "binary"] = "qlambda"
     lambda_start: float = Field(default=1.0, ge=0, le=1)
@@ -270,9 +317,13 @@ class StopRagConfig(StrictModel):
     llm_stop_max_questions: int | None = Field(default=40, ge=1, description="Test questions LLM-Stop is run on.")
     llm_stop_max_tokens: int = Field(default=200, ge=1)
     llm_stop_temperature: float = Field(default=0.0, ge=0)
-    llm_stop_docs: int = Field(default=1, ge=1, description="Top documents shown per round (the public prompt: one).")
+    llm_stop_docs: int = Field(default=1, ge=1, description="Selected documents shown per round (the reference: one).")
+    llm_stop_parser: Literal["reference", "tolerant"] = Field(
+        default="reference", description="reference: stop_decider.py's extract_decision; tolerant: markdown decision "
+        "lines, <STOP>/<CONTINUE> tokens only, the default when both appear.",
+    )
     llm_stop_default: Literal["stop", "continue"] = Field(
-        default="continue", description="Decision when the output names both tokens or neither (public parser: continue)."
+        default="continue", description="Decision when the output names neither (reference: continue; tolerant: or both)."
     )
     llm_stop_enforce: bool = Field(
         default=False,
@@ -284,6 +335,8 @@ class StopRagConfig(StrictModel):
     def _check_split(self) -> "StopRagConfig":
         if any(f < 0 for f in self.split) or abs(sum(self.split) - 1.0) > 1e-6 or min(self.split) == 0:
             raise ValueError(f"split must be three positive shares summing to 1, got {self.split}")
+        if self.reward_source == "probe" and (self.reward_samples > 1 or self.reward_temperature > 0):
+            raise ValueError("reward_samples and reward_temperature need reward_source=generator (a probe is one greedy answer)")
         return self
 
 
@@ -298,6 +351,17 @@ class FeaturesConfig(StrictModel):
         default=None, ge=1, description="Shuffle partitions of the group-by-trajectory; None: one per 5000 rows, at least actors."
     )
     rbo_p: float = Field(default=0.99, gt=0, lt=1, description="RBO persistence, both variants.")
+    rbo_missing: Literal["zero", "undefined"] = Field(
+        default="zero",
+        description="RBO against an empty or missing list, and the max over previous lists at the first retrieval "
+        "iteration: zero (the seed's 0.0) or undefined (null).",
+    )
+    nqc_idf: Literal["seed", "true"] = Field(
+        default="seed",
+        description="Max IDF of the seed's NQC: seed = whitespace split, Porter stem without lowercasing, a term "
+        "the statistics lack counts as df=1 (about log N for most queries); true = the statistics' own tokens.",
+    )
+    reasoning_text: ReasoningText = "parsed"
     nqc_depth: int = Field(default=100, ge=1, description="Scores in the seed paper's NQC variance.")
     nqc_k: int = Field(default=100, ge=1, description="Top-k of textbook NQC (corpus score: mean of the deep list).")
     a_pair_depth: int = Field(default=50, ge=1)
@@ -314,8 +378,19 @@ class TrainConfig(StrictModel):
     )
     field_chars: int = Field(default=256, ge=1, description="Characters kept of each text field (seed: 256).")
     title_chars: int = Field(default=128, ge=1, description="Characters kept of the document title (seed: 128).")
+    reasoning_text: ReasoningText = "parsed"
     max_tokens: int = Field(default=512, ge=16, description="Cross-encoder input tokens (truncated at the end).")
     learning_rate: float = Field(default=2e-5, gt=0)
+    weight_decay: float = Field(
+        default=0.0, ge=0,
+        description="Cross-encoders' AdamW weight decay (seed: 0.0, predictions/supervised/train.py); 0.01 is torch's "
+        "AdamW default, what raypipe used before.",
+    )
+    dropout: float | None = Field(
+        default=0.0, ge=0, lt=1,
+        description="Cross-encoders' hidden and attention dropout while training (seed: 0.0, predictions/supervised/"
+        "relations.py build_regression_model); None = the base model's own (0.1 for MiniLM, what raypipe used before).",
+    )
     epochs: int = Field(default=3, ge=1)
     effective_batch_size: int = Field(default=256, ge=1, description="batch_size x workers x accumulation steps.")
     batch_size: int = Field(default=16, ge=1, description="Per worker and micro-step.")
@@ -341,8 +416,36 @@ class TrainConfig(StrictModel):
     ablation_windows: list[int] | None = Field(default=None, description="Table 4 windows; None = windows.")
     chosen_group: str = Field(default="unsup+sup+prob", description="Head configuration written to predictions/ and the bundle.")
     chosen_window: int = Field(default=3, ge=1)
+    head: Literal["seed", "sklearn"] = Field(
+        default="seed",
+        description="seed: the seed's torch MLP (predictions/prediction_head/mlp.py: Adam with weight decay on the "
+        "full MSE, biases decayed too); sklearn: scikit-learn's MLPRegressor (L2 penalty head_alpha), raypipe's head "
+        "before this option.",
+    )
+    head_input: Literal["seed", "indicators"] = Field(
+        default="seed",
+        description="seed: NaN set to 0, then standard scaling, no missing-value indicators (mlp.py); indicators: "
+        "scale the observed values, fill NaN with 0 (the mean) and add one slot<k>_missing column per window slot.",
+    )
+    include_type: bool = Field(
+        default=True,
+        description="One-hot of the question's dataset type (HotpotQA bridge/comparison, 2Wiki, MuSiQue hops) as head "
+        "inputs, as the seed's include_type=True (prediction_head/train.py, sequential.py).",
+    )
+    window_slots: Literal["previous", "seed_public"] = Field(
+        default="previous",
+        description="previous: slot k holds iteration i-k's signals (the paper's text); seed_public: every slot "
+        "repeats iteration i's (the public sequential.py, for reproducing its published numbers).",
+    )
     head_hidden: list[int] = Field(default_factory=lambda: list(SEED_HEAD_HIDDEN))
-    head_alpha: float = Field(default=SEED_HEAD_ALPHA, ge=0, description="L2 penalty (the seed's Adam weight decay).")
+    head_weight_decay: float = Field(
+        default=SEED_HEAD_WEIGHT_DECAY, ge=0, description="Adam weight decay of the seed head (head=seed)."
+    )
+    head_alpha: float | None = Field(
+        default=None, ge=0,
+        description="L2 penalty of the sklearn head (head=sklearn); None = the equivalent of head_weight_decay on "
+        "full batches, head_weight_decay x head_batch_size / 2 (raypipe.predict.head.equivalent_alpha).",
+    )
     head_learning_rate: float = Field(default=SEED_HEAD_LEARNING_RATE, gt=0)
     head_batch_size: int = Field(default=256, ge=1)
     head_max_iter: int = Field(default=300, ge=1)
@@ -376,7 +479,7 @@ class HeadRefit(StrictModel):
     group: str | None = Field(default=None, description="Signal group, e.g. 'unsup+sup+prob'; None = train.chosen_group.")
     window: int | None = Field(default=None, ge=1, description="Head window; None = train.chosen_window.")
     head_hidden: list[int] = Field(default_factory=lambda: list(SEED_HEAD_HIDDEN))
-    head_alpha: float = Field(default=SEED_HEAD_ALPHA, ge=0)
+    head_weight_decay: float = Field(default=SEED_HEAD_WEIGHT_DECAY, ge=0)
     head_learning_rate: float = Field(default=SEED_HEAD_LEARNING_RATE, gt=0)
 
 
@@ -411,7 +514,7 @@ class StoppingConfig(StrictModel):
         "feature group x window of prediction_grid.",
     )
     refits: list[HeadRefit] = Field(
-        default_factory=lambda: [HeadRefit(), HeadRefit(head_hidden=[32, 16], head_alpha=1e-2)],
+        default_factory=lambda: [HeadRefit(), HeadRefit(head_hidden=[32, 16], head_weight_decay=1e-2)],
         description="Head training settings refit as extra Tune trials (needs features/); [] = none.",
     )
     val_fraction: float = Field(default=0.5, gt=0, lt=1, description="Share of questions (by qid hash) for choosing thresholds.")
@@ -424,6 +527,11 @@ class StoppingConfig(StrictModel):
 class RunConfig(StrictModel):
     name: str = "embedded"
     seed: int = 0
+    train_run: str | None = Field(
+        default=None,
+        description="Training run directory (--train-run): train, sweep and stoprag train and tune on its questions and "
+        "evaluate on this run's, the seed paper's train/dev protocol; None = cross-fitting within this run.",
+    )
     data: DataConfig = Field(default_factory=DataConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)

@@ -95,13 +95,16 @@ def load_datasets(names: list[str], limit: int | None = None, limit_files: bool 
     return questions
 
 
-def iter_corpus(path: str | Path = BUNDLED_CORPUS) -> Iterator[Passage]:
-    """Stream passages from a corpus jsonl, validating each line."""
+def iter_corpus(path: str | Path = BUNDLED_CORPUS, byte_range: tuple[int, int, int] | None = None) -> Iterator[Passage]:
+    """Stream passages from a corpus jsonl, validating each line (duplicate ids: within what is read).
+
+    ``byte_range=(start, end, first_lineno)`` reads only the lines that start in ``[start, end)``
+    (``start`` at a line start; the index build reads a corpus in such blocks)."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"corpus file not found: {path}")
     seen: set[str] = set()
-    for lineno, obj in _json_lines(path):
+    for lineno, obj in _json_lines(path, *(byte_range or ())):
         where = f"{path}:{lineno}"
         doc_id = _required_str(obj, "id", where, allow_int=True)
         contents = _required_str(obj, "contents", where)
@@ -124,9 +127,14 @@ def split_contents(contents: str) -> tuple[str, str]:
     return title, text
 
 
-def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def _json_lines(path: Path, start: int = 0, end: int | None = None, first_lineno: int = 1) -> Iterator[tuple[int, dict[str, Any]]]:
     with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+        fh.seek(start)
+        pos = start
+        for lineno, raw in enumerate(fh, start=first_lineno):
+            if end is not None and pos >= end:
+                break
+            pos += len(raw)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:

@@ -2,7 +2,8 @@
 
 - :class:`CorpusResources`: the retrieval index's side: corpus statistics for IDF, the index's vectors
   for the documents, the index's query encoder, and a search for the original question's own list.
-  :class:`IndexCorpus` adapts a retrieval index directory (``raypipe.retrieval``) to it;
+  :class:`IndexCorpus` adapts a retrieval index directory opened in-process (``raypipe.retrieval``);
+  the features stage uses the retrieval service's ``ServiceCorpus`` (``raypipe.runtime.retrieval``);
   :class:`InMemoryCorpus` is a small brute-force implementation (tests, synthetic benchmarks).
 - :class:`SentenceEncoder`: SBERT-style text embeddings for the similarity signals;
   :class:`SbertEncoder` loads a sentence-transformers model.
@@ -110,21 +111,23 @@ class SbertEncoder:
 
 
 class IndexCorpus:
-    """:class:`CorpusResources` over a retrieval index directory (``raypipe.retrieval``).
+    """:class:`CorpusResources` over a retrieval index directory opened in this process
+    (``raypipe.retrieval``): the online controller, benchmarks and tests. The features stage asks the
+    retrieval service instead (``raypipe.runtime.retrieval.ServiceCorpus``), so that its actors hold no
+    index of their own.
 
-    Document vectors are read back from the FAISS index (``reconstruct``: exact for flat indexes,
-    approximate for PQ); an index that cannot reconstruct (e.g. on GPU) re-encodes the passages with the
-    index's own encoder instead. IDF uses the index's corpus statistics and their tokeniser.
+    Document vectors are read back from the FAISS index (exact for flat indexes, approximate for PQ;
+    re-encoded where it cannot reconstruct, :class:`~raypipe.retrieval.searcher.StoredVectors`). IDF
+    uses the index's corpus statistics and their tokeniser.
     """
 
     def __init__(self, retriever: Any):
-        from raypipe.retrieval.store import tokenize
+        from raypipe.retrieval.searcher import StoredVectors
 
         self.retriever = retriever
         self.stats = retriever.index_dir.stats
         self.num_docs = int(self.stats.n_docs)
-        self._tokenize = tokenize
-        self._reconstruct = _direct_map(retriever.index)
+        self._vectors = StoredVectors(retriever)
 
     @classmethod
     def open(cls, config: RunConfig) -> "IndexCorpus":
@@ -136,38 +139,16 @@ class IndexCorpus:
         return cls(LocalRetriever.open(path, encoder_spec(config.retrieval), search_params(config.retrieval)))
 
     def terms(self, text: str) -> list[str]:
-        return self._tokenize(text)
+        return tokenize(text)
 
     def document_frequency(self, term: str) -> int:
         return self.stats.df(term)
 
     def doc_vectors(self, doc_ids: Sequence[str]) -> np.ndarray:
-        docs = self.retriever.docs
-        rows = [docs.row_of(d) for d in doc_ids]
-        if self._reconstruct:
-            return np.stack([self.retriever.index.reconstruct(r) for r in rows]).astype(np.float32)
-        from raypipe.retrieval.encoders import passage_text
-
-        return self.retriever.encoder.encode_passages([passage_text(p.title, p.text) for p in docs.get(rows)])
+        return self._vectors.doc_vectors(doc_ids)
 
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
         return self.retriever.encoder.encode_queries(list(texts))
 
     def search(self, texts: Sequence[str], k: int) -> list[list[str]]:
         return [[hit.doc_id for hit in result.hits] for result in self.retriever.search_batch(texts, k)]
-
-
-def _direct_map(index: Any) -> bool:
-    """Prepare ``index`` for ``reconstruct``; False when it cannot reconstruct."""
-    import faiss
-
-    ivf = faiss.try_extract_index_ivf(index)
-    try:
-        if ivf is not None:
-            ivf.make_direct_map()
-        if index.ntotal:
-            index.reconstruct(0)
-    except RuntimeError:
-        log.info("features: the index cannot reconstruct vectors; re-encoding passages instead")
-        return False
-    return True

@@ -13,11 +13,11 @@ log = logging.getLogger(__name__)
 def doc_lookup_for(config: RunConfig) -> DocLookup:
     """doc_id -> (title, text) from the index's doc store when it is built, else from the corpus jsonl."""
     from raypipe.retrieval.build import corpus_path, index_dir_for
-    from raypipe.retrieval.index import DOCSTORE_FILE, load_index_dir
+    from raypipe.retrieval.index import MANIFEST, load_index_dir
     from raypipe.retrieval.store import corpus_documents
 
     folder = index_dir_for(config)
-    if (folder / DOCSTORE_FILE).exists():
+    if (folder / MANIFEST).exists():
         docs = load_index_dir(folder).docs
         log.info("document texts from the index doc store %s", folder)
 

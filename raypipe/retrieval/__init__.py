@@ -15,7 +15,8 @@ Index directory (``jobs/index.py`` builds it; default ``$RAYPIPE_CACHE/indexes/<
     manifest.json         encoder, encoder_path, query_prefix, passage_prefix, max_length, dimension,
                           count, corpus, corpus_sha256, index_type, fp16, factory, n_docs, created
     index.faiss           FAISS inner-product index over L2-normalised vectors; id i = row i of docs
-    docs.parquet          doc_id, title, text
+    docs.arrow            doc_id, title, text (Arrow IPC, memory-mapped; docs.parquet in older indexes)
+    doc_rows.npy          sorted (passage id hash, row): the id lookup
     corpus_stats.parquet  term, df; schema metadata n_docs. Tokenisation: lowercase ``\\w+`` tokens of
                           title + " " + text, no stemming or stopwords
 
@@ -29,6 +30,9 @@ Readers (stable names)::
     tokenize(text)                        # the statistics' tokenisation
     index_dir_for(config)                 # where the configured index lives
     encoder_spec(config.retrieval).load() # the query/passage encoder (encode_queries/encode_passages)
+
+Build from a corpus in resumable blocks (``raypipe.retrieval.build``), or import an existing FAISS
+index without re-encoding (``raypipe.retrieval.import_faiss``, ``raypipe index --import-faiss``).
 
 Errors: :class:`IndexNotFoundError` (missing directory or files), :class:`IndexMismatchError` (index built
 with another encoder, dimension or build setting), raised before any model or index is loaded.

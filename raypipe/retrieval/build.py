@@ -1,17 +1,34 @@
-"""Write the index directory for a run configuration, without Ray.
+"""Write the index directory for a run configuration, block by block, without Ray.
 
-:func:`build_index` streams the corpus once into the doc store and the document-frequency statistics,
-encodes the passages with the encode function it is given (:func:`local_encode` in this process; the
-index job passes its Ray Data actor pool, :mod:`raypipe.stages.index`), builds the FAISS index and
-writes the directory atomically. :func:`up_to_date` says whether a directory already holds the build.
+The build is streamed so that no process holds the corpus and driver memory does not grow with it:
+
+1. :func:`plan_blocks` scans the corpus once for the byte offsets of every ``block_rows``-th line (a
+   block is a range of corpus rows: its rows, bytes and first line number), recorded in the build
+   directory (``.<index>.build/plan.json``).
+2. The blocks not yet written are read, counted (document frequencies), encoded (longest passage first
+   inside each block) and written to ``blocks/`` as they arrive: ``NNNNNN.docs.arrow`` (the block's
+   doc-store rows), ``NNNNNN.df.arrow`` (its document frequencies) and ``NNNNNN.npy`` (its embeddings,
+   renamed into place last: a block is complete when its ``.npy`` exists). The encode function does
+   this (:func:`local_encode_blocks` in this process; the index job passes a Ray Data pipeline,
+   :mod:`raypipe.stages.index`). A rerun after an interruption keeps every complete block and encodes
+   only the rest; a plan made for another corpus or other settings is discarded.
+3. :func:`assemble_index` builds FAISS from the blocks chunk by chunk (IVF/PQ: trained on a sample
+   first), appends the blocks' rows to the doc store, merges the frequencies, writes the sorted id
+   lookup, and renames the finished directory into place. Because the blocks and their order are fixed
+   by the plan, the index equals an uninterrupted build's (same row order, same vectors).
+
+:func:`up_to_date` says whether a directory already holds the build.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,25 +38,38 @@ from raypipe.core.config import DataConfig, RetrievalConfig, RunConfig
 from raypipe.core.models import cache_dir
 from raypipe.core.progress import Progress
 from raypipe.data.loaders import BUNDLED_CORPUS, iter_corpus
-from raypipe.retrieval.encoders import EncoderSpec, passage_text
+from raypipe.retrieval.encoders import Encoder, EncoderSpec, passage_text
 from raypipe.retrieval.index import (
+    BUILD_KEYS,
+    DOC_ROWS_FILE,
+    DOCSTORE_ARROW,
+    FAISS_FILE,
     MANIFEST,
+    STATS_FILE,
     IndexMismatchError,
     IndexSettings,
     SearchParams,
+    build_faiss_chunked,
     default_index_dir,
     file_sha256,
+    finish_index_dir,
     manifest_differences,
     read_manifest,
-    write_index_dir,
 )
-from raypipe.retrieval.store import CorpusStats, DocStore
+from raypipe.retrieval.store import (
+    DOCSTORE_SCHEMA,
+    FrequencyMerger,
+    check_unique_ids,
+    doc_id_hashes,
+    document_frequencies,
+    passages_table,
+    sorted_doc_rows,
+)
 
 log = logging.getLogger(__name__)
 ENCODE_LINE_EVERY_S = 10.0  # seconds between the encode loops' progress lines
-
-# (spec, doc-store table) -> (embeddings in doc-store order, the encoders' CPU-seconds)
-EncodeFn = Callable[[EncoderSpec, pa.Table], tuple[np.ndarray, float]]
+PLAN_FILE = "plan.json"
+BLOCKS_DIR = "blocks"
 
 
 def encoder_spec(cfg: RetrievalConfig, threads: int | None = None) -> EncoderSpec:
@@ -66,7 +96,7 @@ def index_settings(cfg: RetrievalConfig) -> IndexSettings:
 
 
 def search_params(cfg: RetrievalConfig) -> SearchParams:
-    return SearchParams(nprobe=cfg.nprobe, hnsw_ef_search=cfg.hnsw_ef_search, faiss_gpu=cfg.faiss_gpu)
+    return SearchParams(nprobe=cfg.nprobe, hnsw_ef_search=cfg.hnsw_ef_search, faiss_gpu=cfg.faiss_gpu, mmap=cfg.mmap)
 
 
 def corpus_path(data: DataConfig) -> Path:
@@ -98,42 +128,66 @@ def up_to_date(target: Path, expected: dict, force: bool) -> bool:
     return False
 
 
-def build_index(config: RunConfig, target: Path, manifest: dict, encode: EncodeFn | None = None) -> Path:
-    """Write the index of ``manifest``'s corpus to ``target``; ``encode`` defaults to :func:`local_encode`."""
-    cfg = config.retrieval
-    corpus = Path(manifest["corpus"])
-    work = target.with_name(f".{target.name}.build")
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    try:
-        start = time.perf_counter()
-        passages = list(iter_corpus(corpus))
-        if not passages:
-            raise ValueError(f"corpus {corpus} has no passages")
-        docs_file = work / "docs.parquet"
-        DocStore.write(passages, docs_file)
-        stats = CorpusStats.count(passages)
-        del passages
-        prepare_s = time.perf_counter() - start
-        log.info("corpus %s: %d passages, %d terms (%.1f s)", corpus.name, stats.n_docs, len(stats.df_table), prepare_s)
-        table = DocStore.read(docs_file).table
-        start = time.perf_counter()
-        spec = encoder_spec(cfg)
-        spec.prepare()  # export / quantise the ONNX model once here, not in every actor
-        embeddings, encode_cpu_s = (encode or local_encode)(spec, table)
-        encode_s = time.perf_counter() - start
-        log.info("encoded %d passages with %s in %.1f s (%.0f passages/s)", len(embeddings), spec.name, encode_s,
-                 len(embeddings) / max(encode_s, 1e-9))
-        start = time.perf_counter()
-        # encode_cpu_seconds: the encoders' CPU time (Ray: the actors'), steadier than wall on a shared machine
-        timing = {"prepare_seconds": round(prepare_s, 2), "encode_seconds": round(encode_s, 2),
-                  "encode_cpu_seconds": round(encode_cpu_s, 2)}
-        write_index_dir(target, embeddings, docs_file, stats, {**manifest, "build": timing}, index_settings(cfg))
-        log.info("wrote %s index to %s (%.1f s)", cfg.index_type, target, time.perf_counter() - start)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return target
+# ---------------------------------------------------------------------------------------------- blocks
+
+
+@dataclass(frozen=True)
+class Block:
+    """A range of corpus rows: ``n_rows`` passages from row ``start``, the bytes ``[byte_start,
+    byte_end)`` of the file, whose first line is ``first_lineno`` (for error messages)."""
+
+    index: int
+    start: int
+    n_rows: int
+    byte_start: int
+    byte_end: int
+    first_lineno: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.index:06d}"
+
+
+@dataclass
+class EncodedBlock:
+    block: Block
+    docs: pa.Table  # DOCSTORE_SCHEMA rows in corpus order
+    df: pa.Table  # (term, df) over the block
+    embeddings: np.ndarray  # float32, one row per passage, in corpus order
+    cpu_s: float  # the encoder's CPU-seconds for this block
+
+
+# (spec, corpus, blocks to encode) -> the encoded blocks, in any order, as they are done
+EncodeBlocks = Callable[[EncoderSpec, Path, list[Block]], Iterable[EncodedBlock]]
+
+
+def plan_blocks(corpus: Path, block_rows: int) -> list[Block]:
+    """Cut the corpus into blocks of ``block_rows`` passages (blank lines are not rows), streaming."""
+    blocks: list[Block] = []
+    start_byte, start_line, rows, pos = 0, 1, 0, 0
+    with corpus.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if rows == 0:
+                start_byte, start_line = pos, lineno
+            pos += len(raw)
+            if raw.strip():
+                rows += 1
+                if rows == block_rows:
+                    blocks.append(Block(len(blocks), len(blocks) * block_rows, rows, start_byte, pos, start_line))
+                    rows = 0
+    if rows:
+        blocks.append(Block(len(blocks), len(blocks) * block_rows, rows, start_byte, pos, start_line))
+    return blocks
+
+
+def read_block(corpus: Path, block: Block) -> tuple[pa.Table, pa.Table]:
+    """A block's doc-store rows and its document frequencies (lines validated as :func:`iter_corpus`)."""
+    passages = list(iter_corpus(corpus, (block.byte_start, block.byte_end, block.first_lineno)))
+    if len(passages) != block.n_rows:
+        raise RuntimeError(f"{corpus}: block {block.index} has {len(passages)} passages, planned {block.n_rows} "
+                           "(the file changed during the build?)")
+    df, _ = document_frequencies(passages)
+    return passages_table(passages), df
 
 
 def batch_texts(batch: dict) -> list[str]:
@@ -152,19 +206,202 @@ def length_order(table: pa.Table) -> np.ndarray:
     return np.argsort(-lengths.to_numpy(zero_copy_only=False), kind="stable")
 
 
-def local_encode(spec: EncoderSpec, table: pa.Table, chunk: int = 1024) -> tuple[np.ndarray, float]:
-    """Encode the doc store in this process (tests, small corpora): rows in doc-store order, and the CPU-seconds."""
+def encode_docs(encoder: Encoder, docs: pa.Table, call_rows: int) -> tuple[np.ndarray, float]:
+    """A block's embeddings in its row order, encoded longest first in calls of ``call_rows``; and the CPU-seconds."""
     cpu = time.process_time()
-    encoder = spec.load()
-    progress = Progress("passages", table.num_rows, label="encode", every_s=ENCODE_LINE_EVERY_S, log=log)
-    order = length_order(table)
-    ordered = table.take(order)
+    order = length_order(docs)
+    ordered = docs.take(order)
     out: np.ndarray | None = None
-    for offset in range(0, table.num_rows, chunk):
-        part = encoder.encode_passages(batch_texts(ordered.slice(offset, chunk).to_pydict()))
+    for offset in range(0, docs.num_rows, call_rows):
+        part = encoder.encode_passages(batch_texts(ordered.slice(offset, call_rows).to_pydict()))
         if out is None:
-            out = np.empty((table.num_rows, part.shape[1]), dtype=np.float32)
+            out = np.empty((docs.num_rows, part.shape[1]), dtype=np.float32)
         out[order[offset : offset + len(part)]] = part
-        progress.advance(len(part))
     assert out is not None
     return out, time.process_time() - cpu
+
+
+def local_encode_blocks(spec: EncoderSpec, corpus: Path, blocks: list[Block], call_rows: int = 256) -> Iterator[EncodedBlock]:
+    """Read and encode blocks one after another in this process (tests, small corpora)."""
+    encoder = spec.load()
+    for block in blocks:
+        docs, df = read_block(corpus, block)
+        embeddings, cpu_s = encode_docs(encoder, docs, call_rows)
+        yield EncodedBlock(block, docs, df, embeddings, cpu_s)
+
+
+# ---------------------------------------------------------------------------------------- build directory
+
+
+class BuildDir:
+    """The build directory of one index: its plan and the blocks written so far."""
+
+    def __init__(self, path: Path, blocks: list[Block]):
+        self.path = path
+        self.blocks = blocks
+
+    @classmethod
+    def open(cls, target: Path, manifest: dict, block_rows: int) -> "BuildDir":
+        """Resume the build directory of ``target`` if it was planned for this build, else plan afresh."""
+        path = target.with_name(f".{target.name}.build")
+        key = {"build": {k: manifest.get(k) for k in BUILD_KEYS}, "block_rows": block_rows}
+        plan_file = path / PLAN_FILE
+        if plan_file.exists():
+            plan = json.loads(plan_file.read_text())
+            if {k: plan.get(k) for k in key} == key:
+                build = cls(path, [Block(**b) for b in plan["blocks"]])
+                log.info("resuming the build in %s: %d of %d blocks already written", path,
+                         len(build.done()), len(build.blocks))
+                return build
+            log.info("discarding %s: planned for another corpus or other settings", path)
+        if path.exists():
+            shutil.rmtree(path)
+        (path / BLOCKS_DIR).mkdir(parents=True)
+        start = time.perf_counter()
+        blocks = plan_blocks(Path(manifest["corpus"]), block_rows)
+        if not blocks:
+            raise ValueError(f"corpus {manifest['corpus']} has no passages")
+        tmp = plan_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**key, "blocks": [asdict(b) for b in blocks]}) + "\n")
+        tmp.rename(plan_file)
+        log.info("planned %d blocks of up to %d passages (%d passages, %.1f s)", len(blocks), block_rows,
+                 sum(b.n_rows for b in blocks), time.perf_counter() - start)
+        return cls(path, blocks)
+
+    def file(self, block: Block, kind: str) -> Path:
+        return self.path / BLOCKS_DIR / f"{block.name}.{kind}"
+
+    def done(self) -> set[int]:
+        return {b.index for b in self.blocks if self.file(b, "npy").exists()}
+
+    def pending(self) -> list[Block]:
+        done = self.done()
+        return [b for b in self.blocks if b.index not in done]
+
+    def write(self, encoded: EncodedBlock) -> None:
+        """Write one block (the embeddings last, so a block on disk is complete)."""
+        block = encoded.block
+        if encoded.embeddings.shape[0] != block.n_rows or encoded.docs.num_rows != block.n_rows:
+            raise RuntimeError(f"block {block.index}: {encoded.embeddings.shape[0]} vectors and "
+                               f"{encoded.docs.num_rows} rows for {block.n_rows} passages")
+        for kind, table in (("docs.arrow", encoded.docs), ("df.arrow", encoded.df)):
+            _write_ipc(table, self.file(block, kind))
+        tmp = self.file(block, "npy.tmp")
+        with open(tmp, "wb") as fh:
+            np.save(fh, np.ascontiguousarray(encoded.embeddings, dtype=np.float32))
+        os.replace(tmp, self.file(block, "npy"))
+
+    def embeddings(self, block: Block) -> np.ndarray:
+        return np.load(self.file(block, "npy"), mmap_mode="r")
+
+    def table(self, block: Block, kind: str) -> pa.Table:
+        return pa.ipc.open_file(pa.memory_map(str(self.file(block, kind)))).read_all()
+
+
+def _write_ipc(table: pa.Table, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    os.replace(tmp, path)
+
+
+def build_index(config: RunConfig, target: Path, manifest: dict, encode: EncodeBlocks | None = None,
+                assemble: Callable[..., Path] | None = None) -> Path:
+    """Write the index of ``manifest``'s corpus to ``target``, resuming an interrupted build.
+
+    ``encode`` defaults to :func:`local_encode_blocks`; ``assemble`` (``assemble_index``'s signature)
+    to :func:`assemble_index` in this process (the index job runs it as a Ray task, off the driver)."""
+    cfg = config.retrieval
+    corpus = Path(manifest["corpus"])
+    start = time.perf_counter()
+    work = BuildDir.open(target, manifest, cfg.build_block_rows)
+    pending = work.pending()
+    prepare_s = time.perf_counter() - start
+    spec = encoder_spec(cfg)
+    spec.prepare()  # export / quantise the ONNX model once here, not in every actor
+    todo = sum(b.n_rows for b in pending)
+    progress = Progress("passages", todo, label="encode", every_s=ENCODE_LINE_EVERY_S, log=log)
+    start = time.perf_counter()
+    cpu_s = 0.0
+    for encoded in (encode or local_encode_blocks)(spec, corpus, pending):
+        work.write(encoded)
+        cpu_s += encoded.cpu_s
+        progress.advance(encoded.block.n_rows)
+    encode_s = time.perf_counter() - start
+    missing = work.pending()
+    if missing:
+        raise RuntimeError(f"{len(missing)} blocks were not encoded (first: block {missing[0].index})")
+    log.info("encoded %d passages in %d blocks with %s in %.1f s (%.0f passages/s; %d blocks kept from before)",
+             todo, len(pending), spec.name, encode_s, todo / max(encode_s, 1e-9), len(work.blocks) - len(pending))
+    # encode_cpu_seconds: the encoders' CPU time (Ray: the actors'), steadier than wall on a shared machine
+    timing = {"prepare_seconds": round(prepare_s, 2), "encode_seconds": round(encode_s, 2),
+              "encode_cpu_seconds": round(cpu_s, 2), "passages_encoded": todo}
+    return (assemble or assemble_index)(work.path, work.blocks, target, {**manifest, "build": timing}, index_settings(cfg))
+
+
+def assemble_index(work_path: Path, blocks: list[Block], target: Path, manifest: dict, settings: IndexSettings) -> Path:
+    """Build the index directory from a complete build directory, one block in memory at a time
+    (plus the FAISS index itself), then remove the build directory."""
+    work = BuildDir(Path(work_path), blocks)
+    n = sum(b.n_rows for b in blocks)
+    dim = int(work.embeddings(blocks[0]).shape[1])
+    tmp = target.with_name(f".{target.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    start = time.perf_counter()
+    offsets = np.cumsum([0] + [b.n_rows for b in blocks])
+
+    def sample(rows: np.ndarray) -> np.ndarray:
+        parts = []
+        for b, lo, hi in zip(blocks, offsets[:-1], offsets[1:]):
+            inside = rows[(rows >= lo) & (rows < hi)] - lo
+            if len(inside):
+                parts.append(np.asarray(work.embeddings(b)[inside]))
+        return np.concatenate(parts)
+
+    progress = Progress("vectors", n, label="faiss add", every_s=ENCODE_LINE_EVERY_S, log=log)
+    index, factory = build_faiss_chunked(lambda: (work.embeddings(b) for b in blocks), n, dim, settings, sample, progress)
+    import faiss
+
+    faiss.write_index(index, str(tmp / FAISS_FILE))
+    del index
+    faiss_s = time.perf_counter() - start
+    merger = FrequencyMerger()
+    for b in blocks:
+        merger.add(work.table(b, "df.arrow"), b.n_rows)
+    terms = merger.write(tmp / STATS_FILE)
+    write_doc_store((work.table(b, "docs.arrow") for b in blocks), n, tmp)
+    log.info("assembled %d passages (%d terms) in %.1f s", n, terms, time.perf_counter() - start)
+    full = {
+        **manifest,
+        "build": {**manifest.get("build", {}), "faiss_seconds": round(faiss_s, 2), "blocks": len(blocks)},
+        "count": n,
+        "dimension": dim,
+        "factory": factory,
+        "n_docs": merger.n_docs,
+        "docstore": DOCSTORE_ARROW,
+        "tokenisation": "lowercase \\w+ over title + ' ' + text",
+    }
+    finish_index_dir(tmp, target, full)
+    shutil.rmtree(work.path, ignore_errors=True)
+    return target
+
+
+def write_doc_store(tables: Iterable[pa.Table], n: int, out: Path) -> None:
+    """``docs.arrow`` (the tables' rows appended in order, one record batch per block) and the sorted id
+    lookup ``doc_rows.npy``, for ``n`` passages in all; an id that occurs twice is a DataError naming both rows."""
+    hashes = np.empty(n, dtype=np.uint64)
+    row = 0
+    with pa.OSFile(str(out / DOCSTORE_ARROW), "wb") as sink, pa.ipc.new_file(sink, DOCSTORE_SCHEMA) as writer:
+        for table in tables:
+            writer.write_table(table)
+            hashes[row : row + table.num_rows] = doc_id_hashes(table.column("doc_id").to_pylist())
+            row += table.num_rows
+    if row != n:
+        raise RuntimeError(f"doc store has {row} rows, expected {n}")
+    doc_rows = sorted_doc_rows(hashes)
+    del hashes
+    docs = pa.ipc.open_file(pa.memory_map(str(out / DOCSTORE_ARROW))).read_all().column("doc_id")
+    check_unique_ids(doc_rows, lambda r: docs[r].as_py())
+    np.save(out / DOC_ROWS_FILE, doc_rows)

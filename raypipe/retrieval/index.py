@@ -5,9 +5,15 @@ Layout of an index directory (written to a temporary sibling and renamed into pl
     manifest.json        encoder name/path/prefixes/backend/quantization, dimension, count, corpus path + sha256,
                          index type, fp16, FAISS factory string, index.faiss size, created (UTC),
                          format version
-    index.faiss          the FAISS index; FAISS id i = row i of docs.parquet
-    docs.parquet         doc store: doc_id, title, text
+    index.faiss          the FAISS index; FAISS id i = row i of the doc store
+    docs.arrow           doc store: doc_id, title, text (Arrow IPC, memory-mapped; ``docs.parquet`` in
+                         indexes written before; the manifest's ``docstore`` names the file)
+    doc_rows.npy         sorted (passage id hash, row) pairs: the doc store's id lookup (optional)
     corpus_stats.parquet term, df (document frequency); metadata n_docs (see raypipe.retrieval.store)
+
+A replica serving on the CPU maps the doc store and, for flat indexes (``Flat``/``SQfp16``), the FAISS
+index from disk (``faiss.IO_FLAG_MMAP_IFC``) instead of copying them into its heap, so replicas and
+stages on one node share the pages (``SearchParams.mmap``); GPU serving reads the index and clones it.
 
 Loading checks the directory, its files, the size of ``index.faiss`` against the manifest (a truncated
 file) and the manifest against the configured encoder (name and dimension, plus its prefixes) and
@@ -20,7 +26,7 @@ import hashlib
 import json
 import logging
 import math
-import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import cached_property
@@ -37,9 +43,13 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 FAISS_FILE = "index.faiss"
-DOCSTORE_FILE = "docs.parquet"
+DOCSTORE_FILE = "docs.parquet"  # the doc store of indexes written before docs.arrow
+DOCSTORE_ARROW = "docs.arrow"
+DOC_ROWS_FILE = "doc_rows.npy"
 STATS_FILE = "corpus_stats.parquet"
-INDEX_FILES = (MANIFEST, FAISS_FILE, DOCSTORE_FILE, STATS_FILE)
+INDEX_FILES = (MANIFEST, FAISS_FILE, STATS_FILE)  # plus the manifest's doc store file
+TRAIN_SAMPLE_CAP = 1_000_000  # most vectors an IVF/PQ index is trained on (evenly spaced over the corpus)
+TRAIN_POINTS_PER_CENTROID = 64
 MIN_POINTS_PER_CENTROID = 39  # FAISS's own warning threshold for k-means training
 
 
@@ -168,12 +178,15 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     if not path.is_dir():
         raise IndexNotFoundError(f"index directory not found: {path} (build it with `raypipe index`)")
     missing = [name for name in INDEX_FILES if not (path / name).exists()]
+    if MANIFEST not in missing:
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except json.JSONDecodeError as exc:
+            raise IndexMismatchError(f"{path / MANIFEST}: not valid JSON ({exc.msg})") from None
+        if not (path / manifest.get("docstore", DOCSTORE_FILE)).exists():
+            missing.append(manifest.get("docstore", DOCSTORE_FILE))
     if missing:
         raise IndexNotFoundError(f"index directory {path} is incomplete: missing {', '.join(missing)} (rebuild with `raypipe index --force`)")
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except json.JSONDecodeError as exc:
-        raise IndexMismatchError(f"{path / MANIFEST}: not valid JSON ({exc.msg})") from None
     size = (path / FAISS_FILE).stat().st_size
     if manifest.get("faiss_bytes", size) != size:  # indexes built before the field was recorded have none
         raise IndexMismatchError(
@@ -193,53 +206,56 @@ def check_encoder(manifest: dict[str, Any], spec: EncoderSpec, where: Path) -> N
         raise IndexMismatchError(f"index {where} does not match the configured encoder: " + "; ".join(problems))
 
 
-def build_faiss(embeddings: np.ndarray, settings: IndexSettings):
-    """A trained, filled FAISS inner-product index over L2-normalised float32 rows."""
+def train_sample_rows(n: int, settings: IndexSettings, dim: int) -> np.ndarray:
+    """The rows an IVF/PQ index is trained on: all of them up to the cap, else evenly spaced ones."""
+    needed = settings.min_training_points(n, dim)
+    size = min(n, max(needed * TRAIN_POINTS_PER_CENTROID, 100_000), max(TRAIN_SAMPLE_CAP, needed))
+    return np.arange(n) if size >= n else np.linspace(0, n - 1, size).astype(np.int64)
+
+
+def build_faiss_chunked(chunks: Callable[[], Iterable[np.ndarray]], n: int, dim: int, settings: IndexSettings,
+                        sample: Callable[[np.ndarray], np.ndarray] | None = None, progress=None):
+    """A trained, filled FAISS inner-product index over L2-normalised float32 rows, added chunk by chunk.
+
+    ``chunks()`` yields the rows in order; ``sample(rows)`` returns the given rows (for training; only
+    called by index types that train). The result equals adding all rows at once."""
     import faiss
 
-    n, dim = embeddings.shape
     factory = settings.factory(dim, n)
     needed = settings.min_training_points(n, dim)
     if n < needed:
         raise ValueError(f"index_type={settings.index_type} needs at least {needed} passages to train, corpus has {n}")
     index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     if not index.is_trained:
-        index.train(embeddings)
-    index.add(embeddings)
+        rows = train_sample_rows(n, settings, dim)
+        index.train(np.ascontiguousarray(sample(rows), dtype=np.float32))
+    if isinstance(index, faiss.IndexFlatCodes):
+        # reserve the codes once: growing them add by add doubles the buffer, and while it is copied the
+        # old and the new buffer are both resident (up to 1.5-2x the index bytes at the peak)
+        index.codes.resize(n * index.code_size)
+        index.codes.resize(0)
+    for chunk in chunks():
+        index.add(np.ascontiguousarray(chunk, dtype=np.float32))
+        if progress is not None:
+            progress.advance(len(chunk))
+    if index.ntotal != n:
+        raise RuntimeError(f"FAISS index has {index.ntotal} rows after adding, expected {n}")
     return index, factory
 
 
-def write_index_dir(
-    target: Path,
-    embeddings: np.ndarray,
-    docs_file: Path,
-    stats: CorpusStats,
-    manifest: dict[str, Any],
-    settings: IndexSettings,
-) -> Path:
-    """Write a complete index directory atomically (temporary sibling, then rename)."""
+def build_faiss(embeddings: np.ndarray, settings: IndexSettings):
+    """:func:`build_faiss_chunked` over one in-memory matrix."""
+    n, dim = embeddings.shape
+    return build_faiss_chunked(lambda: [embeddings], n, dim, settings, sample=lambda rows: embeddings[rows])
+
+
+def finish_index_dir(tmp: Path, target: Path, manifest: dict[str, Any]) -> Path:
+    """Write the manifest into the complete temporary directory ``tmp`` and rename it to ``target``."""
     import shutil
 
-    import faiss
-
-    start = time.perf_counter()
-    index, factory = build_faiss(embeddings, settings)
-    faiss_s = time.perf_counter() - start
-    tmp = target.with_name(f".{target.name}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    faiss.write_index(index, str(tmp / FAISS_FILE))
-    shutil.copyfile(docs_file, tmp / DOCSTORE_FILE)
-    stats.write(tmp / STATS_FILE)
     full = {
         **manifest,
-        "build": {**manifest.get("build", {}), "faiss_seconds": round(faiss_s, 2)},
-        "count": int(index.ntotal),
         "faiss_bytes": (tmp / FAISS_FILE).stat().st_size,
-        "factory": factory,
-        "n_docs": stats.n_docs,
-        "tokenisation": "lowercase \\w+ over title + ' ' + text",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     (tmp / MANIFEST).write_text(json.dumps(full, indent=2) + "\n")
@@ -256,6 +272,7 @@ class SearchParams:
     nprobe: int = 16
     hnsw_ef_search: int = 128
     faiss_gpu: str = "none"  # none | shard | replicate: move the index onto all visible GPUs
+    mmap: bool = True  # CPU: map flat indexes from disk (shared pages) instead of reading them into the heap
 
 
 class IndexDir:
@@ -269,7 +286,7 @@ class IndexDir:
 
     @cached_property
     def docs(self) -> DocStore:
-        return DocStore.read(self.path / DOCSTORE_FILE)
+        return DocStore.read(self.path / self.manifest.get("docstore", DOCSTORE_FILE), self.path / DOC_ROWS_FILE)
 
     @cached_property
     def stats(self) -> CorpusStats:
@@ -280,7 +297,7 @@ class IndexDir:
         import faiss
 
         params = params or SearchParams()
-        index = faiss.read_index(str(self.path / FAISS_FILE))
+        index = self._read_faiss(mapped=params.mmap and params.faiss_gpu == "none")
         if index.ntotal != self.manifest["count"] or index.d != self.manifest["dimension"]:
             raise IndexMismatchError(
                 f"{self.path}: FAISS index has {index.ntotal} x {index.d}, manifest says "
@@ -299,11 +316,23 @@ class IndexDir:
         """Stored passage vectors for FAISS row ids (exact for flat indexes; approximate for PQ)."""
         import faiss
 
-        index = faiss.read_index(str(self.path / FAISS_FILE))
+        index = self._read_faiss(mapped=True)
         ivf = faiss.try_extract_index_ivf(index)
         if ivf is not None:
             ivf.make_direct_map()
         return np.stack([index.reconstruct(int(r)) for r in rows]).astype(np.float32)
+
+    def _read_faiss(self, mapped: bool):
+        return read_faiss(self.path / FAISS_FILE, mapped)
+
+
+def read_faiss(path: Path, mapped: bool = True):
+    """``faiss.read_index``; with ``mapped``, flat indexes (IndexFlat, SQfp16: FAISS's IndexFlatCodes)
+    are mapped from disk (their codes stay in the page cache, shared between processes); FAISS reads
+    other types into memory whatever the flag."""
+    import faiss
+
+    return faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY if mapped else 0)
 
 
 def to_gpus(index, shard: bool, fp16: bool = True):

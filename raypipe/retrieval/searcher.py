@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from raypipe.retrieval.encoders import Encoder, EncoderSpec
+from raypipe.retrieval.encoders import Encoder, EncoderSpec, passage_text
 from raypipe.retrieval.index import IndexDir, SearchParams
 from raypipe.retrieval.types import SearchHit, SearchResult
+
+log = logging.getLogger(__name__)
 
 
 class LocalRetriever:
@@ -55,3 +58,38 @@ class LocalRetriever:
 
     async def search(self, queries: Sequence[str], k: int) -> list[SearchResult]:
         return self.search_batch(queries, k)
+
+
+class StoredVectors:
+    """Passage vectors by passage id from a retriever's own index: ``reconstruct`` (exact for flat
+    indexes, approximate for PQ), or, for an index that cannot reconstruct (e.g. on GPU), the passages
+    re-encoded with the index's encoder."""
+
+    def __init__(self, retriever: LocalRetriever):
+        self.retriever = retriever
+        self.reconstructs = _prepare_reconstruct(retriever.index)
+
+    def doc_vectors(self, doc_ids: Sequence[str]) -> np.ndarray:
+        docs = self.retriever.docs
+        rows = docs.rows_of(list(doc_ids))
+        if not rows:
+            return np.zeros((0, self.retriever.index.d), dtype=np.float32)
+        if self.reconstructs:
+            return np.stack([self.retriever.index.reconstruct(r) for r in rows]).astype(np.float32)
+        return self.retriever.encoder.encode_passages([passage_text(p.title, p.text) for p in docs.get(rows)])
+
+
+def _prepare_reconstruct(index) -> bool:
+    """Prepare ``index`` for ``reconstruct``; False when it cannot reconstruct."""
+    import faiss
+
+    ivf = faiss.try_extract_index_ivf(index)
+    try:
+        if ivf is not None:
+            ivf.make_direct_map()
+        if index.ntotal:
+            index.reconstruct(0)
+    except RuntimeError:
+        log.info("the index cannot reconstruct vectors; passages are re-encoded instead")
+        return False
+    return True

@@ -2,9 +2,11 @@
 
 Two steps, so that a trajectory never straddles two calls however the input files were split:
 ``groupby("qid").map_groups(pack_trajectory)`` (cheap tasks) turns each trajectory's iteration rows into
-one row, then ``map_batches(FeatureStage)`` on an actor pool (each actor holding the sentence encoder
-and the retrieval index, :mod:`raypipe.features.resources`) computes a batch of trajectories with one
-encoder call per kind (:func:`raypipe.features.extract.extract_many`, the pure core).
+one row, then ``map_batches(FeatureStage)`` on an actor pool (each actor holding the sentence encoder,
+:mod:`raypipe.features.resources`) computes a batch of trajectories with one encoder call per kind
+(:func:`raypipe.features.extract.extract_many`, the pure core). Document vectors, document frequencies,
+query vectors and the question's own list come from the retrieval service's replicas in batched calls
+(:class:`raypipe.runtime.retrieval.ServiceCorpus`): no features actor loads an index.
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ from raypipe.core.rundir import RunDir, RunDirError
 from raypipe.core.schema import FEATURES, ITERATIONS, conform
 from raypipe.features.correlation import correlation_table, format_table, write_csv
 from raypipe.features.extract import extract_many
-from raypipe.features.resources import CorpusResources, IndexCorpus, SbertEncoder, SentenceEncoder
+from raypipe.features.qpp import seed_query_terms
+from raypipe.features.resources import CorpusResources, SbertEncoder, SentenceEncoder
+from raypipe.retrieval.build import index_dir_for
 from raypipe.runtime.cluster import init_ray, route_ray_data_logs
+from raypipe.runtime.retrieval import ServiceCorpus, launch_replicas
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +70,20 @@ class FeatureStage:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         trajectories = batch.column("rows").to_pylist()
+        prefetch = getattr(self.corpus, "prefetch_terms", None)  # a remote corpus: one call for the batch's terms
+        if prefetch is not None:
+            prefetch([t for rows in trajectories for row in rows for t in self._query_terms(row["query"] or "")])
         pairs = [(rows, self.questions.get(rows[0]["qid"])) for rows in trajectories]
         out = [row for rows in extract_many(pairs, self.corpus, self.sentences, self.settings) for row in rows]
         self.rows += len(out)
         self.progress.advance(len(trajectories), f"{self.rows} rows, {self.progress.rate(self.rows):.1f} rows/s")
         return conform(out, "features")
+
+
+    def _query_terms(self, query: str) -> list[str]:
+        """The terms the extractor looks up for a query's IDF (as :func:`raypipe.features.extract._qpp`)."""
+        seed = (self.settings or FeaturesConfig()).nqc_idf == "seed"
+        return seed_query_terms(query) if seed else self.corpus.terms(query)
 
 
 def run_features(
@@ -80,9 +94,23 @@ def run_features(
 ) -> int:
     """Compute RUN_DIR/features/ from RUN_DIR/iterations/ (replacing an earlier features table); returns rows.
 
-    ``corpus_factory`` / ``sentence_factory`` default to the run's retrieval index and the configured
-    sentence model; tests pass fakes. Needs a running Ray.
+    ``corpus_factory`` defaults to the retrieval service over the run's index (``retrieval.replicas``
+    actors, started here and stopped at the end), ``sentence_factory`` to the configured sentence model;
+    tests pass fakes. Needs a running Ray.
     """
+    service = None
+    if corpus_factory is None:
+        service = launch_replicas(config, index_dir_for(config))
+        corpus_factory = partial(ServiceCorpus, service)
+    try:
+        return _run_features(run, config, corpus_factory, sentence_factory)
+    finally:
+        if service is not None:
+            service.shutdown()
+
+
+def _run_features(run: RunDir, config: RunConfig, corpus_factory: Callable[[], CorpusResources],
+                  sentence_factory: Callable[[], SentenceEncoder] | None) -> int:
     import ray
 
     cfg = config.features
@@ -112,7 +140,7 @@ def run_features(
         num_cpus=cfg.actor_num_cpus,
         fn_constructor_kwargs={
             "questions": questions,
-            "corpus_factory": corpus_factory or partial(IndexCorpus.open, config),
+            "corpus_factory": corpus_factory,
             "sentence_factory": sentence_factory or partial(SbertEncoder, cfg.sentence_model),
             "settings": cfg,
         },
@@ -143,9 +171,9 @@ def _questions(run: RunDir) -> dict[str, str]:
 DESCRIPTION = """Trajectory signals (QPP, RBO, SBERT similarity, probe confidence) for a run: RUN_DIR/features/.
 
 Reads RUN_DIR/iterations/ and RUN_DIR/trajectories/, groups the iterations by trajectory and runs the
-signal extractor on a Ray Data actor pool (each actor holds the sentence encoder and the run's retrieval
-index). Writes RUN_DIR/features/ (one row per qid x iteration; columns: raypipe.core.schema.FEATURES), then
-prints each signal's Pearson r with P_i and U_i and saves that table as RUN_DIR/feature_correlations.csv.
+signal extractor on a Ray Data actor pool (each actor holds the sentence encoder; the index's vectors,
+statistics and searches come from retrieval service replicas started for the job). Writes
+RUN_DIR/features/ (one row per qid x iteration; columns: raypipe.core.schema.FEATURES), then prints each signal's Pearson r with P_i and U_i and saves that table as RUN_DIR/feature_correlations.csv.
 The run's own config.yaml is the base configuration (its retrieval index) unless --config names another.
 """
 

@@ -1,19 +1,22 @@
-"""The index job: build or reuse the index directory, the Ray Data encode, and the entry point
-(``raypipe index``, ``python jobs/index.py``).
+"""The index job: build or reuse the index directory, the Ray Data block pipeline, the import of an
+existing FAISS index, and the entry point (``raypipe index``, ``python jobs/index.py``).
 
 :func:`ensure_index` hashes the corpus; if the target directory's manifest matches the configured build
-it stops (no-op), else it builds the directory under a lock (:func:`raypipe.retrieval.build.build_index`),
-encoding the passages with a Ray Data ``map_batches`` over an actor pool of :class:`PassageEncoder`
-(:func:`ray_encode`), or in-process for small tests (``use_ray=False``).
+it stops (no-op), else it builds the directory under a lock (:func:`raypipe.retrieval.build.build_index`,
+which resumes an interrupted build). Passages are read and encoded block by block by a Ray Data
+pipeline (:func:`ray_encode_blocks`: read tasks over the corpus's byte ranges, then an actor pool of
+:class:`BlockEncoder`), or in-process for small tests (``use_ray=False``); the final assembly of FAISS,
+doc store and statistics runs as a Ray task, so the driver's memory stays flat whatever the corpus size.
 """
 
 from __future__ import annotations
 
 import fcntl
 import logging
-import math
 import os
 import time
+from collections.abc import Iterator
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -22,29 +25,36 @@ import pyarrow as pa
 
 from raypipe.core.config import RetrievalConfig, RunConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
-from raypipe.core.progress import Progress
 from raypipe.retrieval.build import (
-    ENCODE_LINE_EVERY_S,
-    batch_texts,
+    Block,
+    EncodedBlock,
+    assemble_index,
     build_index,
     corpus_path,
+    encode_docs,
     encoder_spec,
     index_dir_for,
     index_settings,
-    length_order,
+    read_block,
     up_to_date,
 )
 from raypipe.retrieval.encoders import EncoderSpec
+from raypipe.retrieval.import_faiss import VERIFY_MIN_COSINE, VERIFY_SAMPLE, import_faiss
 from raypipe.retrieval.index import RetrievalIndexError, expected_manifest, file_sha256, load_index_dir
 from raypipe.runtime.cluster import init_ray
 
 DESCRIPTION = """Build the retrieval index (encoder + FAISS + doc store + corpus statistics) for the configured corpus.
 
-Encodes the corpus (data.corpus) with retrieval.encoder as a Ray Data map_batches over an actor pool
-(retrieval.encode_actors, encode_num_cpus / encode_num_gpus), builds the FAISS index
-(retrieval.index_type, fp16) and writes the index directory (retrieval.index_dir, or one in
-$RAYPIPE_CACHE/indexes keyed by corpus hash, encoder and index type). Rebuilding an unchanged corpus
-with the same settings does nothing; --force rebuilds. Prints the index directory and a summary.
+Reads the corpus (data.corpus) in blocks of retrieval.build_block_rows passages, encodes them with
+retrieval.encoder on a Ray Data actor pool (retrieval.encode_actors, encode_num_cpus / encode_num_gpus),
+writes each block as it is done (a rerun after an interruption encodes only the missing blocks), then
+builds the FAISS index (retrieval.index_type, fp16) and writes the index directory (retrieval.index_dir,
+or one in $RAYPIPE_CACHE/indexes keyed by corpus hash, encoder and index type). Rebuilding an unchanged
+corpus with the same settings does nothing; --force rebuilds. Prints the index directory and a summary.
+
+--import-faiss INDEX_FILE --corpus CORPUS.jsonl --encoder ENCODER --out INDEX_DIR turns an existing
+FAISS index whose row i is line i of the corpus (e.g. Search-R1's e5_Flat.index over wiki-18.jsonl)
+into an index directory without re-encoding, after checking a re-encoded sample (unless --no-verify).
 """
 
 
@@ -56,7 +66,8 @@ def ensure_index(config: RunConfig, force: bool = False, use_ray: bool = True) -
 
     An existing index built with other settings is an :class:`IndexMismatchError` (naming the
     differences) unless ``force``; a non-empty directory that is not an index is never overwritten.
-    ``use_ray``: encode on a Ray Data actor pool (needs a running Ray), else in this process.
+    ``use_ray``: encode on a Ray Data pipeline and assemble in a Ray task (needs a running Ray), else
+    everything in this process.
     """
     cfg = config.retrieval
     corpus = corpus_path(config.data)
@@ -72,98 +83,143 @@ def ensure_index(config: RunConfig, force: bool = False, use_ray: bool = True) -
         fcntl.flock(lock, fcntl.LOCK_EX)  # another job may be building the same index
         if up_to_date(target, expected, force):
             return target
-        build_index(config, target, expected, encode=partial(ray_encode, cfg=cfg) if use_ray else None)
+        if use_ray:
+            build_index(config, target, expected, encode=partial(ray_encode_blocks, cfg=cfg), assemble=ray_assemble)
+        else:
+            build_index(config, target, expected)
     return target
 
 
-class PassageEncoder:
-    """Ray Data UDF: a batch of doc-store rows -> their embeddings (one encoder per actor)."""
+def read_blocks(batch: pa.Table, corpus: str) -> pa.Table:
+    """Ray Data UDF (tasks): block descriptors -> one row per block with its rows and frequencies (Arrow IPC)."""
+    out = {"block": [], "docs": [], "df": []}
+    for desc in batch.column("block").to_pylist():
+        docs, df = read_block(Path(corpus), Block(**desc))
+        out["block"].append(desc)
+        out["docs"].append(_ipc_bytes(docs))
+        out["df"].append(_ipc_bytes(df))
+    return pa.table(out)
 
-    def __init__(self, spec: EncoderSpec, actors_per_node: int = 1):
+
+class BlockEncoder:
+    """Ray Data UDF (actor pool): blocks' rows -> their embeddings, longest passage first inside each
+    block (one encoder per actor)."""
+
+    def __init__(self, spec: EncoderSpec, call_rows: int, actors_per_node: int = 1):
         if spec.threads is None:
             spec = EncoderSpec(**{**spec.__dict__, "threads": max(1, (os.cpu_count() or 1) // actors_per_node)})
         self.encoder = spec.load()
+        self.call_rows = call_rows
 
-    def __call__(self, batch: dict) -> dict:
-        cpu = time.process_time()
-        embedding = self.encoder.encode_passages(batch_texts(batch))
-        share = (time.process_time() - cpu) / max(len(embedding), 1)  # this actor's CPU time, spread over the rows
-        return {"doc_id": batch["doc_id"], "embedding": embedding, "cpu_s": np.full(len(embedding), share)}
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        embeddings, dims, cpu = [], [], []
+        for docs in batch.column("docs").to_pylist():
+            vectors, cpu_s = encode_docs(self.encoder, _from_ipc(docs), self.call_rows)
+            embeddings.append(vectors.tobytes())
+            dims.append(vectors.shape[1])
+            cpu.append(cpu_s)
+        return batch.append_column("embedding", pa.array(embeddings, pa.large_binary())).append_column(
+            "dim", pa.array(dims, pa.int64())).append_column("cpu_s", pa.array(cpu, pa.float64()))
 
 
-def ray_encode(spec: EncoderSpec, table: pa.Table, cfg: RetrievalConfig) -> tuple[np.ndarray, float]:
-    """Encode with Ray Data on an actor pool of ``encode_actors``, longest passages first (see
-    :func:`~raypipe.retrieval.build.length_order`); the embeddings in doc-store order and the actors'
-    CPU-seconds."""
+def ray_encode_blocks(spec: EncoderSpec, corpus: Path, blocks: list[Block], cfg: RetrievalConfig) -> Iterator[EncodedBlock]:
+    """Read (Ray tasks over byte ranges of the corpus) and encode (actor pool of ``encode_actors``) the
+    blocks; yields each block when it is done, in any order. The driver holds one block at a time."""
     import ray
 
+    if not blocks:
+        return
     if cfg.encode_threads:
         spec = EncoderSpec(**{**spec.__dict__, "threads": cfg.encode_threads})
-    order = length_order(table)
-    table = table.take(order)
-    n = table.num_rows
-    n_blocks = max(cfg.encode_actors * 4, math.ceil(n / (cfg.encode_batch_size * 8)))
-    size = math.ceil(n / n_blocks)
-    ctx = ray.data.DataContext.get_current()
-    keep_order = ctx.execution_options.preserve_order
-    ctx.execution_options.preserve_order = True  # rows must come back in doc-store (FAISS id) order
-    try:
-        ds = ray.data.from_arrow([table.slice(i, size) for i in range(0, n, size)])
-        ds = ds.map_batches(
-            PassageEncoder,
-            fn_constructor_kwargs={"spec": spec, "actors_per_node": cfg.encode_actors},
-            batch_size=cfg.encode_batch_size,
-            batch_format="numpy",
-            compute=ray.data.ActorPoolStrategy(size=cfg.encode_actors),
-            num_cpus=cfg.encode_num_cpus,
-            num_gpus=cfg.encode_num_gpus,
-        )
-        doc_ids = table.column("doc_id").to_pylist()
-        progress = Progress("passages", n, label="encode", every_s=ENCODE_LINE_EVERY_S, log=log)
-        out: np.ndarray | None = None
-        pos, cpu_s = 0, 0.0
-        for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
-            cpu_s += float(np.sum(batch["cpu_s"]))
-            emb = np.asarray(batch["embedding"], dtype=np.float32)
-            if out is None:
-                out = np.empty((n, emb.shape[1]), dtype=np.float32)
-            got = list(batch["doc_id"])
-            if got != doc_ids[pos : pos + len(got)]:
-                raise RuntimeError(f"encoded rows came back out of order at row {pos}")
-            out[pos : pos + len(got)] = emb
-            pos += len(got)
-            progress.advance(len(got))
-    finally:
-        ctx.execution_options.preserve_order = keep_order
-    if pos != n or out is None:
-        raise RuntimeError(f"encoded {pos} of {n} passages")
-    log.info("encoder actors used %.0f CPU-seconds (%.1f passages per CPU-second)", cpu_s, n / max(cpu_s, 1e-9))
-    result = np.empty_like(out)
-    result[order] = out
-    return result, cpu_s
+    ds = ray.data.from_items([{"block": asdict(b)} for b in blocks], override_num_blocks=len(blocks))
+    ds = ds.map_batches(read_blocks, fn_kwargs={"corpus": str(corpus)}, batch_size=1, batch_format="pyarrow",
+                        num_cpus=cfg.read_num_cpus)
+    ds = ds.map_batches(
+        BlockEncoder,
+        fn_constructor_kwargs={"spec": spec, "call_rows": cfg.encode_batch_size, "actors_per_node": cfg.encode_actors},
+        batch_size=1,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=min(cfg.encode_actors, len(blocks))),
+        num_cpus=cfg.encode_num_cpus,
+        num_gpus=cfg.encode_num_gpus,
+    )
+    for row in ds.iter_rows():
+        block = Block(**row["block"])
+        embeddings = np.frombuffer(row["embedding"], dtype=np.float32).reshape(block.n_rows, row["dim"])
+        yield EncodedBlock(block, _from_ipc(row["docs"]), _from_ipc(row["df"]), embeddings, row["cpu_s"])
+
+
+def ray_assemble(*args) -> Path:
+    """:func:`assemble_index` as a Ray task: the FAISS index is built in a worker, not in the driver,
+    on the driver's node (where the driver wrote the build directory)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    return ray.get(ray.remote(num_cpus=0, scheduling_strategy=here)(assemble_index).remote(*args))
+
+
+def _ipc_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
 def main() -> None:
     parser = job_parser(DESCRIPTION)
     parser.add_argument("--force", action="store_true", help="rebuild even if an identical index exists")
+    imports = parser.add_argument_group("import an existing FAISS index (no re-encoding)")
+    imports.add_argument("--import-faiss", metavar="INDEX_FILE", help="a flat inner-product FAISS index; row i = line i of --corpus")
+    imports.add_argument("--corpus", metavar="CORPUS.jsonl", help="the corpus of the index (sets data.corpus)")
+    imports.add_argument("--encoder", metavar="ENCODER", help="the encoder that made its vectors (sets retrieval.encoder)")
+    imports.add_argument("--out", metavar="INDEX_DIR", help="the index directory to write (sets retrieval.index_dir)")
+    imports.add_argument("--no-verify", action="store_true", help="skip re-encoding a sample of passages to check the encoder")
+    imports.add_argument("--verify-sample", type=int, default=VERIFY_SAMPLE, metavar="N", help=f"passages re-encoded (default {VERIFY_SAMPLE})")
+    imports.add_argument("--verify-min-cosine", type=float, default=VERIFY_MIN_COSINE, metavar="C",
+                         help=f"least cosine between a stored row and its re-encoded passage (default {VERIFY_MIN_COSINE})")
     args = parser.parse_args()
     setup_logging(args.verbose)
-    config = config_from_args(args)
-
-    import ray
-
+    extra = [f"{key}={value}" for key, value in (("data.corpus", args.corpus), ("retrieval.encoder", args.encoder),
+                                                 ("retrieval.index_dir", args.out)) if value]
+    config = config_from_args(args, extra)
     start = time.perf_counter()
-    init_ray(config)
-    try:
-        path = ensure_index(config, force=args.force)
-    except (RetrievalIndexError, FileNotFoundError, ValueError) as exc:
-        raise SystemExit(f"error: {exc}") from None
-    finally:
-        ray.shutdown()
+    if args.import_faiss:
+        if not (args.corpus and args.encoder and args.out):
+            parser.error("--import-faiss needs --corpus, --encoder and --out")
+        try:
+            path = import_faiss(Path(args.import_faiss), Path(args.corpus), encoder_spec(config.retrieval), Path(args.out),
+                                verify=not args.no_verify, block_rows=config.retrieval.build_block_rows,
+                                sample=args.verify_sample, min_cosine=args.verify_min_cosine)
+        except (RetrievalIndexError, FileNotFoundError, ValueError) as exc:
+            raise SystemExit(f"error: {exc}") from None
+    else:
+        import ray
+
+        init_ray(config)
+        try:
+            path = ensure_index(config, force=args.force)
+        except (RetrievalIndexError, FileNotFoundError, ValueError) as exc:
+            raise SystemExit(f"error: {exc}") from None
+        finally:
+            ray.shutdown()
+    print_summary(path, time.perf_counter() - start)
+
+
+def print_summary(path: Path, elapsed: float) -> None:
     manifest = load_index_dir(path).manifest
     size = sum(p.stat().st_size for p in path.iterdir())
     print(f"\nindex: {path}")
     for key in ("encoder", "dimension", "count", "index_type", "fp16", "factory", "corpus", "created"):
         print(f"  {key:<10} {manifest[key]}")
+    if "import" in manifest:
+        imported = manifest["import"]
+        check = (f"verified on {imported['sample_rows']} passages (cosine min {imported['cosine_min']})"
+                 if imported.get("verified") else "not verified (--no-verify)")
+        print(f"  {'imported':<10} {imported['source']} ({imported['source_bytes'] / 1e6:.1f} MB), {check}")
     print(f"  {'size':<10} {size / 1e6:.1f} MB on disk")
-    print(f"  {'elapsed':<10} {time.perf_counter() - start:.1f} s")
+    print(f"  {'elapsed':<10} {elapsed:.1f} s")
