@@ -1,7 +1,8 @@
 """``raypipe COMMAND [ARGS]``: one entry point over the jobs in :mod:`raypipe.stages`.
 
-Each command runs ``raypipe.stages.COMMAND.main`` with the remaining arguments, exactly as
-``python jobs/COMMAND.py ARGS`` (and ``ray job submit -- python jobs/COMMAND.py ARGS``) would.
+Each command runs ``raypipe.stages.JOB.main`` with the remaining arguments, exactly as
+``python jobs/JOB.py ARGS`` (and ``ray job submit -- python jobs/JOB.py ARGS``) would; the command is
+the job's name, except ``serve-retrieval`` (job ``serve``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import importlib.util
 import sys
 from pathlib import Path
 
-JOBS = ("index", "probe", "features", "train", "sweep", "stoprag", "report")
+COMMANDS = {name: name for name in ("index", "probe", "features", "train", "sweep", "stoprag", "report")}
+COMMANDS["serve-retrieval"] = "serve"
+JOBS = tuple(COMMANDS.values())  # the modules of raypipe.stages
 
 
 def job_summary(name: str) -> str:
@@ -27,7 +30,7 @@ def job_summary(name: str) -> str:
 
 def usage() -> str:
     lines = ["usage: raypipe COMMAND [ARGS]  (raypipe COMMAND --help for a command's options)", "", "commands:"]
-    lines += [f"  {name:<10} {job_summary(name)}" for name in JOBS]
+    lines += [f"  {command:<16} {job_summary(job)}" for command, job in COMMANDS.items()]
     return "\n".join(lines)
 
 
@@ -37,8 +40,8 @@ def main(argv: list[str] | None = None) -> None:
         print(usage())
         return
     command, rest = argv[0], argv[1:]
-    if command not in JOBS:
+    if command not in COMMANDS:
         sys.exit(f"raypipe: unknown command {command!r}\n\n{usage()}")
-    module = importlib.import_module(f"raypipe.stages.{command}")
+    module = importlib.import_module(f"raypipe.stages.{COMMANDS[command]}")
     sys.argv = [f"raypipe {command}", *rest]
     module.main()

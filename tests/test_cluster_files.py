@@ -44,7 +44,7 @@ def test_cluster_installs_the_pinned_gpu_extra(cluster):
     setup = " ".join(cluster["setup_commands"])
     assert "scripts/install.sh" in setup and " gpu" in setup
     pyproject = (ROOT / "pyproject.toml").read_text()
-    for pin in ('"vllm==0.33.0"', '"torch==2.14.0"', '"faiss-gpu==1.15.1"', '"ray[data,train,tune,default]==2.60.0"'):
+    for pin in ('"vllm==0.33.0"', '"torch==2.14.0"', '"faiss-gpu==1.15.1"', '"ray[data,train,tune,serve,default]==2.60.0"'):
         assert pin in pyproject
     for command in cluster["head_start_ray_commands"] + cluster["worker_start_ray_commands"]:
         if "ray start" in command:

@@ -51,10 +51,11 @@ from raypipe.core.schema import ITERATIONS, TRAJECTORIES
 from raypipe.data.loaders import DataError, Question, load_datasets
 from raypipe.llm.base import Engine
 from raypipe.llm.factory import build_engine, engine_info
+from raypipe.retrieval.http_client import RetrievalServerError
 from raypipe.retrieval.index import RetrievalIndexError
 from raypipe.retrieval.types import Retriever
 from raypipe.runtime.cluster import current_node_id, init_ray, route_ray_data_logs
-from raypipe.runtime.retrieval import start_retrieval_service
+from raypipe.runtime.retrieval import open_retrieval
 from raypipe.stages.index import ensure_index
 from raypipe.stopping.online import controller_from_path
 
@@ -297,10 +298,12 @@ def run_probe(
         return 0
     init_ray(config)
     route_ray_data_logs(run_dir.path / "logs")
-    client = retriever if retriever is not None else start_retrieval_service(config, ensure_index(config))
+    client = retriever if retriever is not None else open_retrieval(config, ensure_index)
     info_path = run_dir.path / INFO_FILE
     if getattr(client, "node_ids", None):
         _update_info(info_path, retrieval_nodes=client.node_ids)
+    if hasattr(client, "describe"):  # a shared service: its URL or name, and what it reports (fails fast if down)
+        _update_info(info_path, retrieval_service=client.describe())
     gen = config.generation
     try:
         ds = ray.data.from_items(question_items(todo)).map_batches(
@@ -432,7 +435,7 @@ def main() -> None:
         check_resumable(config, run)
         controller = controller_from_path(args.controller, config) if args.controller else None
         written = run_probe(config, run, controller=controller)
-    except (ConfigError, DataError, FileNotFoundError, RetrievalIndexError) as exc:
+    except (ConfigError, DataError, FileNotFoundError, RetrievalIndexError, RetrievalServerError) as exc:
         sys.exit(f"error: {exc}")
     finally:
         import ray

@@ -1,0 +1,71 @@
+"""The serve-retrieval job: the retrieval index as a shared Ray Serve deployment speaking Search-R1's HTTP API,
+up until SIGINT/SIGTERM (``raypipe serve-retrieval``, ``python jobs/serve.py``).
+
+The deployment is :mod:`raypipe.runtime.serve`; jobs reach it by URL (``retrieval.backend: http``) or, on
+the same Ray cluster, by name (``retrieval.backend: serve``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+from raypipe.core.config import ConfigError, RunConfig
+from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.data.loaders import DataError
+from raypipe.retrieval.index import RetrievalIndexError
+from raypipe.runtime.cluster import init_ray
+from raypipe.stages.index import ensure_index
+
+DESCRIPTION = """Serve the retrieval index to other jobs and tools: Search-R1's POST /retrieve and GET /health (Ray Serve).
+
+Builds or reuses the configured index (as `raypipe index` does), deploys it as the Ray Serve application
+retrieval.deployment with retrieval.replicas replicas (retrieval.num_cpus / num_gpus each, CPU or GPU
+FAISS as retrieval.faiss_gpu says; Serve's request batching up to retrieval.max_batch_size requests,
+retrieval.max_wait_ms), prints the URL once every replica is ready, and serves until SIGINT or SIGTERM,
+then deletes the deployment. Point jobs at it with --set retrieval.backend=http --set retrieval.url=URL,
+or on the same Ray cluster (ray.address) with --set retrieval.backend=serve.
+"""
+
+log = logging.getLogger(__name__)
+
+
+def serve_until_stopped(config: RunConfig, host: str, port: int, stop: threading.Event) -> None:
+    """Deploy over the configured index, print the URL, wait for ``stop``, then delete the deployment."""
+    from raypipe.runtime.serve import deploy_retrieval, undeploy_retrieval
+
+    index_path = ensure_index(config)
+    try:
+        url = deploy_retrieval(config, index_path, host, port)
+        print(f"retrieval service ready at {url}  (POST {url}/retrieve, GET {url}/health; Ray Serve application "
+              f"{config.retrieval.deployment!r}, {config.retrieval.replicas} replica(s)); Ctrl-C stops it", flush=True)  # fmt: skip
+        while not stop.wait(1.0):
+            pass
+        log.info("stopping the retrieval service")
+    finally:
+        undeploy_retrieval(config)
+
+
+def main() -> None:
+    parser = job_parser(DESCRIPTION)
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000, Search-R1's)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: other machines too)")
+    args = parser.parse_args()
+    setup_logging(args.verbose)
+    config = config_from_args(args)
+
+    import ray
+
+    init_ray(config)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        serve_until_stopped(config, args.host, args.port, stop)
+    except (ConfigError, DataError, FileNotFoundError, RetrievalIndexError) as exc:
+        sys.exit(f"error: {exc}")
+    finally:
+        ray.shutdown()
+    print("retrieval service stopped", flush=True)

@@ -1,0 +1,208 @@
+"""The retrieval service as a Ray Serve deployment (``raypipe serve-retrieval``): the command's lifecycle,
+the same ids and scores as the in-job service, and a probe job pointed at it by URL and by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raypipe.cli import usage
+from raypipe.core.config import load_config
+from raypipe.core.rundir import RunDir
+from raypipe.data.loaders import BUNDLED_CORPUS, Question
+from raypipe.retrieval import LocalRetriever, encoder_spec
+from raypipe.retrieval.http_client import HttpRetriever
+from raypipe.testing.fakes import FakeEngine
+
+ROOT = Path(__file__).resolve().parents[1]
+N_PASSAGES = 40
+
+
+def test_cli_lists_serve_retrieval():
+    assert "serve-retrieval" in usage()
+    proc = subprocess.run([sys.executable, "-m", "raypipe", "serve-retrieval", "--help"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert proc.returncode == 0 and "--port" in proc.stdout and "POST /retrieve" in proc.stdout
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str, body: dict | None = None) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    """The first passages of the bundled corpus, indexed in-process (seconds)."""
+    from raypipe.stages.index import ensure_index
+
+    corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+    with BUNDLED_CORPUS.open() as src:
+        corpus.write_text("".join(next(src) for _ in range(N_PASSAGES)))
+    config = load_config(
+        "embedded",
+        [f"data.corpus={corpus}", f"retrieval.index_dir={tmp_path_factory.mktemp('idx') / 'tiny'}",
+         "retrieval.max_wait_ms=10", "retrieval.deployment=raypipe-test-retrieval", "retrieval.num_cpus=0",
+         "ray.num_cpus=2", "generation.batch_size=4", "generation.actors=1", "generation.actor_num_cpus=0.5"],
+    )  # fmt: skip
+    ensure_index(config, use_ray=False)
+    return config
+
+
+@pytest.fixture(scope="module")
+def local(config):
+    from raypipe.retrieval import index_dir_for
+
+    return LocalRetriever.open(index_dir_for(config), encoder_spec(config.retrieval))
+
+
+@pytest.mark.slow
+def test_command_prints_its_url_and_stops_cleanly_on_sigterm(config, tmp_path):
+    """Runs before the in-process deployment below (module fixtures live until the module ends)."""
+    port = free_port()
+    settings = [f"data.corpus={config.data.corpus}", f"retrieval.index_dir={config.retrieval.index_dir}", "ray.num_cpus=1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raypipe", "serve-retrieval", "--port", str(port), *(a for s in settings for a in ("--set", s))],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    lines = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+            lines.append(line)
+            if "retrieval service ready at" in line:
+                break
+        assert f"ready at http://127.0.0.1:{port}" in "".join(lines), "".join(lines[-30:])
+        health = get_json(f"http://127.0.0.1:{port}/health")
+        assert health["status"] == "ok" and health["passages"] == N_PASSAGES
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    assert "retrieval service stopped" in out
+    with pytest.raises(OSError):
+        get_json(f"http://127.0.0.1:{port}/health")
+
+
+@pytest.fixture(scope="module")
+def service(config):
+    """The deployment on a local Ray, at a free port, for the rest of the module."""
+    import ray
+    from ray import cloudpickle
+
+    from raypipe.runtime.serve import deploy_retrieval, undeploy_retrieval
+    from raypipe.testing import fakes
+
+    cloudpickle.register_pickle_by_value(fakes)  # the fake engine travels to the generation actors by value
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False)
+    try:
+        from raypipe.retrieval import index_dir_for
+
+        yield deploy_retrieval(config, index_dir_for(config), port=free_port())
+        undeploy_retrieval(config)
+    finally:
+        ray.shutdown()
+
+
+def queries_for(local: LocalRetriever) -> list[str]:
+    docs = local.docs.get(range(0, N_PASSAGES, 5))
+    return [*(f"Who is {d.title}?" for d in docs), docs[0].text[:80], "  "]
+
+
+def ids_and_scores(results) -> list[list[tuple[str, float]]]:
+    return [[(h.doc_id, h.score) for h in r.hits] for r in results]
+
+
+@pytest.mark.slow
+def test_every_path_returns_the_in_job_ids_and_scores(config, local, service):
+    import asyncio
+
+    from raypipe.runtime.retrieval import launch_replicas
+    from raypipe.runtime.serve import ServeRetriever
+
+    queries, k = queries_for(local), 10
+    expected = ids_and_scores(local.search_batch(queries, k))
+    actors = launch_replicas(config, local.index_dir.path)
+    try:
+        in_job = ids_and_scores(asyncio.run(actors.search(queries, k)))
+    finally:
+        actors.shutdown()
+    over_http = HttpRetriever(service).search_batch(queries, k)
+    by_handle = asyncio.run(ServeRetriever(config.retrieval.deployment).search(queries, k))
+    assert in_job == expected
+    assert ids_and_scores(over_http) == expected  # scores exactly: floats survive JSON
+    assert ids_and_scores(by_handle) == expected
+    assert over_http[-1].empty_query and by_handle[-1].empty_query
+    hit, mine = over_http[0].hits[0], local.search_batch(queries[:1], 1)[0].hits[0]
+    assert (hit.title, hit.text) == (mine.title, mine.text)
+
+    # an outside client: Search-R1's request, its topk fallback (3), and documents alone without scores
+    raw = get_json(f"{service}/retrieve", {"queries": queries[:2]})
+    assert [[d["id"] for d in ranked] for ranked in raw["result"]] == [[i for i, _ in ranked[:3]] for ranked in expected[:2]]
+    scored = get_json(f"{service}/retrieve", {"queries": queries[:1], "topk": 2, "return_scores": True})
+    assert [(h["document"]["id"], h["score"]) for h in scored["result"][0]] == expected[0][:2]
+    health = get_json(f"{service}/health")
+    assert health["passages"] == N_PASSAGES and health["batches"] >= 2
+
+
+def titles_engine(config):
+    """Each question searches for its own text once, then answers."""
+
+    def script(request):
+        question = request.prompt.split("Question: ")[1].split("\n")[0].strip()
+        if request.prompt.endswith("<answer>"):
+            return " something </answer>"
+        if "Doc 1(" in request.prompt:
+            return "<think> done </think>\n<answer> something </answer>"
+        return f"<think> look </think>\n<search> {question} </search>"
+
+    return FakeEngine(script)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["http", "serve"])
+def test_probe_job_against_the_deployment(config, local, service, tmp_path, backend):
+    from raypipe.stages.probe import run_probe
+
+    docs = local.docs.get(range(0, 24, 3))
+    questions = [Question(qid=f"q{i}", dataset="toy", question=f"Who is {d.title}", golden_answers=["x"]) for i, d in enumerate(docs)]
+    job = config.model_copy(update={"retrieval": config.retrieval.model_copy(update={"backend": backend, "url": service})})
+    run = RunDir(tmp_path / "run")
+    assert run_probe(job, run, questions, engine_factory=titles_engine) == len(questions)
+
+    info = yaml.safe_load((run.path / "probe_info.yaml").read_text())["retrieval_service"]
+    assert info["backend"] == backend and info["health"]["passages"] == N_PASSAGES
+    if backend == "http":
+        assert info["url"] == service and info["health"]["endpoint"] == "GET /health"
+    assert load_config(run.path / "config.yaml").retrieval.backend == backend
+    rows = [r for r in run.read("iterations").to_pylist() if r["query"]]
+    assert len(rows) == len(questions)
+    # The job's searches were coalesced into batches of its own timing; the encoder's float rounding
+    # depends on the batch, so scores match to float32 precision here (exactly, for one same batch, above).
+    expected = local.search_batch([r["query"] for r in rows], job.retrieval.deep_k)
+    assert [r["doc_ids"] for r in rows] == [[h.doc_id for h in e.hits] for e in expected]
+    for row, e in zip(rows, expected):
+        assert row["doc_scores"] == pytest.approx([h.score for h in e.hits], abs=1e-5)
