@@ -66,18 +66,20 @@ def test_search_r1_observations_in_both_formats():
         '\n\n<information>Doc 1(Title: "Hamlet") A tragedy by Shakespeare.\n'
         'Doc 2(Title: "Shakespeare") was a poet.</information>\n\n'
     )
-    assert SearchR1("pyterrier").observation([]) == "<information></information>"
     assert SearchR1("original").observation([]) == "\n\n<information></information>\n\n"
 
 
 def test_r1_searcher_observation():
-    expected = (
+    """pyterrier-rag 0.3.0 ``frameworks/agentic/_r1searcher.py`` ``format_docs`` (lines 102-107):
+    ``f"({idx}){doc.text}\\n"``, the text as its corpus reader split it from the title (no title prepended)."""
+    assert R1Searcher("pyterrier").observation(HITS) == (
+        "\n\n<|begin_of_documents|>\n(1)A tragedy by Shakespeare.\n(2)Shakespeare was a poet.\n<|end_of_documents|>\n\n"
+    )
+    assert R1Searcher("original").observation(HITS) == (
         "\n\n<|begin_of_documents|>\n(1)Hamlet A tragedy by Shakespeare.\n"
         "(2)Shakespeare was a poet.\n<|end_of_documents|>\n\n"
     )
-    assert R1Searcher("pyterrier").observation(HITS) == expected
-    assert R1Searcher("original").observation(HITS) == expected
-    assert R1Searcher().observation([]) == "\n\n<|begin_of_documents|>\nNone<|end_of_documents|>\n\n"
+    assert R1Searcher("original").observation([]) == "\n\n<|begin_of_documents|>\nNone<|end_of_documents|>\n\n"
 
 
 @pytest.mark.parametrize(
@@ -145,6 +147,58 @@ def test_r1_searcher_query_cleaning_and_answers():
     assert p.parse_action("just text") == Action(INVALID)
 
 
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        ("a <|begin_of_query|> first <|end_of_query|> <|begin_of_query|> second", "first"),  # the FIRST span
+        ("<|begin_of_query|> Hamlet.'.. author <|end_of_query|>", "Hamlet author"),  # ' removed before ...
+        ("<|begin_of_query|> open\t\tonly", "open only"),  # no closing tag: to the end
+        ('<|begin_of_query|> "" <|end_of_query|>', None),  # nothing left after cleaning
+        ("<|begin_of_query|>   <|end_of_query|>", None),
+    ],
+)
+def test_r1_searcher_pyterrier_query_extraction(output, expected):
+    """pyterrier-rag 0.3.0 ``frameworks/agentic/_base.py`` ``extract_search_query`` (lines 202-223):
+    ``output.find`` of the start tag (the first span), strip, then ``"``, ``'``, tab, ``...`` replaced in
+    that order, strip, whitespace collapsed; an empty query is no search ("No answer, no search")."""
+    action = R1Searcher("pyterrier").parse_action(output)
+    assert action == (Action(SEARCH, expected) if expected else Action(INVALID))
+
+
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        ("a <|begin_of_query|> x <|begin_of_query|> \"Ham\"\tlet... <|end_of_query|>", Action(SEARCH, " Ham let ")),
+        ("<|begin_of_query|> no close", Action(INVALID)),  # did not stop at <|end_of_query|>
+        ("r </think>\n\n<answer> a <answer> b </answer>", Action(ANSWER, " b ")),  # after the LAST <answer>
+        ("r </think>\n\n<answer> cut off", Action(INVALID)),  # did not stop at </answer>
+        ("<|begin_of_query|>'...'<|end_of_query|>", Action(INVALID)),  # empty after the replacements
+    ],
+)
+def test_r1_searcher_original_actions(output, expected):
+    """R1-Searcher ``evaluation/eval_search_loacl.py`` (lines 215-260): an answer needs ``stop_reason ==
+    "</answer>"`` and is ``split("<answer>")[-1]``; a search needs ``stop_reason == "<|end_of_query|>"``, the
+    LAST query span with ``"``, ``'``, tab and ``...`` replaced and no strip; anything else stops."""
+    assert R1Searcher("original").parse_action(output) == expected
+
+
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        ("<search> a <search> b </search>", Action(SEARCH, "a <search> b")),  # the first match, not the last tag
+        ("<think> x </think><search> q </search> <answer> a </answer>", Action(SEARCH, "q")),
+        ("<answer> a </answer> <search> q </search>", Action(ANSWER, "a")),  # the earliest match
+        ("<answer> x </search> y </answer>", Action(INVALID)),  # cut after the first </search>: no match left
+        ("<search>  </search>", Action(SEARCH, "")),  # an empty query is still a search there
+    ],
+)
+def test_search_r1_original_actions(output, expected):
+    """Search-R1 ``search_r1/llm_agent/generation.py``: ``_postprocess_responses`` (lines 54-75) cuts the
+    output after its first ``</search>`` (else ``</answer>``); ``postprocess_predictions`` (lines 407-436)
+    takes the first ``<(search|answer)>(.*?)</\\1>`` match, stripped."""
+    assert SearchR1("original").parse_action(output) == expected
+
+
 def test_stop_strings_and_restoring_them():
     assert SearchR1().stop == ("</search>", "</answer>")
     assert R1Searcher().stop == ("<|im_end|>", "<|endoftext|>", "<|end_of_query|>", "</answer>")
@@ -207,7 +261,7 @@ def test_enforcement_bounds_come_from_the_agent_section():
 def test_turn_limit_and_visible_docs_default_to_the_protocol():
     config = load_config("embedded", ["agent.protocol=r1_searcher", "agent.max_turns=null", "retrieval.top_k=null"])
     protocol = build_protocol(config.agent)
-    assert protocol.turn_limit(config.agent) == R1Searcher.default_max_turns
+    assert protocol.turn_limit(config.agent) == protocol.default_max_turns == 10
     assert visible_docs(config) == visible_docs(config, protocol) == R1Searcher.default_top_k
     config.agent.max_turns, config.retrieval.top_k = 2, 7
     assert protocol.turn_limit(config.agent) == 2 and visible_docs(config, protocol) == 7
@@ -226,3 +280,33 @@ def test_build_protocol_from_config():
     assert isinstance(p, R1Searcher) and p.prompt_version == "v2" and p.observation_format == "original"
     with pytest.raises(ValueError, match="observation format"):
         SearchR1("search_r1")
+
+
+@pytest.mark.parametrize(
+    "preset, temperature, new_tokens",
+    [("searchr1-7b-gpu", 0.7, 1024), ("r1searcher-7b-gpu", 0.0, 512)],
+)
+def test_gpu_presets_are_the_seed_setup(preset, temperature, new_tokens):
+    """DanielTian97/agentic_rag_predictions ``probing/run_probing.py`` (``build_agent`` top_k=3 for both
+    agents) and ``probing/agents.py`` (``from_hf``: Search-R1 T=0.7 sampled, 1024 new tokens; R1-Searcher
+    greedy, 512; the probes share the backend's max_new_tokens); pyterrier-rag 0.3.0 ``_searchr1.py`` /
+    ``_r1searcher.py`` ``max_turn=10``; no final answer at the turn limit (``_base.py``)."""
+    config = load_config(preset)
+    agent = config.agent
+    assert visible_docs(config) == 3 and build_protocol(agent).turn_limit(agent) == 10
+    assert (agent.temperature, agent.max_new_tokens, agent.probe_max_tokens) == (temperature, new_tokens, new_tokens)
+    assert agent.observation_format == "pyterrier" and agent.at_limit == "none" and agent.enforcement == "none"
+
+
+@pytest.mark.parametrize("preset", ["embedded", "r1searcher"])
+def test_cpu_presets_mark_every_agent_deviation_from_the_seed(preset):
+    from raypipe.core.config import PRESET_DIR
+
+    gpu = load_config("searchr1-7b-gpu" if preset == "embedded" else "r1searcher-7b-gpu").agent.model_dump()
+    lines = (PRESET_DIR / f"{preset}.yaml").read_text().splitlines()
+    config = load_config(preset)
+    for key, value in config.agent.model_dump().items():
+        if value != gpu[key]:
+            line = next(line for line in lines if line.strip().startswith(f"{key}:"))
+            assert "seed:" in line, f"{preset}: agent.{key}={value!r} differs from the seed's {gpu[key]!r} unmarked"
+    assert visible_docs(config) == 3

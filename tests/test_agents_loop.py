@@ -80,8 +80,22 @@ def test_contexts_and_probes_share_the_trajectory_prefix():
     assert out.trajectory["transcript"] == agent[2].prompt[len(prompt):] + "\n\n" + ANSWER
 
 
-def test_turn_limit_forces_an_answer_from_the_last_documents():
+def test_turn_limit_gives_no_answer_and_reads_no_documents_after_the_last_search():
+    """pyterrier-rag 0.3.0 ``frameworks/agentic/_base.py`` ``transform`` (lines 98-188): the turn loop ends
+    after the last turn's search with "No answer after max turns" and ``qanswer`` empty; the seed's
+    ``probing/agents.py`` ``_BatchedAnswerProbingMixin.transform`` probes once per generation, so no
+    probe reads the last search's documents."""
     out, engine = run([SEARCH_1, SEARCH_2], AgentConfig(max_turns=2))
+    rows, traj = out.iterations, out.trajectory
+    assert [r["iteration"] for r in rows] == [0, 1]  # no row for documents no turn read
+    assert traj["stop_reason"] == "max_turns" and traj["final_answer"] is None and traj["final_f1"] == 0.0
+    assert traj["n_iterations"] == 2  # both searches ran, as pyterrier-rag's search_iterations counts them
+    assert len(engine.requests) == 4  # two turns and their probes, nothing after the last search
+    assert traj["transcript"].endswith("passage 2 about Shakespeare</information>\n\n")
+
+
+def test_turn_limit_forced_answer_is_an_option():
+    out, engine = run([SEARCH_1, SEARCH_2], AgentConfig(max_turns=2, at_limit="forced"))
     rows, traj = out.iterations, out.trajectory
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     assert rows[2]["query"] == "Shakespeare" and rows[2]["reasoning"] == "" and rows[2]["tokens_generated"] == 0
@@ -89,9 +103,48 @@ def test_turn_limit_forces_an_answer_from_the_last_documents():
     assert traj["stop_reason"] == "max_turns" and traj["final_answer"] == "William Shakespeare"
     assert traj["n_iterations"] == 2
     assert traj["transcript"].endswith("</information>\n\n\n\n<answer> William Shakespeare </answer>")
-    out_none, _ = run([SEARCH_1, SEARCH_2], AgentConfig(max_turns=2, at_limit="none"))
-    assert out_none.trajectory["final_answer"] is None and out_none.trajectory["final_f1"] == 0.0
-    assert out_none.iterations[2]["probe_answer"] == "William Shakespeare"
+
+
+def test_a_search_without_results_ends_a_pyterrier_trajectory():
+    """pyterrier-rag 0.3.0 ``frameworks/agentic/_base.py`` (lines 163-176): a query with no documents gets
+    "No retrieval results" and leaves the active set before the model is called again (both agents)."""
+    r1_search = " I need the author. <|begin_of_query|> Hamlet author <|end_of_query|>"
+    for protocol, turn in ((SearchR1("pyterrier"), SEARCH_1), (R1Searcher("pyterrier"), r1_search)):
+        out, engine = run([turn, ANSWER], protocol=protocol, retriever=FakeRetriever(n=0))
+        traj = out.trajectory
+        assert traj["stop_reason"] == "no_results" and "no retrieval results" in traj["error"]
+        assert traj["final_answer"] is None and [r["iteration"] for r in out.iterations] == [0]
+        assert len(engine.requests) == 2 and traj["n_iterations"] == 1  # turn 0 and its probe
+        conform([traj], "trajectories")
+    out, _ = run([SEARCH_1, ANSWER], protocol=SearchR1("original"), retriever=FakeRetriever(n=0))
+    assert out.trajectory["stop_reason"] == "answer"  # Search-R1's own loop reads an empty <information>
+
+
+def test_search_r1_original_ends_with_a_final_rollout_without_search():
+    """Search-R1 ``search_r1/llm_agent/generation.py`` ``run_llm_loop`` (lines 220-319): ``max_turns`` turns,
+    then one "final LLM rollout" (line 278) with ``do_search=False``: its answer counts, its search is not run."""
+    out, engine = run([SEARCH_1, ANSWER], AgentConfig(max_turns=1), protocol=SearchR1("original"))
+    assert out.trajectory["stop_reason"] == "answer" and out.trajectory["final_answer"] == "William Shakespeare"
+    assert [r["iteration"] for r in out.iterations] == [0, 1]
+    retriever = FakeRetriever(n=5)
+    out, _ = run([SEARCH_1, SEARCH_2], AgentConfig(max_turns=1), protocol=SearchR1("original"), retriever=retriever)
+    assert out.trajectory["stop_reason"] == "max_turns" and out.trajectory["final_answer"] is None
+    assert [q for queries, _ in retriever.calls for q in queries] == ["Hamlet author"]  # the rollout's search: not run
+
+
+def test_r1_searcher_original_uses_one_generation_less_than_its_limit():
+    """R1-Searcher ``evaluation/eval_search_loacl.py`` (lines 179-213): at round ``k == 9`` of the loop the
+    generated text is discarded and the answer is "I don't know.": of 10 rounds, 9 are usable."""
+    search = " look <|begin_of_query|> Hamlet author <|end_of_query|>"
+    agent = AgentConfig(max_turns=3)
+    out, engine = run([search, search], agent, protocol=R1Searcher("original"), top_k=5)
+    agent_requests = [r for r in engine.requests if not r.prompt.endswith("<answer>")]
+    assert len(agent_requests) == 2 and out.trajectory["stop_reason"] == "max_turns"
+    assert out.trajectory["final_answer"] is None and out.iterations[1]["query"] == " Hamlet author "
+    assert R1Searcher("original").turn_plan(AgentConfig()) == (9, 9)
+    pyterrier = (R1Searcher("pyterrier").turn_plan(AgentConfig()), SearchR1("pyterrier").turn_plan(AgentConfig()))
+    assert pyterrier == ((10, 10), (10, 10))
+    assert SearchR1("original").turn_plan(AgentConfig()) == (5, 4)
 
 
 def test_invalid_action_stops_pyterrier_and_is_corrected_in_search_r1_original():
@@ -155,11 +208,14 @@ def test_controller_stop_rolls_back_to_the_named_iteration():
 
 def test_probing_off():
     out, engine = run([SEARCH_1, SEARCH_2], AgentConfig(max_turns=2, probe=False))
-    assert all(r["probe_answer"] is None and r["probe_f1"] is None and r["probe_tokens"] == 0 for r in out.iterations[:2])
+    assert all(r["probe_answer"] is None and r["probe_f1"] is None and r["probe_tokens"] == 0 for r in out.iterations)
+    assert len(engine.requests) == 2  # the two turns: nothing is generated that nobody uses
+    assert out.trajectory["final_answer"] is None and out.trajectory["probe_tokens"] == 0
+    conform(out.iterations, "iterations")
+    out, engine = run([SEARCH_1, SEARCH_2], AgentConfig(max_turns=2, probe=False, at_limit="forced"))
     # only the forced final answer is generated with an answer trigger
     assert sum(r.prompt.endswith("<answer>") for r in engine.requests) == 1
     assert out.trajectory["final_answer"] == "William Shakespeare" and out.trajectory["probe_tokens"] == 0
-    conform(out.iterations, "iterations")
 
 
 def test_enforcement_regex_per_turn():
@@ -178,9 +234,9 @@ def test_r1_searcher_trajectory():
     agent = [r for r in engine.requests if not r.prompt.endswith("<answer>")]
     assert agent[1].prompt.endswith(
         "Assistant: <think>\n\n I need the author. <|begin_of_query|> Hamlet\tauthor <|end_of_query|>\n\n"
-        "<|begin_of_documents|>\n(1)Title 0 passage 0 about Hamlet author\n(2)Title 1 passage 1 about Hamlet author\n"
-        "(3)Title 2 passage 2 about Hamlet author\n(4)Title 3 passage 3 about Hamlet author\n"
-        "(5)Title 4 passage 4 about Hamlet author\n<|end_of_documents|>\n\n"
+        "<|begin_of_documents|>\n(1)passage 0 about Hamlet author\n(2)passage 1 about Hamlet author\n"
+        "(3)passage 2 about Hamlet author\n(4)passage 3 about Hamlet author\n"
+        "(5)passage 4 about Hamlet author\n<|end_of_documents|>\n\n"
     )
     probes = [r for r in engine.requests if r.prompt.endswith("<answer>")]
     assert probes[0].prompt.endswith("Assistant: <think>\n\n I need the author.</think>\n\n<answer>")

@@ -30,6 +30,9 @@ SENTENCES = {
     "Who wrote Hamlet?": [1.0, 0.0],
     "hamlet author": [1.0, 1.0],
     "shakespeare birthplace": [0.0, 1.0],
+    "hamlet": [0.5, 0.5],
+    "hamlet play": [0.5, 0.5],
+    "Hamlet play": [0.5, 0.5],
     "r0": [1.0, 0.0],
     "r1": [0.0, 1.0],
     "r2": [1.0, 1.0],
@@ -41,7 +44,8 @@ DOCS = {  # id -> (vector, text)
     "c": ([1.0, 1.0], "stratford town"),
     "d": ([-1.0, 0.5], "macbeth play"),
 }
-QUERY_VECTORS = {"Who wrote Hamlet?": [1.0, 0.2], "hamlet author": [0.5, 0.5], "shakespeare birthplace": [0.0, 1.0]}
+QUERY_VECTORS = {"Who wrote Hamlet?": [1.0, 0.2], "hamlet author": [0.5, 0.5], "shakespeare birthplace": [0.0, 1.0],
+                 "hamlet": [0.5, 0.5], "hamlet play": [0.5, 0.5], "Hamlet play": [0.5, 0.5]}
 
 
 @pytest.fixture
@@ -116,7 +120,7 @@ def test_qpp_of_the_first_retrieval(corpus):
 def test_rbo_against_previous_lists_and_the_question(corpus):
     out = extract(corpus)
     one, two = out[1], out[2]
-    assert one["rbo_prev_3"] is None and one["rbo_prevmax_20"] is None  # iteration 0 has no list
+    assert one["rbo_prev_3"] == 0.0 and one["rbo_prevmax_20"] == 0.0  # iteration 0 has no list: the seed's 0.0
     # The question "Who wrote Hamlet?" (1, 0.2) ranks a (1.0), c (1.2), b (0.2), d (-0.9): c, a, b, d.
     question_list = ["c", "a", "b", "d"]
     assert one["rbo_question_3"] == pytest.approx(overlap.rbo_truncated(["a", "b", "c"], question_list, 3))
@@ -131,11 +135,58 @@ def test_rbo_against_previous_lists_and_the_question(corpus):
     assert two["rbo_ext_prev_3"] == pytest.approx(overlap.rbo_extrapolated(["c", "d", "b"], ["a", "b", "c"], 3))
 
 
-def test_empty_retrieval_iteration_is_null_but_keeps_earlier_lists(corpus):
+def test_empty_retrieval_iteration_has_no_qpp_and_zero_rbo(corpus):
     three = extract(corpus)[3]
-    for name in ("nqc_seed", "nqc_shtok", "a_pair_ratio", "dense_qpp", *RBO_COLUMNS, "sim_question_query"):
+    for name in ("nqc_seed", "nqc_shtok", "a_pair_ratio", "dense_qpp", "sim_question_query"):
         assert three[name] is None, name
+    assert all(three[name] == 0.0 for name in RBO_COLUMNS)  # an empty list: the seed's 0.0
+    undefined = extract(corpus, rbo_missing="undefined")[3]
+    assert all(undefined[name] is None for name in RBO_COLUMNS)
     assert three["sim_reasoning_prev"] == pytest.approx(-1 / math.sqrt(2))  # r2 (1,1) vs r3 (-1,0)
+
+
+def test_rbo_of_a_missing_list_and_the_first_prevmax_are_the_seeds_zero(corpus):
+    """DanielTian97/agentic_rag_predictions ``predictions/unsupervised/retrieval_similarity.py``: ``_rbo``
+    returns 0.0 when either list is empty (lines 40-51) and ``compute_inter_iteration_rbo`` gives the first
+    retrieval iteration 0.0 (``max(similarities) if similarities else 0.0``, lines 54-82)."""
+    one = extract(corpus)[1]
+    names = [f"{v}_{kind}_{d}" for v in ("rbo", "rbo_ext") for kind in ("prev", "prevmax") for d in (3, 20)]
+    assert all(one[name] == 0.0 for name in names)
+    assert one["rbo_question_3"] > 0.0  # the question's own list is there
+    undefined = extract(corpus, rbo_missing="undefined")[1]
+    assert undefined["rbo_prevmax_3"] is None and undefined["rbo_ext_prev_20"] is None
+    assert all(extract(corpus)[0][name] is None for name in RBO_COLUMNS)  # iteration 0 retrieves nothing
+
+
+@pytest.mark.parametrize(
+    "query, seed_idf, true_idf",
+    [
+        ("hamlet play", math.log(4), math.log(4 / 2)),  # "play" stems to "plai": not in the statistics
+        ("Hamlet play", math.log(4), math.log(4 / 2)),  # "Hamlet" is not lowercased: not found
+        ("hamlet", math.log(4 / 2), math.log(4 / 2)),  # found as it is
+    ],
+)
+def test_nqc_max_idf_is_the_seeds_lookup(corpus, query, seed_idf, true_idf):
+    """DanielTian97/agentic_rag_predictions ``predictions/unsupervised/qpp/calculator.py``
+    ``QPPCalculator._max_idf`` (lines 37-58): ``str(query).split()``, Porter stem without lowercasing,
+    lexicon lookup, a term not found counts as df = 1, so the max IDF is about log N for most queries.
+    ``features.nqc_idf="true"`` looks the statistics' own tokens up instead."""
+    rows = [trajectory()[0], row(1, query, ["a", "b", "c"], [3.0, 2.0, 1.0], "r1", [-0.5] * 6)]
+    variance = np.var([3.0, 2.0, 1.0])
+    assert extract(corpus, rows)[1]["nqc_seed"] == pytest.approx(variance * seed_idf)
+    assert extract(corpus, rows, nqc_idf="true")[1]["nqc_seed"] == pytest.approx(variance * true_idf)
+    assert qpp.seed_query_terms("Hamlet play? plays") == ["Hamlet", "play?", "plai"]
+
+
+def test_reasoning_text_setting_reaches_the_similarities(corpus):
+    rows = trajectory()
+    turn = "<think> r1 </think>\n<search> shakespeare birthplace </search>"
+    rows[2] = dict(rows[2], reasoning=turn)
+    # parsed (default): r_2 is "r1", so it equals r_1 (the DictEncoder refuses any text it does not know)
+    assert extract(corpus, rows)[2]["sim_reasoning_prev"] == pytest.approx(1.0)
+    encoder = DictEncoder({**SENTENCES, turn: [-1.0, 0.0], "<think> r1 </think>\n<search>": [0.0, 1.0]})
+    raw = extract_trajectory(rows, "Who wrote Hamlet?", corpus, encoder, FeaturesConfig(reasoning_text="raw"))[2]
+    assert raw["sim_reasoning_prev"] == pytest.approx(0.0)  # the whole turns (0, 1) vs (-1, 0)
 
 
 def test_prevmax_takes_the_best_earlier_list(corpus):
@@ -192,7 +243,7 @@ def test_row_order_does_not_matter(corpus):
 
 def test_a_gap_in_the_iterations_leaves_no_previous(corpus):
     rows = [r for r in trajectory() if r["iteration"] != 1]
-    out = extract(corpus, rows)
+    out = extract(corpus, rows, rbo_missing="undefined")
     assert [r["iteration"] for r in out] == [0, 2, 3]
     assert out[1]["rbo_prev_3"] is None and out[1]["sim_reasoning_prev"] is None
     assert out[1]["probe_conf_delta"] is None

@@ -169,15 +169,34 @@ def test_cosine():
 @pytest.mark.parametrize(
     "text,expected",
     [
+        # Search-R1 turns: the last complete think block; no block, no reasoning
         ("<think> first </think>\n<search> q </search>", "first"),
         ("<think>a</think> x <think> last one </think><answer> y </answer>", "last one"),
-        ("<think> unfinished thought", "unfinished thought"),
-        ("plain text", "plain text"),
+        ("<think> unfinished thought", None),
+        ("<think> unfinished <search> q </search>", None),
+        ("no think tags <search> q </search>", None),
         ("<think>  </think>", None),
+        # R1-Searcher turns (the prompt opened <think>): the text before the query span / before </think>
+        (" I need the author. <|begin_of_query|> Hamlet\tauthor <|end_of_query|>", "I need the author."),
+        (" It is Shakespeare. </think>\n\n<answer> William Shakespeare </answer>", "It is Shakespeare."),
+        ("<|begin_of_query|> q <|end_of_query|>", None),
+        ("<answer> Paris </answer>", None),  # a bare answer has no reasoning
+        ("plain text", "plain text"),
         (None, None),
     ],
 )
-def test_reasoning_text_is_the_last_think_block(text, expected):
+def test_reasoning_text_is_the_parsed_think_text(text, expected):
+    """r_i is the seed's parsed reasoning: DanielTian97/agentic_rag_predictions
+    ``predictions/unsupervised/semantic_similarity.py`` ``_extract_search_r1_reasoning`` (lines 95-131: the
+    last ``<think>(.*?)</think>`` of a turn, else "") and ``_extract_r1_searcher_reasoning`` (lines 134-154:
+    the text before ``</think>``, split at the query spans); no search action, query markup or answer."""
     from raypipe.features.similarity import reasoning_text
 
     assert reasoning_text(text) == expected
+
+
+def test_raw_reasoning_text_is_the_whole_turn():
+    from raypipe.features.similarity import reasoning_text
+
+    turn = "<think> r </think>\n<search> q </search>"
+    assert reasoning_text(turn, "raw") == turn and reasoning_text("  ", "raw") is None

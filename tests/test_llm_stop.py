@@ -1,66 +1,123 @@
-"""LLM-Stop: robust parsing, the prompt's structure, the controller over a fake engine."""
+"""LLM-Stop: the reference's prompt and parser, the tolerant parser option, the controller over a fake engine.
+
+Reference: chosolbee/MHQA-SetVerify ``pipeline/stop_decider/prompts.py`` (commit e2da463) and
+``pipeline/stop_decider/stop_decider.py`` (``StopDecider.extract_decision``, l.49-77).
+"""
 
 import asyncio
+import hashlib
 
 import pytest
 
 from raypipe.llm.base import EngineError, Generation
 from raypipe.stoprag.llm_stop import (
+    SYSTEM_PROMPT,
+    USER_INSTRUCTION,
     LLMStopController,
     Parsed,
     build_messages,
     judge_prefixes,
     parse_decision,
+    parse_decision_tolerant,
 )
 from raypipe.stoprag.targets import Round
+
+# Each case as stop_decider.py l.49-77 decides it: the first line (after the output is stripped) that starts
+# with "Decision:" (any case) and whose rest contains STOP (checked first) or CONTINUE decides; otherwise
+# STOP without CONTINUE anywhere is stop, any CONTINUE is continue, neither is continue (the default).
+REFERENCE_CASES = [
+    ("Analysis: all known.\nDecision: <STOP>", Parsed("stop", "decision_line")),  # l.52-58
+    ("Analysis: x\nDecision: <CONTINUE>", Parsed("continue", "decision_line")),  # l.59-62
+    ("Decision: <STOP> or <CONTINUE>", Parsed("stop", "decision_line")),  # l.55: STOP is checked first
+    ("Decision: Stop searching; no need to continue", Parsed("stop", "decision_line")),  # l.55
+    ("decision:continue", Parsed("continue", "decision_line")),  # l.53: line.upper(), no space needed
+    ("  Decision: <STOP>  ", Parsed("stop", "decision_line")),  # l.52: the output is stripped first
+    ("Decision: not sure yet\nDecision: <STOP>", Parsed("stop", "decision_line")),  # a line naming neither is passed
+    ("Decision: <CONTINUE>\nDecision: <STOP>", Parsed("continue", "decision_line")),  # the first deciding line wins
+    ("DECISION: nonstop", Parsed("stop", "decision_line")),  # l.55: a substring test
+    ("Stop searching; no need to continue", Parsed("continue", "text")),  # l.65-72: both named, no decision line
+    ("stop", Parsed("stop", "text")),  # l.65: a bare stop
+    ("We should stop here, I think.", Parsed("stop", "text")),
+    ("<STOPPED>", Parsed("stop", "text")),
+    ("continue", Parsed("continue", "text")),  # l.69
+    ("**Decision:** <STOP>", Parsed("stop", "text")),  # markdown is not a decision line there (l.53)
+    ("Analysis: x\n  Decision: <STOP>", Parsed("stop", "text")),  # an indented line is not either
+    ("Decision : <STOP>\nI could also continue", Parsed("continue", "text")),  # "Decision :" is not "Decision:"
+    ("I could <STOP> or <CONTINUE>.", Parsed("continue", "text")),
+    ("", Parsed("continue", "default_neither")),  # l.73-77
+    ("no idea", Parsed("continue", "default_neither")),
+]
+
+
+@pytest.mark.parametrize("text,expected", REFERENCE_CASES)
+def test_reference_parser_decides_as_stop_decider_py(text, expected):
+    """stop_decider.py l.49-77 (``extract_decision``), case by case."""
+    assert parse_decision(text) == expected
+
+
+def test_reference_parser_default_only_when_neither_is_named():
+    """stop_decider.py l.73-77: the default applies to an output naming neither; both named is continue (l.69)."""
+    assert parse_decision("no idea", default="stop") == Parsed("stop", "default_neither")
+    assert parse_decision("<STOP><CONTINUE>", default="stop") == Parsed("continue", "text")
 
 
 @pytest.mark.parametrize(
     "text,expected",
     [
         ("Analysis: all known.\nDecision: <STOP>", Parsed("stop", "decision_line")),
-        ("Analysis: x\nDecision: <CONTINUE>", Parsed("continue", "decision_line")),
         ("analysis: fine\n  decision :  < stop >", Parsed("stop", "decision_line")),
         ("**Decision:** STOP", Parsed("stop", "decision_line")),
         ("Decision: continue searching", Parsed("continue", "decision_line")),
         ("<Stop>", Parsed("stop", "token")),
         ("  <CONTINUE>\n", Parsed("continue", "token")),
-        # a decision line naming both is skipped; the tokens then decide
         ("Decision: stop or continue?\n<STOP>", Parsed("stop", "token")),
-        # the first decision line that names exactly one wins
         ("Decision: <CONTINUE>\nDecision: <STOP>", Parsed("continue", "decision_line")),
-        # both tokens and no usable decision line: the default
         ("I could <STOP> or <CONTINUE>.", Parsed("continue", "default_both")),
-        # neither: the default; bare words in prose do not count
         ("We should stop here, I think.", Parsed("continue", "default_neither")),
         ("", Parsed("continue", "default_neither")),
         ("<STOPPED>", Parsed("continue", "default_neither")),
     ],
 )
-def test_parse_decision(text, expected):
-    assert parse_decision(text) == expected
+def test_tolerant_parser_option(text, expected):
+    assert parse_decision_tolerant(text) == expected
 
 
-def test_parse_default_is_configurable():
-    assert parse_decision("no idea", default="stop") == Parsed("stop", "default_neither")
-    assert parse_decision("<STOP><CONTINUE>", default="stop") == Parsed("stop", "default_both")
+def test_tolerant_default_is_configurable():
+    assert parse_decision_tolerant("no idea", default="stop") == Parsed("stop", "default_neither")
+    assert parse_decision_tolerant("<STOP><CONTINUE>", default="stop") == Parsed("stop", "default_both")
+
+
+def test_system_prompt_is_the_reference_text():
+    """prompts.py l.87-312 (STOP_DECISION_SYSTEM_PROMPT) and l.315 (STOP_DECISION_USER_PROMPT), verbatim: the
+    digest is the reference string's at commit e2da463; it has seven worked examples over three questions."""
+    assert hashlib.sha256(SYSTEM_PROMPT.encode()).hexdigest() == "01bc6d25f6f4277521e740854d04ce4602a94fd45c9035bb183f37e9d8b9eebe"
+    assert SYSTEM_PROMPT.startswith("\nGiven an original question and a series of follow-up questions each paired")
+    assert "Format your response as:\nAnalysis: [Step-by-step reasoning about information completeness]\nDecision: <STOP> or <CONTINUE>\n" in SYSTEM_PROMPT
+    assert SYSTEM_PROMPT.count("## Input\nMain Question: ") == 7 and SYSTEM_PROMPT.count("## Output\nAnalysis: ") == 7
+    assert SYSTEM_PROMPT.count("Decision: <STOP>\n") == 3 and SYSTEM_PROMPT.count("Decision: <CONTINUE>\n") == 4
+    assert USER_INSTRUCTION == ("Based on the information provided, give a short analysis of whether the original question "
+                                "can be answered. Then, decide whether to stop or continue gathering information")
 
 
 ROUNDS = [
     Round("who directed X", (("d1", "X (film)", "X is a film   by Ann Lee."), ("d2", "Other", "unused")), "r", "Ann Lee"),
-    Round("where was Ann Lee born", (("d3", "Ann Lee", "Born in Oslo."),), "r", "Oslo"),
+    Round("where was Ann Lee born", (("d1", "X (film)", "X is a film   by Ann Lee."), ("d3", "Ann Lee", "Born in Oslo.")), "r", "Oslo"),
 ]
 
 
-def test_prompt_structure():
-    system, user = build_messages("Where was the director of X born", ROUNDS, docs=1, doc_chars=12)
-    assert system["role"] == "system" and "<STOP>" in system["content"] and "<CONTINUE>" in system["content"]
-    text = user["content"]
-    assert text.startswith("Main question: Where was the director of X born\n\nFollow up: who directed X\n")
-    assert "Document: X (film): X is a film \n" in text  # squashed whitespace, cut to 12 characters
-    assert "Other" not in text  # only the top document of each round
-    assert "Intermediate answer: Ann Lee\nFollow up: where was Ann Lee born" in text
-    assert text.index("Intermediate answer: Oslo") < text.index("Based on the information")
+def test_user_message_is_the_reference_trace():
+    """prompts.py l.318-330 (``gen_stop_decision_prompt``) over the trace of pipeline_sep.py l.83-94: per round
+    the follow-up query, its one selected document (l.77-83: the best one not seen before) and the answer."""
+    system, user = build_messages("Where was the director of X born", ROUNDS)
+    assert system == {"role": "system", "content": SYSTEM_PROMPT}
+    assert user["content"] == (
+        "Main question: Where was the director of X born\n\n"
+        "Follow up: who directed X\nDocument: X (film): X is a film by Ann Lee.\nIntermediate answer: Ann Lee\n"
+        "Follow up: where was Ann Lee born\nDocument: Ann Lee: Born in Oslo.\nIntermediate answer: Oslo\n\n"
+        + USER_INSTRUCTION
+    )
+    _, cut = build_messages("Q", ROUNDS[:1], doc_chars=6)  # the option: documents cut to a few characters
+    assert "Document: X (film): X is a\n" in cut["content"]
 
 
 class FakeEngine:
@@ -128,4 +185,13 @@ def test_enforced_format_is_parseable():
         text = f"Analysis: some reasoning, with commas.\nDecision: <{verdict}>"
         assert re.fullmatch(DECISION_REGEX, text)
         assert parse_decision(text) == Parsed(verdict.lower(), "decision_line")
+        assert parse_decision_tolerant(text) == Parsed(verdict.lower(), "decision_line")
+
+
+def test_controller_parser_choice():
+    out = "We should stop here."
+    assert asyncio.run(LLMStopController(FakeEngine([out])).decide("Q", _history(1))).stop  # reference: "STOP" in text
+    assert not asyncio.run(LLMStopController(FakeEngine([out]), parser="tolerant").decide("Q", _history(1))).stop
+    with pytest.raises(ValueError, match="unknown LLM-Stop parser"):
+        LLMStopController(FakeEngine([]), parser="strict")
     assert LLMStopController(FakeEngine([])).regex is None  # the faithful default: free text

@@ -101,7 +101,7 @@ def test_bundle_online_equals_offline(trained_run):
     p_hat, u_hat = bundle.predict(rows, question[qid])
     # offline: the same features through the window builder and the saved heads
     frame = bundle.feature_frame(rows, question[qid])
-    x, _ = build_window(frame, bundle.feature_columns, bundle.window)
+    x, _ = build_window(frame, bundle.feature_columns, bundle.window, **bundle.manifest["window_options"])
     assert p_hat == pytest.approx(float(bundle.heads["p"].predict(x[-1:])[0]))
     assert np.isfinite([p_hat, u_hat]).all()
     with pytest.raises(ValueError, match="iteration 1"):

@@ -2,7 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from raypipe.predict.window import build_window, window_column_names, window_for_last
+from raypipe.core.config import TrainConfig
+from raypipe.predict.window import TYPE_COLUMN, build_window, head_inputs, window_column_names, window_for_last
 
 
 def _frame():
@@ -81,3 +82,46 @@ def test_window_errors():
         build_window(pd.concat([frame, frame]), ["f"], 2)
     with pytest.raises(ValueError, match="iteration 1"):
         window_for_last(frame[frame["iteration"] == 0], ["f"], 2)
+
+
+def test_seed_public_window_repeats_the_current_row():
+    """DanielTian97/agentic_rag_predictions predictions/prediction_head/sequential.py,
+    build_sequential_dataframe: each copy shifts sub_qid by i + 1 - window_size and blanks the slots
+    whose shifted sub_qid < 0, then merges back on the per-iteration qid, so every kept slot is the
+    current row's; ``slots="seed_public"`` is that window, the default the correct one."""
+    frame = _frame()
+    x, names = build_window(frame, ["f", "g"], 3, slots="seed_public")
+    expected, expected_names = broken_window(frame, ["f", "g"], 3)
+    np.testing.assert_array_equal(x, expected)
+    assert names == expected_names
+    gap = pd.DataFrame({"qid": ["a", "a"], "iteration": [1, 3], "f": [1.0, 3.0]})
+    assert build_window(gap, ["f"], 2, slots="seed_public")[0][1, 1] == 3.0  # never looked up: the row itself
+    with pytest.raises(ValueError, match="slots"):
+        build_window(frame, ["f"], 2, slots="shifted")
+
+
+def test_seed_input_has_no_missing_value_indicators():
+    """mlp.py / sequential.py: the window's columns are the signals only (NaN where a slot is before
+    the trajectory start, set to 0 by the head's imputer); train.head_input=seed is the default."""
+    frame = _frame()
+    x, names = head_inputs(frame, ["f", "g"], 3, TrainConfig(include_type=False))
+    assert names == ["f@t-0", "g@t-0", "f@t-1", "g@t-1", "f@t-2", "g@t-2"] and x.shape == (len(frame), 6)
+    with_flags, flag_names = head_inputs(frame, ["f", "g"], 3, TrainConfig(head_input="indicators", include_type=False))
+    np.testing.assert_array_equal(with_flags[:, :6], x)
+    assert flag_names[6:] == ["slot1_missing", "slot2_missing"]
+
+
+def test_type_one_hot_over_every_row():
+    """prediction_head/train.py prepare_prediction_head_data(include_type=True) and sequential.py:
+    pd.get_dummies(seq_df, columns=["type"]) over training and test rows together, booleans as ints,
+    appended after the window columns; a question without a type has zeros."""
+    frame = _frame()
+    frame[TYPE_COLUMN] = frame["qid"].map({"a": "bridge"})
+    frame.loc[(frame["qid"] == "a") & (frame["iteration"] == 2), TYPE_COLUMN] = "comparison"
+    x, names = head_inputs(frame, ["f"], 1, TrainConfig())
+    assert names == ["f@t-0", "type_bridge", "type_comparison"]
+    dummies = pd.get_dummies(frame[TYPE_COLUMN], prefix="type").astype(int)
+    np.testing.assert_array_equal(x[:, 1:], dummies[["type_bridge", "type_comparison"]].to_numpy())
+    assert (x[(frame["qid"] == "b").to_numpy(), 1:] == 0).all()
+    _, without = head_inputs(frame, ["f"], 1, TrainConfig(include_type=False))
+    assert without == ["f@t-0"]

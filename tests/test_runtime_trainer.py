@@ -50,7 +50,7 @@ def test_both_training_jobs_build_their_trainer_with_the_helper(tmp_path, monkey
         tasks = [Task("intra_iteration_p_fold0", "intra_iteration", ["a", "b", "c", "d"], [0.0, 1.0, 0.0, 1.0])]
         train.train_crossencoders(tasks, TrainConfig(num_workers=2, cpus_per_worker=1.5), tmp_path)
     with pytest.raises(Built):
-        stoprag.train_qnetwork(["s"], [Sample(0, 1.0, (0.0,), ())], StopRagConfig(num_workers=3, cpus_per_worker=0.5),
+        stoprag.train_qnetwork(["s"], [Sample(0, 1.0, (0.0,), ())], StopRagConfig(num_workers=3, cpus_per_worker=0.5, max_length=256),
                                "encoder", tmp_path / "qnet")  # fmt: skip
     (ce_loop, ce), (q_loop, q) = calls
     assert ce_loop is train.train_loop_per_worker and q_loop is stoprag.train_loop

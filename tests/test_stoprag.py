@@ -21,6 +21,7 @@ from raypipe.stoprag.targets import (
     q0_target,
     qlambda_target,
     rounds_from_history,
+    selected_documents,
     state_text,
     training_samples,
     tune_threshold,
@@ -134,15 +135,41 @@ def test_tuning_on_validation():
     assert thr < -0.2 and summary.mean_iterations == 1.0
 
 
-def test_state_text_docs_dedups_and_orders():
+def test_state_text_docs_is_the_reference_input():
+    """Training/utils.py l.15-24 (``convert_chat_to_text``, docs only) over multihead_stop_decider_train.py
+    l.53-55: ``question[SEP]title: text[SEP]...`` joined without spaces, one document per iteration chosen
+    as pipeline_sep.py l.77-87 chooses it (the best-ranked not yet selected), full text."""
     rounds = [
-        Round("q1", (("d1", "T1", "one  text"), ("d2", "T2", "two")), "think1"),
-        Round("q2", (("d2", "T2", "two"), ("d3", "T3", "x" * 50)), "think2"),
+        Round("q1", (("d1", "T1", "one  text"), ("d2", "T2", "two")), "think1", "a1"),
+        Round("q2", (("d1", "T1", "one  text"), ("d3", "T3", "x" * 50)), "think2", "a2"),
     ]
-    text = state_text("Who?", rounds, "docs", doc_chars=10)
-    assert text.splitlines() == ["Question: Who?", "Document: T1: one text", "Document: T2: two", "Document: T3: " + "x" * 10]
-    trace = state_text("Who?", rounds, "trace")
-    assert "Query: q2" in trace and "Reasoning: think1" in trace and trace.count("Document: T2") == 1
+    assert state_text("Who? ", rounds) == "Who?[SEP]T1: one text[SEP]T3: " + "x" * 50
+    assert state_text("Who?", rounds, sep="</s>") == "Who?</s>T1: one text</s>T3: " + "x" * 50
+    assert state_text("Who?", rounds, doc_chars=3) == "Who?[SEP]T1: one[SEP]T3: xxx"  # the cut is an option
+    assert state_text("Who?", rounds, per_round=None) == "Who?[SEP]T1: one text[SEP]T2: two[SEP]T3: " + "x" * 50 + "[SEP]T1: one text"
+
+
+def test_state_text_trace_is_the_reference_full_trace():
+    """Training/utils.py l.25-37 (full trace): the question, then each Follow up / Document / Intermediate
+    answer line as its own part."""
+    rounds = [Round("q1", (("d1", "T1", "one"),), "think", "a1"), Round(" q2 ", (("d2", "T2", "two"),), "", "a2")]
+    assert state_text("Who?", rounds, "trace") == (
+        "Who?[SEP]Follow up: q1[SEP]Document: T1: one[SEP]Intermediate answer: a1"
+        "[SEP]Follow up: q2[SEP]Document: T2: two[SEP]Intermediate answer: a2"
+    )
+
+
+def test_selected_documents_one_new_per_round():
+    """pipeline_sep.py l.77-87: seen documents score -inf, so the best new one is selected; a round whose
+    documents were all seen repeats its top one (as the reference's trace does, l.83-94), and a round that
+    retrieved nothing adds an empty part: every state differs from the one before."""
+    a, b, c = ("a", "A", "x"), ("b", "B", "y"), ("c", "C", "z")
+    rounds = [Round("q", (a, b)), Round("q", (a, b, c)), Round("q", (b, a)), Round("q", ())]
+    assert selected_documents(rounds) == [(a,), (b,), (b,), ()]
+    assert selected_documents(rounds, per_round=2) == [(a, b), (c, a), (b, a), ()]
+    texts = [state_text("Q", rounds[:t]) for t in range(5)]
+    assert texts == ["Q", "Q[SEP]A: x", "Q[SEP]A: x[SEP]B: y", "Q[SEP]A: x[SEP]B: y[SEP]B: y", "Q[SEP]A: x[SEP]B: y[SEP]B: y[SEP]"]
+    assert len(set(texts)) == len(texts)
 
 
 def _rows(f1s):
@@ -171,10 +198,11 @@ def test_build_episode_from_iterations():
     rows = with_documents(list(reversed(_rows([0.0, 0.2, 0.7]))), DOCS, top_k=2)
     ep = build_episode("q", "Q?", rows)
     assert ep.iterations == (1, 2) and ep.rewards == (0.2, 0.7)
-    assert "Document: T1" in ep.texts[0] and "Document: T2" not in ep.texts[0]
-    assert ep.texts[1].count("Document: X") == 1 and "Document: Z" not in ep.texts[1]
+    assert ep.texts == ("Q?[SEP]T1: text 1", "Q?[SEP]T1: text 1[SEP]T2: text 2")
     ep0 = build_episode("q", "Q?", with_documents(_rows([0.0, 0.2]), DOCS, 2), first_decision=0)
-    assert ep0.iterations == (0, 1) and ep0.texts[0] == "Question: Q?"
+    assert ep0.iterations == (0, 1) and ep0.texts[0] == "Q?"
+    # rewards from one answer generator replace the probes', the terminal state's included
+    assert build_episode("q", "Q?", rows, rewards={0: 0.0, 1: 0.5, 2: 0.25}).rewards == (0.5, 0.25)
     # a trajectory that answered before any retrieval keeps its only (terminal) state
     assert build_episode("q", "Q?", with_documents(_rows([0.4]), DOCS, 2)).iterations == (0,)
 

@@ -86,7 +86,7 @@ def test_an_old_runs_stoprag_worker_keys_load_under_their_new_names(tmp_path):
 def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):  # noqa: F811
     run = write_synthetic_run(tmp_path / "run", predictions=True)
     config = load_config(overrides=[
-        f"stoprag.encoder={tiny_encoder}", "stoprag.epochs=1", "stoprag.num_workers=1", "stoprag.max_length=64",
+        f"stoprag.encoder={tiny_encoder}", "stoprag.epochs=1", "stoprag.num_workers=1",  # max_length: the encoder's
         "stoprag.batch_size=8", "stoprag.split=[0.5,0.25,0.25]", "stoprag.llm_stop_max_questions=3",
     ])  # fmt: skip
     outputs = iter(["Decision: <STOP>", "<CONTINUE>", "gibberish"] * 20)
@@ -111,6 +111,42 @@ def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):  # noqa: F811
     assert not asyncio.run(controller.decide("Q?", history[:1])).stop  # before first_decision
     margin = controller.margin("Q?", history)
     assert asyncio.run(controller.decide("Q?", history)).stop == (margin > controller.threshold)
-    assert pd.read_csv(out / "comparison.csv")["controller"].tolist() == report.table["controller"].tolist()
+    csv = pd.read_csv(out / "comparison.csv")
+    assert csv["controller"].tolist() == report.table["controller"].tolist()
+    # one answer generator scored every controller, and the table names it
+    assert csv["answers"].nunique() == 1 and "probed answer" in csv["answers"][0]
+    assert "F1 of every controller: answers: the agent's probed answer" in (out / "comparison.md").read_text()
+    meta = json.loads((out / "qnet/qnet.json").read_text())
+    assert meta["max_length"] == 128 and meta["docs_per_iteration"] == 1 and meta["state_truncation"] == "newest"
     llm = pd.read_parquet(out / "llm_stop.parquet")
-    assert set(llm["source"]) <= {"decision_line", "token", "default_neither", "default_both"} and len(llm) > 0
+    assert set(llm["source"]) <= {"decision_line", "text", "default_neither"} and len(llm) > 0  # the reference parser
+
+
+def test_train_run_split_trains_and_tunes_on_the_training_run():
+    """Paper protocol for Stop-RAG with --train-run: train/val from the training run's questions in the
+    ratio of stoprag.split's first two shares, every target question a test question; overlap fails."""
+    from raypipe.stages.stoprag import split_train_run
+    from raypipe.stopping.replay import Trajectory
+
+    def traj(qid):
+        return Trajectory(qid, "hotpotqa", (0.0, 1.0), (1, 1), 1.0, 2)
+
+    train_t = [traj(f"t{i}") for i in range(200)]
+    target_t = [traj(f"d{i}") for i in range(30)]
+    splits = split_train_run(train_t, target_t, (0.6, 0.2, 0.2), seed=0)
+    assert splits.train | splits.val == {t.qid for t in train_t} and not splits.train & splits.val
+    assert splits.test == {t.qid for t in target_t}
+    assert 0.15 < len(splits.val) / 200 < 0.35  # 0.2 / (0.6 + 0.2) = 0.25
+    with pytest.raises(ValueError, match="1 questions are in both"):
+        split_train_run(train_t, [traj("t3")], (0.6, 0.2, 0.2), seed=0)
+
+
+def test_stacked_run_reads_both_runs(tmp_path):
+    from raypipe.core.train_run import StackedRun
+    from raypipe.predict.synthetic import write_run
+
+    a = write_run(tmp_path / "a", n_questions=3, prefix="a")
+    b = write_run(tmp_path / "b", n_questions=2, prefix="b")
+    both = StackedRun(a, b)
+    assert both.path == b.path and both.has("iterations") and not both.has("predictions")
+    assert both.read("trajectories", ["qid"]).column("qid").to_pylist() == ["a0", "a1", "a2", "b0", "b1"]

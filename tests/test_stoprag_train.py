@@ -91,7 +91,11 @@ def test_online_controller_pickles_light_and_decides(tiny_encoder, tmp_path):
 
     net = QNetwork(tiny_encoder, dropout=0.0)
     tok = load_tokenizer(tiny_encoder)
-    meta = {"max_length": 32, "state_input": "docs", "doc_chars": 100, "first_decision": 1}
+    meta = {"max_length": 32, "state_input": "docs", "doc_chars": None, "docs_per_iteration": 1,
+            "state_truncation": "newest", "first_decision": 1}  # fmt: skip
+    net.save(tmp_path / "old", tok, extra={k: v for k, v in meta.items() if k != "docs_per_iteration"})
+    with pytest.raises(ValueError, match="lacks the state settings"):
+        StopRagController(tmp_path / "old", threshold=0.0)
     net.save(tmp_path / "q", tok, extra=meta)
     with pytest.raises(ValueError, match="no tuned threshold"):
         StopRagController(tmp_path / "q")
@@ -99,8 +103,8 @@ def test_online_controller_pickles_light_and_decides(tiny_encoder, tmp_path):
                {"iteration": 1, "query": "q", "doc_ids": ["x"], "doc_titles": ["T"], "doc_texts": ["text"]}]
     probe = StopRagController(tmp_path / "q", threshold=0.0)
     margin = probe.margin("Q?", history)
-    assert margin == pytest.approx(score(net.eval(), tok, ["Question: Q?\nDocument: T: text"], 32)[0][0]
-                                   - score(net, tok, ["Question: Q?\nDocument: T: text"], 32)[1][0])
+    assert margin == pytest.approx(score(net.eval(), tok, ["Q?[SEP]T: text"], 32)[0][0]
+                                   - score(net, tok, ["Q?[SEP]T: text"], 32)[1][0])
     below, above = StopRagController(tmp_path / "q", margin - 0.01), StopRagController(tmp_path / "q", margin + 0.01)
     assert len(pickle.dumps(below)) < 10_000  # the network is not in the pickle
     assert asyncio.run(pickle.loads(pickle.dumps(below)).decide("Q?", history)).stop

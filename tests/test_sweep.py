@@ -181,12 +181,12 @@ def test_beats_paper():
 # ---------------------------------------------------------------- end to end on Ray Tune
 
 
-def write_synthetic_run(path, n_questions=40, seed=0):
+def write_synthetic_run(path, n_questions=40, seed=0, prefix="q"):
     """The predictors' synthetic run (iterations, trajectories, features with planted signal) plus
     predictions and a two-window prediction_grid (truth + noise)."""
     from raypipe.predict.synthetic import write_run
 
-    run = write_run(path, n_questions=n_questions, seed=seed)
+    run = write_run(path, n_questions=n_questions, seed=seed, prefix=prefix)
     rng = random.Random(seed)
     rows = []
     for r in run.read("iterations").to_pylist():
@@ -221,7 +221,7 @@ def test_refit_predictions_use_the_predictors_head(tmp_path):
 
     run = write_synthetic_run(tmp_path / "run", n_questions=60)
     frame = head_frame(run)
-    train = TrainConfig(folds=3, head_max_iter=60, chosen_group="prob", chosen_window=1)
+    train = TrainConfig(folds=3, chosen_group="prob", chosen_window=1)  # the seed's 300 epochs: one batch each here
     refit = resolve(HeadRefit(head_hidden=[8]), train)
     assert (refit.group, refit.window) == ("prob", 1)
     assert resolve(HeadRefit(group="unsup", window=3), train).model_dump(include={"group", "window"}) == {
@@ -234,17 +234,17 @@ def test_refit_predictions_use_the_predictors_head(tmp_path):
     pairs = [(preds[q][i][0], f1) for (q, i), f1 in truth.items()]
     r = np.corrcoef([a for a, _ in pairs], [b for _, b in pairs])[0, 1]
     assert r > 0.5  # the planted probe-confidence signal is found out of fold
-    assert refit_label(refit) == "prob[refit h=8 a=0.001 lr=0.001]"
+    assert refit_label(refit) == "prob[refit h=8 wd=0.001 lr=0.001]"
     with pytest.raises(ValueError, match="the run has no signals"):
         refit_predictions(frame, resolve(HeadRefit(group="unsup+sup"), train), train)  # no sup_signals/ here
     # a Tune trial's head: from prediction_grid, or refit
     from raypipe.stages.sweep import _trial_head
 
     payload = {"predictions": {("g", 3): {"q0": {1: (0.1, 0.2)}}}, "refits": [refit], "refit_frame": frame,
-               "train": train, "seed": 0}  # fmt: skip
+               "train": train, "seed": 0, "train_qids": None}  # fmt: skip
     assert _trial_head(["grid", "g", 3], payload) == (("g", 3), {"q0": {1: (0.1, 0.2)}})
     key, again = _trial_head(["refit", 0], payload)
-    assert key == ("prob[refit h=8 a=0.001 lr=0.001]", 1) and again == preds
+    assert key == ("prob[refit h=8 wd=0.001 lr=0.001]", 1) and again == preds
 
 
 def test_head_frame_joins_persisted_cross_encoder_signals(tmp_path):
@@ -305,7 +305,7 @@ def test_sweep_stage_on_tune(tmp_path, ray_local):
     grid = pd.read_parquet(out / "data" / "grid.parquet")
     assert set(zip(grid["feature_group"], grid["window"])) == {
         ("unsup+sup", 1),
-        ("prob[refit h=8 a=0.001 lr=0.001]", 1),
+        ("prob[refit h=8 wd=0.001 lr=0.001]", 1),
     }
     assert set(grid["variant"]) == {"paper", "delta_p"}
     # TensorBoard event files from Tune, one per trial
@@ -319,6 +319,44 @@ def test_sweep_stage_on_tune(tmp_path, ray_local):
     assert selected["faithful"]["variant"] == "paper"
     assert selected["questions"]["val"] + selected["questions"]["test"] == 40
     assert len(selections := pd.read_csv(out / "data" / "selections.csv")) > len(table) - 5
-    assert "prob[refit h=8 a=0.001 lr=0.001]" in set(selections["feature_group"])
+    assert "prob[refit h=8 wd=0.001 lr=0.001]" in set(selections["feature_group"])
     md = (out / "01_tradeoff.md").read_text()
     assert md.startswith("# Early stopping") and "| natural |" in md and "The paper's operating point is -10.89%" in md
+
+
+def test_train_run_chooses_on_the_training_run_and_reports_on_the_target(tmp_path):
+    """Paper protocol (FIDELITY.md, evaluation protocol): thresholds are chosen on the training run's
+    questions (the validation split) and reported on every question of the target run (test)."""
+    from raypipe.core.config import StoppingConfig
+    from raypipe.stages.sweep import load_inputs
+
+    train_run = write_synthetic_run(tmp_path / "train", n_questions=12, seed=1, prefix="t")
+    target = write_synthetic_run(tmp_path / "dev", n_questions=8, seed=2, prefix="d")
+    cfg = StoppingConfig(refits=[])
+    inputs = load_inputs(target, cfg, None, train_run)
+    assert {q for q, s in inputs.split_of.items() if s == "val"} == {f"t{i}" for i in range(12)}
+    assert {q for q, s in inputs.split_of.items() if s == "test"} == {f"d{i}" for i in range(8)}
+    assert inputs.questions == {"val": 12, "test": 8} and inputs.train_qids == {f"t{i}" for i in range(12)}
+    assert "chosen on the training run" in inputs.protocol
+    assert set(inputs.chosen) == {f"t{i}" for i in range(12)} | {f"d{i}" for i in range(8)}
+    single = load_inputs(target, cfg, None)
+    assert single.train_qids is None and "cross-fitting" in single.protocol
+    overlapping = write_synthetic_run(tmp_path / "other", n_questions=4, seed=3, prefix="d")
+    with pytest.raises(ValueError, match="4 questions are in both .*d0, d1, d2, d3"):
+        load_inputs(target, cfg, None, overlapping)
+
+
+def test_train_run_refits_never_train_on_the_target(tmp_path):
+    from raypipe.core.config import HeadRefit, TrainConfig
+    from raypipe.stopping.refit import head_frame, refit_predictions, resolve
+
+    train_run = write_synthetic_run(tmp_path / "train", n_questions=30, seed=1, prefix="t")
+    target = write_synthetic_run(tmp_path / "dev", n_questions=10, seed=2, prefix="d")
+    frame = pd.concat([head_frame(train_run), head_frame(target)], ignore_index=True)
+    train = TrainConfig(folds=3, chosen_group="prob", chosen_window=1, head_max_iter=50)
+    refit = resolve(HeadRefit(head_hidden=[8]), train)
+    qids = {f"t{i}" for i in range(30)}
+    preds = refit_predictions(frame, refit, train, train_qids=qids)
+    changed = frame.copy()
+    changed.loc[~changed["qid"].isin(qids), ["probe_f1", "utility"]] = 0.0  # the target run's targets
+    assert refit_predictions(changed, refit, train, train_qids=qids) == preds

@@ -8,9 +8,14 @@ them. Rows are numbered by turn: row 0 is the probe after r_0 before any retriev
 holds the query of turn i-1, its documents, the reasoning r_i and probe i, with P_i = F1 of probe i
 and U_i = P_i - P_{i-1}.
 
-When the turn limit is reached after a search, the last documents are read by one forced answer
-(the protocol's probe prompt with no reasoning, greedy): its row's probe, and the final answer when
-``at_limit="forced"`` (``"none"``: no final answer, as pyterrier-rag and R1-Searcher's evaluation do).
+The protocol's :meth:`~raypipe.agents.protocol.AgentProtocol.turn_plan` says how many turns run and
+how many of them may search (Search-R1's original loop ends with a final rollout whose search is not
+run). When the turn budget ends after a search, by default nothing reads its documents: no row, no
+generation, no final answer (F1 0), as pyterrier-rag (``frameworks/agentic/_base.py``, "No answer after
+max turns") and the seed paper (``probing/agents.py``) do; ``agent.at_limit="forced"`` adds one forced
+answer (the protocol's probe prompt with no reasoning, greedy) that reads them: its row's probe and the
+final answer. In the pyterrier format a search that returns no documents ends the trajectory there
+(``no_results``, pyterrier-rag's "No retrieval results"), before the model is called again.
 
 A failure on one question (context overflow, engine error, retrieval error, no valid action) ends
 that trajectory with its ``stop_reason`` and message; the rows produced so far are kept.
@@ -34,6 +39,7 @@ from raypipe.core.schema import (
     STOP_ENGINE_ERROR,
     STOP_MAX_TURNS,
     STOP_NO_ACTION,
+    STOP_NO_RESULTS,
     STOP_RETRIEVAL_ERROR,
 )
 from raypipe.data.loaders import Question
@@ -128,17 +134,18 @@ class _Run:
             raise _Stop(STOP_ENGINE_ERROR, f"prompt: {type(exc).__name__}: {exc}") from exc
         self.context = self.prompt
         pending: _Retrieval | None = None
-        for turn in range(self.loop.max_turns):
+        generations, searching = protocol.turn_plan(agent)
+        for turn in range(generations):
             regex = protocol.enforcement_regex(agent, turn)
             gen = await self._generate(
                 self.context, agent.max_new_tokens, agent.temperature, protocol.stop, regex, turn
             )
-            output = protocol.restore_stop(protocol.clean_output(gen.text), gen.stop_string)
+            output = protocol.restore_stop(protocol.clean_output(gen.text), gen.stop_string)  # as the context holds it
             row = self._row(turn, pending, output, len(gen.token_ids))
             if agent.probe:
                 await self._probe(row, protocol.probe_prompt(self.context, output))
             self.rows.append(row)
-            action = protocol.parse_action(output)
+            action = protocol.parse_action(protocol.restore_stop(gen.text, gen.stop_string))  # before any cleaning
             self.context += protocol.joiner + output + protocol.close_action(output, action)
             if await self._controller_stops():
                 return
@@ -152,8 +159,10 @@ class _Run:
                 self.context += correction
                 pending = None
                 continue
+            if turn >= searching:  # a final rollout: its search is not run
+                return
             pending = await self._search(action.content)
-        if pending is not None:
+        if pending is not None and agent.at_limit == "forced":
             await self._forced_answer(pending)
 
     async def _search(self, query: str) -> _Retrieval:
@@ -162,6 +171,8 @@ class _Run:
         except Exception as exc:
             raise _Stop(STOP_RETRIEVAL_ERROR, f"query {query!r}: {type(exc).__name__}: {exc}") from exc
         self.retrievals += 1
+        if not result.hits and self.protocol.stops_on_empty_results:
+            raise _Stop(STOP_NO_RESULTS, f"query {query!r}: no retrieval results")
         visible = min(self.loop.top_k, len(result.hits))
         self.context += self.protocol.observation(result.hits[:visible])
         return _Retrieval(query, result, visible)
@@ -178,7 +189,7 @@ class _Run:
         answer = self.protocol.parse_probe(gen.text)
         self.rows.append(row)
         self.tail = prompt[len(self.context):] + gen.text + self.protocol.answer_close
-        if not await self._controller_stops() and self.agent.at_limit == "forced":
+        if not await self._controller_stops():
             self.final_answer = answer
 
     async def _probe(self, row: dict[str, Any], prompt: str) -> Generation:

@@ -5,10 +5,12 @@ strings. Two observation formats reproduce the two public implementations of eac
 
 - ``original``: the agent's own reference code (Search-R1 ``search_r1/llm_agent/generation.py``,
   R1-Searcher ``evaluation/eval_search_loacl.py``). Model outputs are appended as they are
-  (R1-Searcher strips them), an action needs its closing tag, and Search-R1 answers an invalid action
+  (R1-Searcher strips them), actions and queries are parsed as that code parses them, its number of
+  usable generations holds (:meth:`AgentProtocol.turn_plan`), and Search-R1 answers an invalid action
   with a correction message and goes on; R1-Searcher stops.
 - ``pyterrier``: pyterrier-rag's agentic framework (the seed paper's setup): ``"\\n\\n"`` is inserted
-  before every model output, an open tag is enough for an action, an invalid action stops the agent.
+  before every model output, an open tag is enough for an action, an invalid action stops the agent,
+  and so does a search that returns no documents ("No retrieval results", ``frameworks/agentic/_base.py``).
 
 The context the loop keeps is exactly the text the model is fed next, so every turn (and every probe)
 extends the previous prompt and the engine's prefix cache serves it.
@@ -16,7 +18,6 @@ extends the previous prompt and the engine's prefix cache serves it.
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,16 +47,31 @@ class AgentProtocol(ABC):
     answer_open: str = "<answer>"
     answer_close: str = "</answer>"
     default_top_k: int
-    default_max_turns: int
+    max_turns_by_format: dict[str, int]  # the turn limit of each implementation
 
     def __init__(self, observation_format: ObservationFormat = "pyterrier"):
         if observation_format not in OBSERVATION_FORMATS:
             raise ValueError(f"unknown observation format {observation_format!r}; choose one of {OBSERVATION_FORMATS}")
         self.observation_format = observation_format
 
+    @property
+    def default_max_turns(self) -> int:
+        return self.max_turns_by_format[self.observation_format]
+
     def turn_limit(self, agent: AgentConfig) -> int:
-        """The configured turn limit, else the protocol's own."""
+        """The configured turn limit, else the one of the implementation the format follows."""
         return agent.max_turns or self.default_max_turns
+
+    def turn_plan(self, agent: AgentConfig) -> tuple[int, int]:
+        """(generations, how many of them may search): the turn limit for both in pyterrier-rag's loop
+        (``_base.py`` ``for turn in range(self.max_turn)``); the original formats override it."""
+        limit = self.turn_limit(agent)
+        return limit, limit
+
+    @property
+    def stops_on_empty_results(self) -> bool:
+        """A search with no documents ends the trajectory (pyterrier-rag: "No retrieval results")."""
+        return self.observation_format == "pyterrier"
 
     # --- prompt -------------------------------------------------------------------------------
     @abstractmethod
@@ -84,7 +100,7 @@ class AgentProtocol(ABC):
     def parse_action(self, output: str) -> Action:
         """The action in one turn's output (its stop string restored)."""
         if self.observation_format == "original":
-            return self._parse_strict(output)
+            return self.parse_original(output)
         if self.answer_open in output:  # pyterrier checks the answer first
             return Action(ANSWER, self._answer_text(output))
         query = self.parse_query(output)
@@ -93,21 +109,9 @@ class AgentProtocol(ABC):
     def _answer_text(self, output: str) -> str:
         return output.split(self.answer_open, 1)[1].split(self.answer_close, 1)[0].strip()
 
-    def _parse_strict(self, output: str) -> Action:
-        """The first complete action; the closing tag is required (the reference implementations)."""
-        tags = ((SEARCH, self.search_open, self.search_close), (ANSWER, self.answer_open, self.answer_close))
-        found = []
-        for kind, open_tag, close_tag in tags:
-            match = re.search(re.escape(open_tag) + "(.*?)" + re.escape(close_tag), output, re.DOTALL)
-            if match:
-                found.append((match.start(), kind))
-        if not found:
-            return Action(INVALID)
-        kind = min(found)[1]
-        if kind == ANSWER:
-            return Action(ANSWER, self._answer_text(output))
-        query = self.parse_query(output)
-        return Action(SEARCH, query) if query else Action(INVALID)
+    @abstractmethod
+    def parse_original(self, output: str) -> Action:
+        """The action as the agent's own reference code reads it (``original`` format)."""
 
     def parse_query(self, output: str) -> str:
         """The text after the last search tag up to its closing tag (or the end), stripped."""

@@ -2,8 +2,20 @@
 
 A raw prompt (no chat template) in four versions that ends inside ``<think>``; queries between
 ``<|begin_of_query|>`` and ``<|end_of_query|>``; the top-5 documents as ``(i)text`` lines.
-Wikipedia-2018 passages (the published setup) begin with their title; for corpora whose text does
-not, the title is put in front so the model sees the same thing.
+
+The two formats read a turn as their code does:
+
+- ``pyterrier`` (pyterrier-rag 0.3.0 ``_r1searcher.py`` ``format_docs``, ``_base.py``
+  ``check_answers`` / ``extract_search_query``): observation lines ``(i){doc.text}``, the passage text
+  without its title (its reader splits the corpus's ``contents`` at the first newline); an answer
+  whenever ``<answer>`` appears; else the FIRST ``<|begin_of_query|>`` span, stripped, then cleaned in
+  this order: ``"`` removed, ``'`` removed, tabs to spaces, ``...`` removed, stripped, whitespace runs
+  to one space.
+- ``original`` (R1-Searcher ``evaluation/eval_search_loacl.py``): an answer only when the turn stopped
+  at ``</answer>`` (the text after the LAST ``<answer>``), a search only when it stopped at
+  ``<|end_of_query|>`` (the LAST query span with ``"``, ``'``, ``...`` removed and tabs to spaces, not
+  stripped); the generation of round ``k == 9`` is thrown away ("I don't know."), so of a limit of 10
+  turns 9 are usable; documents are printed with their title in front when the text lacks it.
 """
 
 from __future__ import annotations
@@ -11,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from raypipe.agents.protocol import AgentProtocol, ObservationFormat
+from raypipe.agents.protocol import ANSWER, INVALID, SEARCH, Action, AgentProtocol, ObservationFormat
 from raypipe.core.config import AgentConfig
 from raypipe.retrieval.types import SearchHit
 
@@ -54,14 +66,19 @@ PROMPTS = {
     '...search results... <|end_of_documents|>". The final answer **must be yes or no**.' + _TAIL,
 }
 
-_QUERY_JUNK = re.compile(r"[\"']|\.\.\.")
+_WHITESPACE = re.compile(r"\s+")
+
+
+def _clean_query(query: str) -> str:
+    """The replacements both implementations apply to a query, in their order."""
+    return query.replace('"', "").replace("'", "").replace("\t", " ").replace("...", "")
 
 
 class R1Searcher(AgentProtocol):
     name = "r1_searcher"
     search_open, search_close = "<|begin_of_query|>", "<|end_of_query|>"
     default_top_k = 5
-    default_max_turns = 10
+    max_turns_by_format = {"original": 10, "pyterrier": 10}  # the eval's k == 9 cut; pyterrier-rag 0.3.0
 
     def __init__(self, observation_format: ObservationFormat = "pyterrier", prompt_version: str = "v1"):
         super().__init__(observation_format)
@@ -79,13 +96,33 @@ class R1Searcher(AgentProtocol):
     def clean_output(self, text: str) -> str:
         return text.strip() if self.observation_format == "original" else text
 
+    def turn_plan(self, agent: AgentConfig) -> tuple[int, int]:
+        if self.observation_format == "pyterrier":
+            return super().turn_plan(agent)
+        usable = max(self.turn_limit(agent) - 1, 1)  # the last round's output is discarded
+        return usable, usable
+
     def parse_query(self, output: str) -> str:
-        """After the last query tag; quotes, tabs and ``...`` removed as both implementations do."""
-        raw = super().parse_query(output).replace("\t", " ")
-        return " ".join(_QUERY_JUNK.sub("", raw).split())
+        """pyterrier-rag's ``extract_search_query``: the FIRST query span, stripped, cleaned, whitespace collapsed."""
+        start = output.find(self.search_open)
+        if start < 0:
+            return ""
+        query = output[start + len(self.search_open) :].split(self.search_close, 1)[0].strip()
+        return _WHITESPACE.sub(" ", _clean_query(query).strip()) if query else ""
+
+    def parse_original(self, output: str) -> Action:
+        if self.answer_open in output and output.endswith(self.answer_close):
+            return Action(ANSWER, output.split(self.answer_open)[-1].split(self.answer_close)[0])
+        if self.search_open in output and output.endswith(self.search_close):
+            query = _clean_query(output.split(self.search_open)[-1].split(self.search_close)[0])
+            return Action(SEARCH, query) if query else Action(INVALID)
+        return Action(INVALID)
 
     def observation(self, hits: Sequence[SearchHit]) -> str:
-        docs = "".join(f"({i}){_with_title(h)}\n" for i, h in enumerate(hits, start=1)) or "None"
+        if self.observation_format == "pyterrier":
+            docs = "".join(f"({i}){h.text}\n" for i, h in enumerate(hits, start=1))
+        else:
+            docs = "".join(f"({i}){_with_title(h)}\n" for i, h in enumerate(hits, start=1)) or "None"
         return f"\n\n<|begin_of_documents|>\n{docs}<|end_of_documents|>\n\n"
 
     def probe_prompt(self, context: str, output: str) -> str:

@@ -4,13 +4,20 @@ One user message through the chat template; ``<search>``/``<answer>`` actions; t
 ``Doc i(Title: "T") text``. The title is quoted in both formats: Search-R1 prints the first line of a
 FlashRAG ``contents`` field, which is the quoted title; pyterrier-rag quotes it and removes the title
 from the start of the text.
+
+In the original format a turn's action is Search-R1's own reading (``generation.py``
+``_postprocess_responses`` and ``postprocess_predictions``): the output cut after its first
+``</search>`` (else its first ``</answer>``), then the first ``<(search|answer)>(.*?)</\1>`` match,
+stripped; ``max_turns`` turns may search and one final rollout follows without search (``run_llm_loop``'s
+"final LLM rollout", ``do_search=False``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
-from raypipe.agents.protocol import AgentProtocol
+from raypipe.agents.protocol import ANSWER, INVALID, SEARCH, Action, AgentProtocol
 from raypipe.core.config import AgentConfig
 from raypipe.retrieval.types import SearchHit
 
@@ -24,6 +31,8 @@ PROMPT = (
     "</answer>, without detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
 )
 
+_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+
 CORRECTION = (
     "\nMy previous action is invalid. "
     "If I want to search, I should put the query between <search> and </search>. "
@@ -35,7 +44,8 @@ class SearchR1(AgentProtocol):
     name = "search_r1"
     search_open, search_close = "<search>", "</search>"
     default_top_k = 3
-    default_max_turns = 4  # Search-R1's evaluation; pyterrier-rag allows 10
+    # Search-R1's evaluation (scripts/nq_hotpotqa/evaluate.sh max_turns=4); pyterrier-rag 0.3.0's max_turn=10
+    max_turns_by_format = {"original": 4, "pyterrier": 10}
 
     def prompt(self, question: str, chat_template) -> str:
         question = question.strip()
@@ -50,12 +60,24 @@ class SearchR1(AgentProtocol):
     def correction(self) -> str | None:
         return CORRECTION if self.observation_format == "original" else None
 
+    def turn_plan(self, agent: AgentConfig) -> tuple[int, int]:
+        limit = self.turn_limit(agent)
+        return (limit + 1, limit) if self.observation_format == "original" else (limit, limit)
+
+    def parse_original(self, output: str) -> Action:
+        for close in (self.search_close, self.answer_close):
+            if close in output:
+                output = output.split(close, 1)[0] + close
+                break
+        match = _ACTION.search(output)
+        if match is None:
+            return Action(INVALID)
+        return Action(SEARCH if match.group(1) == "search" else ANSWER, match.group(2).strip())
+
     def observation(self, hits: Sequence[SearchHit]) -> str:
         if self.observation_format == "original":
             docs = "".join(f'Doc {i}(Title: "{h.title}") {h.text}\n' for i, h in enumerate(hits, start=1))
             return f"\n\n<information>{docs.strip()}</information>\n\n"
-        if not hits:
-            return "<information></information>"
         docs = "\n".join(
             f'Doc {i}(Title: "{h.title}") {h.text.removeprefix(h.title).lstrip()}' for i, h in enumerate(hits, start=1)
         )

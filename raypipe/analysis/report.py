@@ -59,6 +59,7 @@ from raypipe.analysis.blocks import (
     markdown_blocks,
 )
 from raypipe.analysis.bootstrap import headline_intervals
+from raypipe.analysis.setup_section import render_setup
 from raypipe.analysis.stats import (
     ALL,
     GROUPS,
@@ -384,6 +385,8 @@ STAGES = {  # stage folder -> (title, producing job)
 }
 
 register_section(Section("overview", "Run and stages", (), render_overview, order=0))
+register_section(Section("setup", "Setup: how far this run is from the seed paper's", ("config.yaml",), render_setup,
+                         producer="jobs/probe.py", order=5))
 register_section(Section("trajectories", "How answer quality evolves (RQ-1)", ("trajectories", "iterations"),
                          render_trajectories, producer="jobs/probe.py", order=10))
 for _i, (_stage, (_title, _producer)) in enumerate(STAGES.items()):

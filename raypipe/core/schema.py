@@ -11,7 +11,8 @@ import pyarrow as pa
 
 # Stop reasons recorded in trajectories.stop_reason.
 STOP_ANSWER = "answer"  # the model gave its own answer
-STOP_MAX_TURNS = "max_turns"  # turn limit reached; the final answer is forced
+STOP_MAX_TURNS = "max_turns"  # turn limit reached: no final answer (agent.at_limit=forced: a forced one)
+STOP_NO_RESULTS = "no_results"  # a search returned no documents (pyterrier-rag: "No retrieval results")
 STOP_NO_ACTION = "no_valid_action"  # the model emitted neither a search nor an answer
 STOP_CONTEXT = "context_overflow"  # the context outgrew the model's window
 STOP_ENGINE_ERROR = "engine_error"  # the engine raised on this row
@@ -25,6 +26,7 @@ STOP_REASONS = (
     STOP_ENGINE_ERROR,
     STOP_RETRIEVAL_ERROR,
     STOP_CONTROLLER,
+    STOP_NO_RESULTS,
 )
 
 ITERATIONS = pa.schema(

@@ -5,6 +5,12 @@ needs the lists, reasoning and probes of iterations < i. :func:`extract_trajecto
 and the index once per trajectory; :func:`extract_many` does a batch of trajectories with one call per
 kind for the whole batch (bigger encoder batches, one index search for all the questions). The
 signals' depths and constants are the ``features`` section of the run config (defaults: the seed paper's).
+
+RBO at a retrieval iteration, with ``features.rbo_missing="zero"`` (the default), is 0.0 against an
+empty or missing list and the max over previous lists is 0.0 when there is none (the first retrieval
+iteration), as the seed computes them (``predictions/unsupervised/retrieval_similarity.py``: ``_rbo``
+lines 40-51, ``compute_inter_iteration_rbo`` lines 54-82); ``"undefined"`` leaves them null. Iteration
+0 retrieves nothing and has no RBO either way (the seed has no row for it).
 """
 
 from __future__ import annotations
@@ -34,14 +40,15 @@ class _Iteration:
     index: int
     doc_ids: list[str]
     scores: list[float]
+    retrieved: bool  # the row holds a retrieval (its list may be empty); iteration 0 does not
 
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
-def _reasoning(row: Mapping[str, Any]) -> str | None:
-    return reasoning_text(_text(row.get("reasoning")))
+def _reasoning(row: Mapping[str, Any], settings: FeaturesConfig) -> str | None:
+    return reasoning_text(_text(row.get("reasoning")), settings.reasoning_text)
 
 
 def _prepare(rows: Sequence[Mapping[str, Any]]) -> list[_Iteration]:
@@ -63,7 +70,7 @@ def _prepare(rows: Sequence[Mapping[str, Any]]) -> list[_Iteration]:
             raise TrajectoryError(
                 f"qid {qid!r} iteration {index}: {len(doc_ids)} doc_ids but {len(scores)} doc_scores"
             )
-        out.append(_Iteration(row, index, doc_ids, scores))
+        out.append(_Iteration(row, index, doc_ids, scores, index >= 1 and row.get("doc_ids") is not None))
     return out
 
 
@@ -79,7 +86,7 @@ class _Needs:
 
 def _needs(its: list[_Iteration], question: str | None, settings: FeaturesConfig) -> _Needs:
     retrieved = [it for it in its if it.doc_ids]
-    texts = [question, *(_text(it.row.get("query")) for it in its), *(_reasoning(it.row) for it in its)]
+    texts = [question, *(_text(it.row.get("query")) for it in its), *(_reasoning(it.row, settings) for it in its)]
     depth = max(settings.a_pair_depth, settings.dense_qpp_k)
     return _Needs(
         texts=list(dict.fromkeys(t for t in texts if t is not None)),
@@ -110,6 +117,7 @@ def extract_trajectory(
     doc_vec = dict(zip(needs.doc_ids, corpus.doc_vectors(needs.doc_ids))) if needs.doc_ids else {}
     query_vec = dict(zip(needs.queries, corpus.encode_queries(needs.queries))) if needs.queries else {}
     question_list = corpus.search([needs.search], max(RBO_DEPTHS))[0] if needs.search else None
+    missing = 0.0 if settings.rbo_missing == "zero" else None
 
     def embed(value: Any) -> np.ndarray | None:
         text = _text(value)
@@ -121,7 +129,7 @@ def extract_trajectory(
     for it in its:
         row = it.row
         previous = by_index.get(it.index - 1)  # a gap in the numbering leaves no previous iteration
-        earlier = [e for e in its if e.index < it.index and e.doc_ids]
+        earlier = [e for e in its if e.index < it.index and e.retrieved]
         feats: dict[str, Any] = {
             "qid": row["qid"],
             "dataset": row["dataset"],
@@ -134,20 +142,22 @@ def extract_trajectory(
             for name, fn in RBO_VARIANTS.items():
 
                 def rbo(other: list[str] | None) -> float | None:
-                    if not it.doc_ids or not other:
+                    if not it.retrieved:
                         return None
+                    if not it.doc_ids or not other:
+                        return missing
                     return fn(it.doc_ids, other, depth, settings.rbo_p)
 
                 feats[f"{name}_prev_{depth}"] = rbo(previous.doc_ids if previous else None)
                 values = [v for v in (rbo(e.doc_ids) for e in earlier) if v is not None]
-                feats[f"{name}_prevmax_{depth}"] = max(values) if values else None
-                feats[f"{name}_question_{depth}"] = rbo(question_list)
+                feats[f"{name}_prevmax_{depth}"] = max(values) if values else (missing if it.retrieved else None)
+                feats[f"{name}_question_{depth}"] = rbo(question_list) if question is not None else None
 
-        reasoning = embed(_reasoning(row))
+        reasoning = embed(_reasoning(row, settings))
         feats["sim_question_query"] = cosine(embed(question), embed(row.get("query")))
-        feats["sim_reasoning_prev"] = cosine(embed(_reasoning(previous.row)), reasoning) if previous else None
+        feats["sim_reasoning_prev"] = cosine(embed(_reasoning(previous.row, settings)), reasoning) if previous else None
         feats["sim_reasoning_first"] = (
-            cosine(embed(_reasoning(first.row)), reasoning) if first is not None and it.index > 0 else None
+            cosine(embed(_reasoning(first.row, settings)), reasoning) if first is not None and it.index > 0 else None
         )
 
         logprobs = row.get("probe_token_logprobs")
@@ -172,7 +182,8 @@ def _qpp(
     if not it.doc_ids:
         return {"nqc_seed": None, "nqc_shtok": None, "a_pair_ratio": None, "dense_qpp": None}
     query = _text(it.row.get("query"))
-    dfs = [corpus.document_frequency(t) for t in corpus.terms(query or "")]
+    terms = qpp.seed_query_terms(query or "") if settings.nqc_idf == "seed" else corpus.terms(query or "")
+    dfs = [corpus.document_frequency(t) for t in terms]
     ids = it.doc_ids
     a_pair_n = min(settings.a_pair_depth, len(ids))
     dense_n = min(settings.dense_qpp_k, len(ids))

@@ -9,7 +9,8 @@ Two named variants:
 - :func:`rbo_extrapolated`: Webber et al.'s RBO_EXT (their eq. 32, which also covers lists of unequal
   length): identical lists score 1, disjoint lists 0.
 
-An empty list on either side gives ``None`` (no ranking to compare), never a made-up zero.
+An empty list on either side gives ``None`` here (no ranking to compare); the features stage turns that
+into the seed's 0.0 unless ``features.rbo_missing="undefined"`` (see :mod:`raypipe.features.extract`).
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ class PredictorBundle:
         self.max_tokens: int = int(manifest["train"]["max_tokens"])
         self.field_chars: int = int(manifest["train"]["field_chars"])
         self.title_chars: int = int(manifest["train"]["title_chars"])
+        self.reasoning_text: str = manifest["train"].get("reasoning_text", "parsed")
         self.doc_lookup = doc_lookup
         self.feature_extractor = feature_extractor
         self._encoders: dict[str, Any] = {}
@@ -74,7 +75,7 @@ class PredictorBundle:
 
     def predict(self, history_rows: Sequence[dict[str, Any]], question: str) -> tuple[float, float]:
         frame = self.feature_frame(history_rows, question)
-        x = window_for_last(frame, self.feature_columns, self.window)
+        x = window_for_last(frame, self.feature_columns, self.window, **self.manifest.get("window_options", {}))
         return float(self.heads["p"].predict(x)[0]), float(self.heads["u"].predict(x)[0])
 
     def feature_frame(self, history_rows: Sequence[dict[str, Any]], question: str) -> pd.DataFrame:
@@ -112,7 +113,7 @@ class PredictorBundle:
 
         qid = str(rows[-1].get("qid", ""))
         needed = {int(r["iteration"]) for r in wanted}
-        texts = dict(trajectory_texts(question, list(rows), lookup_top_doc(self.doc_lookup)))
+        texts = dict(trajectory_texts(question, list(rows), lookup_top_doc(self.doc_lookup), self.reasoning_text))
         out = {}
         for column, folder in self.sup_models.items():
             if column not in self.feature_columns:

@@ -6,6 +6,10 @@ model leaves (the CrossEncoder folder, its training curve and metadata). The fin
 Ray Train in :mod:`raypipe.stages.train`: data-parallel workers (DDP), gradients accumulated to the
 effective batch, a checkpoint of this layout every epoch.
 The model's output is the raw regression value (identity activation, not CrossEncoder's default sigmoid).
+As the seed trains them (DanielTian97/agentic_rag_predictions ``predictions/supervised/train.py``:
+``weight_decay=0.0``, ``dropout_rate=0.0`` passed by ``relations.py`` ``build_regression_model`` as
+``hidden_dropout_prob`` and ``attention_probs_dropout_prob``): AdamW without weight decay
+(``train.weight_decay``) and no dropout (``train.dropout``).
 """
 
 from __future__ import annotations
@@ -46,12 +50,22 @@ def accumulation_steps(cfg: TrainConfig) -> int:
     return max(1, round(cfg.effective_batch_size / (cfg.batch_size * cfg.num_workers)))
 
 
-def new_crossencoder(base: str, relation: str):
-    """A CrossEncoder regressor from ``base`` with the relation's marker tokens added."""
+def new_crossencoder(base: str, relation: str, dropout: float | None = None):
+    """A CrossEncoder regressor from ``base`` with the relation's marker tokens added.
+
+    ``dropout`` (None: the base model's own) sets the hidden and attention dropout in the model's
+    config, as the seed does, and every dropout module of the loaded network, so that architectures
+    with other config names (and BERT's classifier, which follows hidden_dropout_prob) get it too.
+    """
     import torch
     from sentence_transformers import CrossEncoder
 
-    model = CrossEncoder(base, num_labels=1, activation_fn=torch.nn.Identity())
+    config = {} if dropout is None else {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
+    model = CrossEncoder(base, num_labels=1, activation_fn=torch.nn.Identity(), config_kwargs=config)
+    if dropout is not None:
+        for module in model.model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = dropout
     added = model.tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[relation])})
     if added:
         model.model.resize_token_embeddings(len(model.tokenizer))
@@ -127,6 +141,8 @@ def loop_config(todo: list[Task], cfg: TrainConfig, seed: int) -> dict:
         "batch_size": cfg.batch_size,
         "accum": accumulation_steps(cfg),
         "lr": cfg.learning_rate,
+        "weight_decay": cfg.weight_decay,
+        "dropout": cfg.dropout,
         "epochs": cfg.epochs,
         "seed": seed,
         "threads": 0 if cfg.use_gpu else max(1, int(math.floor(cfg.cpus_per_worker))),
@@ -150,6 +166,8 @@ def task_key(task: Task, cfg: TrainConfig, seed: int) -> str:
             "base_model",
             "max_tokens",
             "learning_rate",
+            "weight_decay",
+            "dropout",
             "epochs",
             "effective_batch_size",
             "batch_size",

@@ -1,10 +1,19 @@
 """The train stage's steps, free of Ray: out-of-fold cross-encoder signals, the windowed head grid,
 evaluation, the bundle (the stage that runs them is :mod:`raypipe.stages.train`).
 
-Everything is k-fold by question with one fold assignment: the cross-encoders of fold f and the heads
-of fold f are trained on the other folds' questions and predict fold f's rows, so every row gets
-predictions from models that never saw its question. (The heads' training rows carry cross-encoder
-predictions from models that did see fold f's questions; that is ordinary stacking.)
+Two protocols (``raypipe.predict.splits.protocol_note`` names the one of each table):
+
+- cross-fitting within one run (no training run): k-fold by question with one fold assignment, the
+  cross-encoders of fold f and the heads of fold f are trained on the other folds' questions and
+  predict fold f's rows, so every row gets predictions from models that never saw its question. (The
+  heads' training rows carry cross-encoder predictions from models that did see fold f's questions;
+  that is ordinary stacking.)
+- train on a training run, evaluate on the target run (``--train-run``, the seed paper's §5.3: trained
+  on the training splits, evaluated on dev): the training rows have fold ``NOT_PREDICTED`` and the
+  target rows fold 0. One cross-encoder per relation x target is fit on the training rows and predicts
+  every row, the training rows in sample, as the public code applies one checkpoint per relation x
+  target (``predictions/supervised/train.py`` then ``predict.py``); the heads are fit on the training
+  rows and predict the target rows; only the target rows are scored.
 """
 
 from __future__ import annotations
@@ -25,10 +34,10 @@ from raypipe.core.schema import PREDICTIONS, SUP_COLUMNS, SUP_SIGNALS
 from raypipe.predict import evaluate, groups
 from raypipe.predict.bundle import MANIFEST
 from raypipe.predict.crossencoder import Task, TrainedModel, load_crossencoder, predict_texts
-from raypipe.predict.head import fit_head, out_of_fold
+from raypipe.predict.head import NOT_PREDICTED, fit_head, out_of_fold
 from raypipe.predict.relations import TARGETS
 from raypipe.predict.splits import fold_column
-from raypipe.predict.window import build_window
+from raypipe.predict.window import head_inputs
 
 log = logging.getLogger(__name__)
 KEYS = ["qid", "dataset", "iteration"]
@@ -54,6 +63,22 @@ def prediction_rows(iterations: pd.DataFrame) -> pd.DataFrame:
     return rows.sort_values(["qid", "iteration"]).reset_index(drop=True)
 
 
+def crossencoder_fits(
+    fold_of_row: np.ndarray, cfg: TrainConfig, train_rows: np.ndarray | None = None
+) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(fold name, rows trained on, rows predicted) of each relation x target's cross-encoders.
+
+    Cross-fitting: one fit per fold (the other folds' rows, predicting the fold's), plus ``all`` with
+    ``refit_full``; with ``train_rows`` (a training run): one fit, ``train``, predicting every row.
+    """
+    if train_rows is not None:
+        return [("train", np.asarray(train_rows, bool), np.ones(len(fold_of_row), bool))]
+    fits = [(str(f), fold_of_row != f, fold_of_row == f) for f in sorted(set(fold_of_row))]
+    if cfg.refit_full:
+        fits.append(("all", np.ones(len(fold_of_row), bool), np.zeros(len(fold_of_row), bool)))
+    return fits
+
+
 def supervised_signals(
     texts: pd.DataFrame,
     folds: dict[str, int],
@@ -61,34 +86,34 @@ def supervised_signals(
     models_dir: Path,
     trainer: Trainer,
     seed: int = 0,
+    train_rows: np.ndarray | None = None,
 ) -> SupervisedResult:
-    """Cross-encoders for every relation x target x fold (one ``trainer`` call); out-of-fold predictions.
+    """Cross-encoders for every relation x target x fit (one ``trainer`` call) and their predictions.
 
-    ``folds`` are the cross-encoders' question folds.
+    ``folds`` are the cross-encoders' question folds; ``train_rows`` (rows of a training run) switches to
+    train-on-the-training-run (:func:`crossencoder_fits`).
     """
     fold_of_row = fold_column(texts, folds)
-    fold_names = [*(str(f) for f in sorted(set(fold_of_row))), *(["all"] if cfg.refit_full else [])]
+    fits = crossencoder_fits(fold_of_row, cfg, train_rows)
     tasks, plan = [], []
     for relation in cfg.relations:
         text = texts[f"text_{relation}"].tolist()
         for short, target in TARGETS.items():
             y = texts[target].to_numpy(dtype=float)
-            for fold in fold_names:
-                train = np.ones(len(texts), bool) if fold == "all" else fold_of_row != int(fold)
+            for fold, train, test in fits:
                 name = f"{relation}_{short}_fold{fold}"
                 tasks.append(Task(name, relation, [t for t, k in zip(text, train) if k], y[train].tolist()))
-                plan.append((name, relation, short, fold))
+                plan.append((name, relation, short, fold, test))
     trained = trainer(tasks, cfg, models_dir, seed)
 
     signals = texts[["qid", "iteration"]].copy()
     records, curves, bundle = [], {}, {}
-    bundle_fold = "all" if cfg.refit_full else fold_names[0]
-    for name, relation, short, fold in plan:
+    bundle_fold = "train" if train_rows is not None else ("all" if cfg.refit_full else fits[0][0])
+    for name, relation, short, fold, test in plan:
         column, model = groups.sup_column(relation, short), trained[name]
         if column not in signals:
             signals[column] = np.nan
-        if fold != "all":
-            test = fold_of_row == int(fold)
+        if test.any():
             loaded = load_crossencoder(model.path)
             text = texts.loc[test, f"text_{relation}"].tolist()
             signals.loc[test, column] = predict_texts(loaded, text, cfg.max_tokens)
@@ -111,16 +136,20 @@ def supervised_signals(
     return SupervisedResult(signals, pd.DataFrame.from_records(records), curves, bundle)
 
 
-def crossencoder_scores(texts: pd.DataFrame, sup: SupervisedResult, cfg: TrainConfig) -> pd.DataFrame:
-    """Out-of-fold Pearson/Kendall of each cross-encoder against its own target, with its training time."""
+def crossencoder_scores(
+    texts: pd.DataFrame, sup: SupervisedResult, cfg: TrainConfig, evaluated: np.ndarray | None = None
+) -> pd.DataFrame:
+    """Held-out Pearson/Kendall of each cross-encoder against its own target (on the ``evaluated`` rows,
+    default all), with its training time."""
     rows = []
-    groups_ = texts["qid"].to_numpy()
+    keep = np.ones(len(texts), bool) if evaluated is None else np.asarray(evaluated, bool)
+    groups_ = texts["qid"].to_numpy()[keep]
     for relation in cfg.relations:
         for short, target in TARGETS.items():
             column = groups.sup_column(relation, short)
             s = evaluate.score(
-                texts[target].to_numpy(float),
-                sup.signals[column].to_numpy(float),
+                texts[target].to_numpy(float)[keep],
+                sup.signals[column].to_numpy(float)[keep],
                 groups_,
                 cfg.bootstrap_samples,
                 cfg.confidence,
@@ -155,7 +184,8 @@ def head_grid(
     windows: list[int] | None = None,
     map_cells: CellMapper | None = None,
 ) -> HeadGrid:
-    """Out-of-fold head predictions and scores for every column set x target x window (default cfg.windows).
+    """Held-out head predictions and scores for every column set x target x window (default cfg.windows):
+    rows of folds >= 0 are predicted and scored, rows of fold ``NOT_PREDICTED`` only trained on.
 
     ``map_cells`` fits the cells (default :func:`fit_cells`, in this process; the train stage passes one
     that runs them as Ray tasks).
@@ -190,11 +220,13 @@ def fit_and_score(
     cfg: TrainConfig,
     seed: int,
 ) -> CellScores:
-    """One grid cell: out-of-fold predictions of ``target`` from the window of ``columns``, and its scores."""
-    x, _ = build_window(data, columns, window)
+    """One grid cell: held-out predictions of ``target`` from the window of ``columns``, and their scores."""
+    x, _ = head_inputs(data, columns, window, cfg)
     y = data[target].to_numpy(dtype=float)
     pred = out_of_fold(x, y, fold_of_row, cfg, seed)
-    return pred, evaluate.score(y, pred, data["qid"].to_numpy(), cfg.bootstrap_samples, cfg.confidence, seed)
+    scored = fold_of_row != NOT_PREDICTED
+    qids = data["qid"].to_numpy()
+    return pred, evaluate.score(y[scored], pred[scored], qids[scored], cfg.bootstrap_samples, cfg.confidence, seed)
 
 
 def fit_cells(
@@ -212,7 +244,10 @@ def ablation_sets(cfg: TrainConfig) -> dict[str, list[str]]:
 
 
 def sup_signals_table(texts: pd.DataFrame, fold_of_row: np.ndarray, signals: pd.DataFrame) -> pa.Table:
-    """The out-of-fold cross-encoder predictions as the SUP_SIGNALS table (untrained relations null)."""
+    """The held-out cross-encoder predictions (rows of folds >= 0) as the SUP_SIGNALS table (untrained
+    relations null)."""
+    keep = fold_of_row != NOT_PREDICTED
+    texts, fold_of_row, signals = texts[keep], fold_of_row[keep], signals[keep]
     frame = texts[KEYS].copy()
     frame["iteration"] = frame["iteration"].astype(np.int32)
     frame["fold"] = fold_of_row.astype(np.int32)
@@ -222,22 +257,37 @@ def sup_signals_table(texts: pd.DataFrame, fold_of_row: np.ndarray, signals: pd.
 
 
 def prediction_table(data: pd.DataFrame, fold_of_row: np.ndarray, group: str, window: int, preds: dict) -> pa.Table:
-    frame = data[[*KEYS]].copy()
-    frame["fold"] = fold_of_row.astype(np.int32)
+    """The predicted rows (folds >= 0) of one head as a PREDICTIONS table."""
+    keep = fold_of_row != NOT_PREDICTED
+    frame = data.loc[keep, [*KEYS]].copy()
+    frame["fold"] = fold_of_row[keep].astype(np.int32)
     frame["feature_group"] = group
     frame["window"] = np.int32(window)
-    frame["p_hat"] = preds["p"].astype(np.float32)
-    frame["u_hat"] = preds["u"].astype(np.float32)
-    frame["probe_f1"] = data["probe_f1"].astype(np.float32)
-    frame["utility"] = data["utility"].astype(np.float32)
+    frame["p_hat"] = preds["p"][keep].astype(np.float32)
+    frame["u_hat"] = preds["u"][keep].astype(np.float32)
+    frame["probe_f1"] = data.loc[keep, "probe_f1"].astype(np.float32)
+    frame["utility"] = data.loc[keep, "utility"].astype(np.float32)
     return pa.Table.from_pandas(frame[PREDICTIONS.names], schema=PREDICTIONS, preserve_index=False)
 
 
 def fit_bundle_heads(
-    data: pd.DataFrame, columns: list[str], cfg: TrainConfig, seed: int, models_dir: Path, sup: dict
+    data: pd.DataFrame,
+    columns: list[str],
+    cfg: TrainConfig,
+    seed: int,
+    models_dir: Path,
+    sup: dict,
+    rows: np.ndarray | None = None,
 ) -> Path:
-    """Heads of the chosen configuration fit on every question, saved with the manifest."""
-    x, names = build_window(data, columns, cfg.chosen_window)
+    """Heads of the chosen configuration fit on every training question (``rows``, default all), saved
+    with the manifest.
+
+    Without the question-type one-hot: the online controller sees a question, not its dataset
+    annotation; the manifest says so (``question_type``).
+    """
+    keep = np.ones(len(data), bool) if rows is None else np.asarray(rows, bool)
+    data = data[keep].reset_index(drop=True)
+    x, names = head_inputs(data, columns, cfg.chosen_window, cfg, include_type=False)
     models_dir.mkdir(parents=True, exist_ok=True)
     for short, target in TARGETS.items():
         head = fit_head(x, data[target].to_numpy(dtype=float), cfg, seed)
@@ -248,6 +298,8 @@ def fit_bundle_heads(
         "window": cfg.chosen_window,
         "feature_columns": columns,
         "window_columns": names,
+        "window_options": {"slots": cfg.window_slots, "indicators": cfg.head_input == "indicators"},
+        "question_type": "not an input of the bundled heads (unknown online), whatever train.include_type says",
         "crossencoders": sup,
         "relations": list(cfg.relations),
         "train": cfg.model_dump(mode="json"),

@@ -6,20 +6,25 @@ Each relation turns one retrieval iteration i >= 1 into one text:
 - long-distance: ``{q} [SEP] [ORIG] {r_0} [SEP] [CURR_SUBQ] {q_i} [CURR] {r_i}``
 - intra-iteration: ``{q} [SEP] {r_i} [CURR_SUBQ] {q_i} [CURR_TITLE] {title} [CURR_INFO] {text}``
 
-q is the question, r_i / q_i the reasoning and query of iteration i (ITERATIONS.reasoning / .query),
-r_0 the reasoning before any retrieval, r_prev / q_prev those of iteration i-1, and title / text the
-current query's top retrieved document. Every field is cut to ``field_chars`` characters (the title to
-``title_chars``); a missing field (q_prev at iteration 1) is an empty string. The bracketed markers are
-added to the tokenizer as special tokens, as the seed code does.
+q is the question, q_i the query of iteration i (ITERATIONS.query), r_i its reasoning: by default the
+parsed think text of ITERATIONS.reasoning, without the search action, the query markup or a final
+answer, as the seed feeds its cross-encoders (:func:`raypipe.features.similarity.reasoning_text`;
+``train.reasoning_text="raw"`` keeps the whole turn). r_0 is the reasoning before any retrieval,
+r_prev / q_prev those of iteration i-1, and title / text the current query's top retrieved document.
+Every field is cut to ``field_chars`` characters (the title to ``title_chars``); a missing field
+(q_prev at iteration 1) is an empty string. The bracketed markers are added to the tokenizer as
+special tokens, as the seed code does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
+
+from raypipe.features.similarity import reasoning_text
 
 RELATIONS = ("adjacent_think", "long_distance", "intra_iteration")
 SHORT = {"adjacent_think": "at", "long_distance": "ld", "intra_iteration": "ii"}
@@ -70,12 +75,20 @@ def format_relation(relation: str, it: IterationText, field_chars: int = 256, ti
 
 
 def trajectory_texts(
-    question: str, rows: list[dict[str, Any]], top_doc: Callable[[dict], tuple[str, str]]
+    question: str,
+    rows: list[dict[str, Any]],
+    top_doc: Callable[[dict], tuple[str, str]],
+    reasoning: Literal["parsed", "raw"] = "parsed",
 ) -> list[tuple[int, IterationText]]:
     """(iteration, IterationText) for every row with iteration >= 1 of one trajectory (rows in any order).
 
-    ``top_doc(row)`` gives (title, text) of the row's top document.
+    ``top_doc(row)`` gives (title, text) of the row's top document; ``reasoning`` how r_i is read from a
+    row (see the module docstring).
     """
+
+    def r(row: dict) -> str | None:
+        return reasoning_text(row.get("reasoning"), reasoning)
+
     by_it = {int(r["iteration"]): r for r in rows}
     if len(by_it) != len(rows):
         raise ValueError(f"duplicate iterations in trajectory {rows[0].get('qid')!r}")
@@ -89,10 +102,10 @@ def trajectory_texts(
                 i,
                 IterationText(
                     question=question,
-                    reasoning=row.get("reasoning"),
+                    reasoning=r(row),
                     query=row.get("query"),
-                    first_reasoning=first.get("reasoning"),
-                    prev_reasoning=prev.get("reasoning"),
+                    first_reasoning=r(first),
+                    prev_reasoning=r(prev),
                     prev_query=prev.get("query"),
                     top_title=title,
                     top_text=text,
@@ -127,6 +140,7 @@ def relation_frame(
     doc_lookup: DocLookup | None = None,
     field_chars: int = 256,
     title_chars: int = 128,
+    reasoning: Literal["parsed", "raw"] = "parsed",
 ) -> pd.DataFrame:
     """One row per qid x iteration >= 1: keys, targets and a ``text_<relation>`` column per relation."""
     relations = list(relations)
@@ -139,7 +153,7 @@ def relation_frame(
             raise ValueError(f"qid {qid!r} is in iterations but not in trajectories")
         rows = group.to_dict("records")
         by_it = {int(r["iteration"]): r for r in rows}
-        for i, it in trajectory_texts(questions[qid], rows, top_doc):
+        for i, it in trajectory_texts(questions[qid], rows, top_doc, reasoning):
             row = by_it[i]
             rec = {
                 "qid": qid,

@@ -45,3 +45,18 @@ def train_test_masks(fold_of_row: np.ndarray, fold: int) -> tuple[np.ndarray, np
     """Boolean row masks: train = every other fold, test = this fold."""
     test = fold_of_row == fold
     return ~test, test
+
+
+def check_disjoint(train_qids, target_qids, train_name: str = "the training run", target_name: str = "this run") -> None:
+    """Fail when a question is in both runs (the seed paper trains on train splits and evaluates on dev)."""
+    both = sorted(set(map(str, train_qids)) & set(map(str, target_qids)))
+    if both:
+        shown = ", ".join(both[:10]) + (f" and {len(both) - 10} more" if len(both) > 10 else "")
+        raise ValueError(f"{len(both)} questions are in both {train_name} and {target_name}: {shown}")
+
+
+def protocol_note(train_run: str | None, folds: int | None = None) -> str:
+    """One line naming the evaluation protocol of a table."""
+    if train_run:
+        return f"protocol: trained on the run {train_run}, evaluated on this run's questions (the paper's train/dev)"
+    return "protocol: cross-fitting within this run" + (f" ({folds}-fold by question)" if folds else "")

@@ -25,12 +25,13 @@ def doc_lookup(doc_id: str) -> tuple[str, str] | None:
     return f"T{j}", f"text {j}"
 
 
-def write_run(path: str | Path, n_questions: int = 60, max_iterations: int = 4, seed: int = 0) -> RunDir:
+def write_run(path: str | Path, n_questions: int = 60, max_iterations: int = 4, seed: int = 0, prefix: str = "q") -> RunDir:
+    """``n_questions`` questions with qids ``<prefix>0``, ``<prefix>1``, ... (two runs with other prefixes share none)."""
     rng = np.random.default_rng(seed)
     run = RunDir(path)
     trajectories, iterations, features = [], [], []
     for q in range(n_questions):
-        qid, dataset = f"q{q}", ("hotpotqa", "musique")[q % 2]
+        qid, dataset = f"{prefix}{q}", ("hotpotqa", "musique")[q % 2]
         n_iter = int(rng.integers(1, max_iterations + 1))
         f1, prev_f1, prev_conf = float(rng.uniform(0, 0.5)), None, None
         for i in range(n_iter + 1):

@@ -12,6 +12,13 @@ from raypipe.core.tables import markdown_table
 TARGET_NAMES = {"p": "P_i (quality)", "u": "U_i (utility)"}
 
 
+def _protocol(table: pd.DataFrame, cfg: TrainConfig) -> str:
+    """The table's ``protocol`` column (raypipe.predict.splits.protocol_note), else cross-fitting."""
+    if "protocol" in table and len(table):
+        return str(table["protocol"].iloc[0])
+    return f"protocol: cross-fitting within this run ({cfg.folds}-fold by question)"
+
+
 def _cell(row: pd.Series) -> str:
     mark = "*" if row.get("significant") else ""
     return f"{row['pearson']:.3f}{mark} / {row['kendall']:.3f}"
@@ -23,7 +30,7 @@ def grid_markdown(results: pd.DataFrame, label: str, title: str, cfg: TrainConfi
     lines = [
         f"## {title}",
         "",
-        f"Cells: Pearson r / Kendall tau of out-of-fold predictions ({cfg.folds}-fold by question); "
+        f"Cells: Pearson r / Kendall tau of held-out predictions ({_protocol(results, cfg)}); "
         f"* = r above w=1's by Fisher's z test ({test}, p < {cfg.significance}). "
         f"{int(cfg.confidence * 100)}% question-bootstrap intervals in the CSV.",
         "",
@@ -60,8 +67,9 @@ def crossencoder_markdown(table: pd.DataFrame) -> str:
         )
         for _, r in table.iterrows()
     ]
-    title = "## Cross-encoders (supervised signals), out of fold, against their own target"
-    return f"{title}\n\n{markdown_table(columns, rows)}\n"
+    title = "## Cross-encoders (supervised signals), held out, against their own target"
+    note = f"{table['protocol'].iloc[0]}.\n\n" if "protocol" in table and len(table) else ""
+    return f"{title}\n\n{note}{markdown_table(columns, rows)}\n"
 
 
 def write_tables(

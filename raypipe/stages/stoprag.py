@@ -9,9 +9,12 @@ predictors have run) and writes ``RUN_DIR/stoprag/``:
   ablations) and LLM-Stop on the test questions: mean iterations, F1, share of natural F1, tokens;
 - ``outcomes.parquet``: every controller's decision per test question; ``margins.parquet``: Q_stop,
   Q_cont and the reward of every scored state; ``llm_stop.parquet``: LLM-Stop's raw outputs;
+  ``rewards.parquet``: the generator's answers (``stoprag.reward_source=generator``);
 - ``training.csv``: per-epoch loss and lambda of each trained network.
 
 Questions are split by qid hash into train/val/test (``stoprag.split``); the threshold is tuned on val.
+With ``--train-run TRAIN_RUN_DIR`` (the paper's protocol) that run's questions are split into train/val
+and every question of RUN_DIR is a test question.
 The Q-network trains on Ray Train (:func:`train_loop`, the steps of :mod:`raypipe.stoprag.train`): every
 epoch rank 0 reports a checkpoint (network + optimizer state); after a worker failure Ray Train restarts
 the workers and the loop resumes from the last checkpoint.
@@ -38,8 +41,10 @@ from raypipe.core.config import EngineConfig, RunConfig, StopRagConfig
 from raypipe.core.jobargs import job_parser, run_config_from_args, setup_logging
 from raypipe.core.rundir import RunDir, RunDirError
 from raypipe.core.tables import markdown_table
+from raypipe.core.train_run import StackedRun, add_train_run_argument, resolve_train_run
 from raypipe.llm.base import Engine
 from raypipe.llm.factory import build_engine
+from raypipe.predict.splits import check_disjoint
 from raypipe.runtime.cluster import init_ray
 from raypipe.runtime.trainer import torch_trainer
 from raypipe.stopping.caps import cap, natural
@@ -52,6 +57,7 @@ from raypipe.stopping.replay import (
     split_qids,
     summarise,
 )
+from raypipe.stoprag.rewards import rescore
 from raypipe.stoprag.targets import (
     Episode,
     Margins,
@@ -84,13 +90,24 @@ def split_three(qids: Sequence[str], shares: tuple[float, float, float], seed: i
     return Splits(train, val, test)
 
 
+def split_train_run(
+    train_t: Sequence[Trajectory], target_t: Sequence[Trajectory], shares: tuple[float, float, float], seed: int
+) -> Splits:
+    """train/val from the training run's questions (in the ratio of the first two ``shares``, by qid hash),
+    test = every question of the target run; a question in both runs is an error."""
+    train_qids, target_qids = [t.qid for t in train_t], [t.qid for t in target_t]
+    check_disjoint(train_qids, target_qids)
+    val, train = split_qids(train_qids, shares[1] / (shares[0] + shares[1]), seed)
+    return Splits(train, val, set(target_qids))
+
+
 def load_histories(run: RunDir, config: RunConfig, qids: set[str]) -> tuple[dict[str, str], dict[str, list[dict]]]:
     """Questions and per-qid iteration rows with their visible documents' titles and texts."""
     from raypipe.agents import visible_docs
     from raypipe.retrieval.build import corpus_path
     from raypipe.retrieval.store import corpus_documents
 
-    top_k = config.stoprag.docs_per_iteration or visible_docs(config)  # what the agent saw
+    top_k = visible_docs(config)  # what the agent saw; a state selects its documents among them
     questions = dict(zip(*run.read("trajectories", ["qid", "question"]).to_pydict().values()))
     rows: dict[str, list[dict]] = {}
     for row in run.read("iterations").to_pylist():
@@ -101,12 +118,74 @@ def load_histories(run: RunDir, config: RunConfig, qids: set[str]) -> tuple[dict
     return questions, {qid: with_documents(rs, docs, top_k) for qid, rs in rows.items()}
 
 
-def score_episodes(folder: Path, episodes: Sequence[Episode], max_length: int) -> tuple[Margins, list[dict]]:
+def state_separator(cfg: StopRagConfig) -> str:
+    """The Q-network encoder's separator token, which joins a state's parts (the reference's ``[SEP]``)."""
+    from raypipe.core.models import resolve_sentence_model
+    from raypipe.stoprag.qnet import load_tokenizer
+    from raypipe.stoprag.targets import SEP
+
+    return load_tokenizer(resolve_sentence_model(cfg.encoder)).sep_token or SEP
+
+
+def build_episodes(
+    config: RunConfig, questions: dict[str, str], histories: dict[str, list[dict]], rewards: dict[str, dict[int, float]]
+) -> dict[str, Episode]:
+    """Every question's episode: its states as the Q-network reads them and their rewards."""
+    cfg = config.stoprag
+    sep = state_separator(cfg)
+    return {
+        qid: build_episode(qid, questions[qid], rows, first_decision=cfg.first_decision, mode=cfg.state_input,
+                           doc_chars=cfg.doc_chars, per_round=cfg.docs_per_iteration, sep=sep, rewards=rewards[qid])
+        for qid, rows in histories.items()
+    }  # fmt: skip
+
+
+def state_rewards(
+    run: RunDir,
+    config: RunConfig,
+    questions: dict[str, str],
+    histories: dict[str, list[dict]],
+    engine_factory: Callable[[EngineConfig], Engine],
+    out: Path,
+) -> tuple[dict[str, dict[int, float]], str]:
+    """qid -> iteration -> reward for every state (:mod:`raypipe.stoprag.rewards`), and the note that names
+    the generator. The generator's answers go to ``rewards.parquet``."""
+    from raypipe.stoprag.rewards import generator_note, generator_rewards, state_documents
+    from raypipe.stoprag.targets import probe_rewards
+
+    cfg = config.stoprag
+    if cfg.reward_source == "probe":
+        if not any(r.get("probe_answer") is not None for rows in histories.values() for r in rows):
+            raise ValueError("the run has no probed answers (agent.probe=false?): use stoprag.reward_source=generator")
+        return {qid: probe_rewards(rows) for qid, rows in histories.items()}, generator_note(cfg, config.engine.model)
+    golden = dict(zip(*run.read("trajectories", ["qid", "golden_answers"]).to_pydict().values()))
+    states = {}
+    for qid, rows in histories.items():
+        rounds = rounds_from_history(rows)
+        for it in range(len(rounds) + 1):
+            states[(qid, it)] = (questions[qid], state_documents(rounds[:it], cfg.docs_per_iteration))
+    log.info("rewards: %d states x %d answers from the docs-only final-answer prompt", len(states), cfg.reward_samples)
+    engine = engine_factory(config.engine)
+    try:
+        started = time.perf_counter()
+        totals, rows = asyncio.run(generator_rewards(engine, states, golden, cfg, config.agent.metric, config.seed))
+        log.info("rewards: generated in %.1f s", time.perf_counter() - started)
+    finally:
+        asyncio.run(engine.close())
+    pd.DataFrame(rows).to_parquet(out / "rewards.parquet")
+    rewards: dict[str, dict[int, float]] = {}
+    for (qid, it), value in totals.items():
+        rewards.setdefault(qid, {})[it] = value
+    return rewards, generator_note(cfg, config.engine.model)
+
+
+def score_episodes(folder: Path, episodes: Sequence[Episode]) -> tuple[Margins, list[dict]]:
+    """Q_stop, Q_cont and the margin of every state, at the network's own input length and truncation."""
     from raypipe.stoprag.qnet import QNetwork, load_tokenizer, score
 
-    net, _ = QNetwork.load(folder)
+    net, meta = QNetwork.load(folder)
     texts = [t for ep in episodes for t in ep.texts]
-    q_stop, q_cont = score(net, load_tokenizer(folder), texts, max_length)
+    q_stop, q_cont = score(net, load_tokenizer(folder), texts, meta["max_length"], keep=meta["state_truncation"])
     margins: Margins = {}
     rows, k = [], 0
     for ep in episodes:
@@ -214,6 +293,10 @@ def train_qnetwork(
     """
     if not samples:
         raise ValueError("no training states: every training trajectory has a single state or no reward signal")
+    if cfg.max_length is None:  # the longest input the encoder accepts
+        from raypipe.stoprag.qnet import encoder_max_length
+
+        cfg = cfg.model_copy(update={"max_length": encoder_max_length(encoder_path)})
     target = Path(dest).resolve()
     storage = target.parent / "ray_train"
     shutil.rmtree(storage / name, ignore_errors=True)  # a rerun trains afresh, never on an old run's state
@@ -254,14 +337,15 @@ def train_variant(
 
     texts, samples = training_samples([episodes[q] for q in sorted(splits.train) if q in episodes], cfg.drop_no_signal)
     log.info("Stop-RAG[%s]: %d training states (%d in the state table)", cfg.target, len(samples), len(texts))
-    meta = {"state_input": cfg.state_input, "doc_chars": cfg.doc_chars, "first_decision": cfg.first_decision,
-            "target": cfg.target, "encoder": cfg.encoder}  # fmt: skip
+    meta = {"state_input": cfg.state_input, "doc_chars": cfg.doc_chars, "docs_per_iteration": cfg.docs_per_iteration,
+            "state_truncation": cfg.state_truncation, "first_decision": cfg.first_decision, "target": cfg.target,
+            "encoder": cfg.encoder, "reward_source": cfg.reward_source}  # fmt: skip
     dest = out / ("qnet" if cfg.target == config.stoprag.target else f"qnet_{cfg.target}")
     folder, history = train_qnetwork(
         texts, samples, cfg, resolve_sentence_model(cfg.encoder), dest, seed=config.seed, meta=meta, name=f"stoprag_{cfg.target}"
     )
     scored = [episodes[q] for q in sorted(splits.val | splits.test) if q in episodes]
-    margins, margin_rows = score_episodes(folder, scored, cfg.max_length)
+    margins, margin_rows = score_episodes(folder, scored)
     threshold, val_summary = tune_threshold(val_t, margins, cfg.threshold_objective, cfg.min_share)
     meta_path = folder / "qnet.json"
     meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "threshold": threshold}, indent=2))
@@ -297,7 +381,7 @@ def llm_stop_margins(
         controller = LLMStopController(
             engine, max_tokens=cfg.llm_stop_max_tokens, temperature=cfg.llm_stop_temperature, docs=cfg.llm_stop_docs,
             doc_chars=cfg.doc_chars, default=cfg.llm_stop_default, first_decision=cfg.first_decision, seed=config.seed,
-            enforce=cfg.llm_stop_enforce,
+            enforce=cfg.llm_stop_enforce, parser=cfg.llm_stop_parser,
         )  # fmt: skip
         warmup = getattr(engine, "warmup", None)
         if cfg.llm_stop_enforce and warmup is not None:  # compile the grammar before the real requests
@@ -400,23 +484,32 @@ def run_stoprag(
     llm_stop: bool | None = None,
     ablation: Sequence[str] = (),
     engine_factory: Callable[[EngineConfig], Engine] = build_engine,
+    train_run: RunDir | None = None,
 ) -> StopRagReport:
     """The whole stage (Ray initialised by the caller). ``ablation``: more target types to train;
-    ``llm_stop`` overrides ``stoprag.llm_stop``; ``engine_factory`` builds LLM-Stop's engine."""
+    ``llm_stop`` overrides ``stoprag.llm_stop``; ``engine_factory`` builds LLM-Stop's engine;
+    ``train_run``: train and tune on that run's questions, test on every question of ``run``
+    (:func:`split_train_run`); None: ``run`` split three ways (:func:`split_three`)."""
     started = time.monotonic()
     cfg = config.stoprag
     out = run.path / OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
-    trajectories, excluded = load_trajectories(run)
-    splits = split_three([t.qid for t in trajectories], cfg.split, cfg.split_seed)
+    source = run if train_run is None else StackedRun(train_run, run)  # the training run's rows, then the run's
+    trajectories, excluded = load_trajectories(source)
+    if train_run is None:
+        splits = split_three([t.qid for t in trajectories], cfg.split, cfg.split_seed)
+        protocol = f"protocol: cross-fitting within this run (train/val/test {cfg.split} by qid hash)"
+    else:
+        splits = split_train_run(load_trajectories(train_run)[0], load_trajectories(run)[0], cfg.split, cfg.split_seed)
+        protocol = f"protocol: trained and tuned on the training run {train_run.path}, tested on this run's questions"
     if not splits.train or not splits.val or not splits.test:
         raise ValueError(f"{len(trajectories)} questions are too few for a train/val/test split {cfg.split}")
-    log.info("%d questions: %d train, %d val, %d test", len(trajectories), len(splits.train), len(splits.val), len(splits.test))
-    questions, histories = load_histories(run, config, {t.qid for t in trajectories})
-    episodes = {
-        qid: build_episode(qid, questions[qid], rows, first_decision=cfg.first_decision, mode=cfg.state_input, doc_chars=cfg.doc_chars)
-        for qid, rows in histories.items()
-    }
+    log.info("%d questions: %d train, %d val, %d test; %s", len(trajectories), len(splits.train), len(splits.val),
+             len(splits.test), protocol)  # fmt: skip
+    questions, histories = load_histories(source, config, {t.qid for t in trajectories})
+    rewards, answers_note = state_rewards(source, config, questions, histories, engine_factory, out)
+    trajectories = [rescore(t, rewards[t.qid]) for t in trajectories]  # one generator scores every controller
+    episodes = build_episodes(config, questions, histories, rewards)
     val_t = [t for t in trajectories if t.qid in splits.val]
     test_t = [t for t in trajectories if t.qid in splits.test]
 
@@ -427,7 +520,7 @@ def run_stoprag(
         more, more_out = llm_stop_comparison(config, questions, histories, test_t, engine_factory, out)
         rows += more
         outcomes += more_out
-    table = write_comparison(out, rows, outcomes, len(test_t), len(splits.val))
+    table = write_comparison(out, rows, outcomes, len(test_t), len(splits.val), answers_note, protocol)
     return StopRagReport(table, out, {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
                          excluded, time.monotonic() - started)  # fmt: skip
 
@@ -493,12 +586,17 @@ def llm_stop_comparison(
     return rows, outcomes
 
 
-def write_comparison(out: Path, rows: list[dict], outcomes: list[dict], n_test: int, n_val: int) -> pd.DataFrame:
-    """comparison.csv/.md/.png and outcomes.parquet; returns the comparison table."""
+def write_comparison(
+    out: Path, rows: list[dict], outcomes: list[dict], n_test: int, n_val: int, answers_note: str, protocol: str = ""
+) -> pd.DataFrame:
+    """comparison.csv/.md/.png and outcomes.parquet; returns the comparison table. ``answers_note``
+    names the answer generator that scored every controller (an ``answers`` column, a line of the .md);
+    ``protocol`` the train/test protocol (a ``protocol`` column, a line of the .md)."""
     table = pd.DataFrame(rows)
-    table.to_csv(out / "comparison.csv", index=False)
+    table.assign(answers=answers_note, protocol=protocol).to_csv(out / "comparison.csv", index=False)
     title = f"Stopping controllers on {n_test} held-out test questions\n(Stop-RAG threshold tuned on {n_val} validation questions)"
-    (out / "comparison.md").write_text(markdown(table, title))
+    more = f"\n{protocol}.\n" if protocol else ""
+    (out / "comparison.md").write_text(markdown(table, title) + f"\nF1 of every controller: {answers_note}.\n" + more)
     plot(table, out / "comparison.png", title)
     pd.DataFrame(outcomes).to_parquet(out / "outcomes.parquet")
     return table
@@ -521,18 +619,21 @@ def main() -> None:
     parser.add_argument("--no-llm-stop", action="store_true", help="skip the LLM-Stop baseline (it runs the engine)")
     parser.add_argument("--ablation", nargs="*", default=[], choices=["qlambda", "mc", "q0", "binary"],
                         help="also train these target types (the paper's ablation) and add them to the comparison")
+    add_train_run_argument(parser)
     args = parser.parse_args()
     setup_logging(args.verbose)
     run = RunDir(args.run_dir)
     if not run.path.is_dir():
         sys.exit(f"error: run directory {run.path} does not exist")
     config = run_config_from_args(args, run.path)
+    train_run = resolve_train_run(config, args.train_run, run)
 
     import ray
 
     init_ray(config, log_to_driver=True)
     try:
-        report = run_stoprag(run, config, llm_stop=False if args.no_llm_stop else None, ablation=args.ablation)
+        report = run_stoprag(run, config, llm_stop=False if args.no_llm_stop else None, ablation=args.ablation,
+                             train_run=train_run)  # fmt: skip
     except (RunDirError, ValueError) as exc:
         sys.exit(f"error: {exc}")
     finally:

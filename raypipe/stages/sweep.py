@@ -35,6 +35,9 @@ import pandas as pd
 from raypipe.core.config import PAPER_THETA_U_STRICT, HeadRefit, StoppingConfig, TrainConfig
 from raypipe.core.jobargs import job_parser, run_config_from_args, setup_logging
 from raypipe.core.rundir import RunDir, RunDirError
+from raypipe.core.train_run import add_train_run_argument, resolve_train_run
+from raypipe.predict.qtypes import run_question_types
+from raypipe.predict.splits import check_disjoint
 from raypipe.runtime.cluster import init_ray
 from raypipe.stopping.grid import (
     HeadKey,
@@ -88,6 +91,8 @@ class SweepInputs:
     theta_u: list[float]
     refits: list[HeadRefit]  # resolved, each with the signals it needs
     refit_frame: pd.DataFrame | None  # what the refits fit on
+    train_qids: set[str] | None = None  # a training run's questions (the validation split); None: one run
+    protocol: str = ""  # the protocol line of the tables
 
     @property
     def chosen(self) -> Predictions:
@@ -130,15 +135,19 @@ def load_heads(run: RunDir, which: str) -> tuple[HeadKey, dict]:
 
 
 def load_refits(
-    run: RunDir, refits: Sequence[HeadRefit], train: TrainConfig | None
+    runs: Sequence[RunDir],
+    refits: Sequence[HeadRefit],
+    train: TrainConfig | None,
+    question_types: Mapping[str, str] | None = None,
 ) -> tuple[list[HeadRefit], pd.DataFrame | None]:
-    """The head refits the run can fit (resolved against ``train``) and the frame they fit on."""
+    """The head refits the runs (a training run first, then the run) can fit (resolved against ``train``)
+    and the frame they fit on."""
     if not refits:
         return [], None
-    if train is None or not run.has("features"):
+    if train is None or not all(r.has("features") for r in runs):
         log.warning("no %s: head refits skipped", "features table" if train is not None else "train config")
         return [], None
-    frame = head_frame(run)
+    frame = pd.concat([head_frame(r, question_types) for r in runs], ignore_index=True)
     usable = []
     for refit in (resolve(r, train) for r in refits):
         missing = [c for c in refit_columns(refit, train) if c not in frame.columns]
@@ -149,16 +158,51 @@ def load_refits(
     return usable, frame
 
 
-def load_inputs(run: RunDir, cfg: StoppingConfig, train: TrainConfig | None) -> SweepInputs:
-    """Step 1: the trajectories with predictions, split by qid, the heads and the θ grids to sweep."""
+def load_runs(
+    run: RunDir, train_run: RunDir | None, which: str
+) -> tuple[list[Trajectory], dict[str, int], HeadKey, dict[HeadKey, Predictions], set[str] | None]:
+    """Trajectories and heads of the run, with a training run's stacked before them (its questions
+    returned as the last item, None without one); both runs must share the chosen head and no question."""
     trajectories, excluded = load_trajectories(run)
-    chosen_head, heads = load_heads(run, cfg.heads)
+    chosen_head, heads = load_heads(run, which)
+    if train_run is None:
+        return trajectories, excluded, chosen_head, heads, None
+    train_t, train_excluded = load_trajectories(train_run)
+    check_disjoint([t.qid for t in train_t], [t.qid for t in trajectories], f"the training run {train_run.path}",
+                   f"the run {run.path}")  # fmt: skip
+    train_chosen, train_heads = load_heads(train_run, which)
+    if train_chosen != chosen_head:
+        raise ValueError(f"the training run's chosen head {head_name(train_chosen)} is not this run's {head_name(chosen_head)}")
+    shared = {h: {**train_heads[h], **heads[h]} for h in heads if h in train_heads}
+    for reason, n in train_excluded.items():
+        excluded[f"train_run_{reason}"] = n
+    return [*train_t, *trajectories], excluded, chosen_head, shared, {t.qid for t in train_t}
+
+
+def load_inputs(
+    run: RunDir,
+    cfg: StoppingConfig,
+    train: TrainConfig | None,
+    train_run: RunDir | None = None,
+    question_types: Mapping[str, str] | None = None,
+) -> SweepInputs:
+    """Step 1: the trajectories with predictions, split by qid, the heads and the θ grids to sweep.
+
+    Without a training run the run's questions are split into validation and test halves by qid hash;
+    with one (``train_run``, the seed paper's protocol) its questions are the validation split, where
+    thresholds are chosen, and every question of ``run`` is a test question.
+    """
+    trajectories, excluded, chosen_head, heads, train_qids = load_runs(run, train_run, cfg.heads)
     chosen = heads[chosen_head]
     keep: list[Trajectory] = [t for t in trajectories if t.n_iterations == 0 or t.qid in chosen]
     if len(keep) < len(trajectories):
         excluded["no_predictions"] = len(trajectories) - len(keep)
         log.warning("%d questions have no predictions and are left out", len(trajectories) - len(keep))
-    val, test = split_qids([t.qid for t in keep], cfg.val_fraction, cfg.split_seed)
+    if train_qids is None:
+        val, test = split_qids([t.qid for t in keep], cfg.val_fraction, cfg.split_seed)
+    else:
+        val = {t.qid for t in keep if t.qid in train_qids}
+        test = {t.qid for t in keep if t.qid not in train_qids}
     if not val or not test:
         raise ValueError(f"{len(keep)} questions are too few for a validation/test split")
     val_preds = [pu for q in val for pu in chosen.get(q, {}).values()]
@@ -168,7 +212,12 @@ def load_inputs(run: RunDir, cfg: StoppingConfig, train: TrainConfig | None) -> 
         "%d questions (%d val, %d test), %d heads (+%d refits) x %d variants x %d θ_P x %d θ_U",
         len(keep), len(val), len(test), len(heads), len(cfg.refits), len(cfg.variants), len(theta_p), len(theta_u),
     )  # fmt: skip
-    refits, refit_frame = load_refits(run, cfg.refits, train)
+    runs = [run] if train_run is None else [train_run, run]
+    refits, refit_frame = load_refits(runs, cfg.refits, train, question_types)
+    if train_run is None:
+        protocol = f"protocol: cross-fitting within this run (validation/test halves by qid hash, {cfg.val_fraction:g} validation)"
+    else:
+        protocol = f"protocol: thresholds chosen on the training run {train_run.path}, reported on this run's questions"
     return SweepInputs(
         trajectories=keep,
         excluded=excluded,
@@ -180,6 +229,8 @@ def load_inputs(run: RunDir, cfg: StoppingConfig, train: TrainConfig | None) -> 
         theta_u=theta_u,
         refits=refits,
         refit_frame=refit_frame,
+        train_qids=train_qids,
+        protocol=protocol,
     )
 
 
@@ -191,7 +242,7 @@ def sweep_grid(
         inputs.trajectories, inputs.heads, inputs.split_of, variants=cfg.variants, theta_p=inputs.theta_p,
         theta_u=inputs.theta_u, min_f1_share=cfg.min_f1_share, storage_path=out / "tune", name=experiment,
         max_concurrent_trials=cfg.max_concurrent_trials, trial_num_cpus=cfg.trial_num_cpus,
-        refits=inputs.refits, refit_frame=inputs.refit_frame, train=train, seed=seed,
+        refits=inputs.refits, refit_frame=inputs.refit_frame, train=train, seed=seed, train_qids=inputs.train_qids,
     )  # fmt: skip
     grid.to_parquet(out / DATA / "grid.parquet")
     return grid
@@ -342,8 +393,8 @@ def _write_figure(out: Path, inputs: SweepInputs, grid: pd.DataFrame, choices: C
 
 def write_outputs(out: Path, inputs: SweepInputs, grid: pd.DataFrame, choices: Choices, min_share: float) -> dict:
     """Step 4: the tables, the Pareto front, Figure 5, selected.json and the Markdown trade-off; returns selected."""
-    to_frame(choices.rows).to_csv(out / DATA / "selections.csv", index=False)
-    choices.table.to_csv(out / f"{TRADEOFF}.csv", index=False)
+    to_frame(choices.rows).assign(protocol=inputs.protocol).to_csv(out / DATA / "selections.csv", index=False)
+    choices.table.assign(protocol=inputs.protocol).to_csv(out / f"{TRADEOFF}.csv", index=False)
     _write_figure(out, inputs, grid, choices)
     group, window = inputs.chosen_head
     best = choices.best
@@ -354,6 +405,7 @@ def write_outputs(out: Path, inputs: SweepInputs, grid: pd.DataFrame, choices: C
         "best": _config_json(*key_best[:3], choices.thresholds[key_best]),
         "min_f1_share": min_share,
         "questions": inputs.questions,
+        "protocol": inputs.protocol,
         "excluded": inputs.excluded,
         "variants": {name: vars(opts) for name, opts in VARIANTS.items()},
     }
@@ -364,22 +416,31 @@ def write_outputs(out: Path, inputs: SweepInputs, grid: pd.DataFrame, choices: C
         "faithful": choices.faithful,
         "best": best,
     }
-    (out / f"{TRADEOFF}.md").write_text(markdown(choices.table, summary(named, inputs.questions, min_share)))
+    intro = f"{summary(named, inputs.questions, min_share)}\n\n{inputs.protocol}."
+    (out / f"{TRADEOFF}.md").write_text(markdown(choices.table, intro))
     return selected
 
 
 def run_sweep(
-    run: RunDir, cfg: StoppingConfig, experiment: str | None = None, train: TrainConfig | None = None, seed: int = 0
+    run: RunDir,
+    cfg: StoppingConfig,
+    experiment: str | None = None,
+    train: TrainConfig | None = None,
+    seed: int = 0,
+    train_run: RunDir | None = None,
+    question_types: Mapping[str, str] | None = None,
 ) -> SweepReport:
     """The whole stage on one run directory (Ray initialised by the caller).
 
     ``train`` (the run's predictor settings) is needed for head refits (``cfg.refits``); without it, or
     without the signals a refit's group needs (``features/``, ``sup_signals/``), refits are skipped.
+    ``train_run``: choose thresholds on that run's questions, report on this run's (:func:`load_inputs`);
+    ``question_types`` feed the refits' type one-hot.
     """
     started = time.monotonic()
     out = run.path / STOPPING_DIR
     (out / DATA).mkdir(parents=True, exist_ok=True)
-    inputs = load_inputs(run, cfg, train)
+    inputs = load_inputs(run, cfg, train, train_run, question_types)
     grid = sweep_grid(inputs, cfg, out, experiment or time.strftime("sweep-%Y%m%d-%H%M%S"), train, seed)
     choices = choose(inputs, grid, cfg.min_f1_share)
     selected = write_outputs(out, inputs, grid, choices, cfg.min_f1_share)
@@ -395,7 +456,7 @@ def _trial_head(head: list, payload: dict) -> tuple[HeadKey, Predictions]:
         key = (head[1], int(head[2]))
         return key, payload["predictions"][key]
     refit = payload["refits"][int(head[1])]
-    preds = refit_predictions(payload["refit_frame"], refit, payload["train"], payload["seed"])
+    preds = refit_predictions(payload["refit_frame"], refit, payload["train"], payload["seed"], payload["train_qids"])
     return (refit_label(refit), refit.window), preds
 
 
@@ -447,6 +508,7 @@ def run_tune(
     refit_frame: pd.DataFrame | None = None,
     train: TrainConfig | None = None,
     seed: int = 0,
+    train_qids: set[str] | None = None,
 ) -> pd.DataFrame:
     """Run the sweep as a Tune experiment (Ray must be initialised): the grid of every head.
 
@@ -472,6 +534,7 @@ def run_tune(
         "refit_frame": refit_frame,
         "train": train,
         "seed": seed,
+        "train_qids": train_qids,
     }
     trial_heads = [["grid", g, w] for g, w in heads] + [["refit", i] for i in range(len(refits))]
     trainable = tune.with_resources(tune.with_parameters(stopping_trial, payload=payload), {"cpu": trial_num_cpus})
@@ -495,7 +558,8 @@ def run_tune(
 DESCRIPTION = """Sweep prediction-guided early stopping on Ray Tune: thresholds x variants x heads, Figure 5.
 
 Reads RUN_DIR/iterations/, trajectories/ (jobs/probe.py) and predictions/ (+ prediction_grid/,
-jobs/train.py). Replays the seed paper's 4-state heuristic over the θ_P x θ_U grid for every named
+jobs/train.py). With --train-run TRAIN_RUN_DIR thresholds are chosen on that run's questions and
+reported on RUN_DIR's (the paper's protocol); without, RUN_DIR is split into validation and test. Replays the seed paper's 4-state heuristic over the θ_P x θ_U grid for every named
 variant and prediction head (prediction_grid, plus head refits with other training settings,
 stopping.refits) as a Ray Tune experiment (one trial per head; TensorBoard:
 `tensorboard --logdir RUN_DIR/stopping/tune`), chooses thresholds on validation questions and reports
@@ -508,12 +572,15 @@ The run's own config.yaml is the base configuration unless --config names anothe
 def main() -> None:
     parser = job_parser(DESCRIPTION)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with iterations/ and predictions/")
+    add_train_run_argument(parser)
     args = parser.parse_args()
     setup_logging(args.verbose)
     run = RunDir(args.run_dir)
     config = run_config_from_args(args, run.path)
+    train_run = resolve_train_run(config, args.train_run, run)
     try:
-        check_inputs(run)
+        for r in (run, *([train_run] if train_run else [])):
+            check_inputs(r)
     except RunDirError as exc:
         raise SystemExit(f"error: {exc}") from None
 
@@ -521,7 +588,11 @@ def main() -> None:
 
     init_ray(config, log_to_driver=False)
     try:
-        report = run_sweep(run, config.stopping, train=config.train, seed=config.seed)
+        types = {}
+        if config.train.include_type and config.stopping.refits:
+            types = {**run_question_types(run.path), **(run_question_types(train_run.path) if train_run else {})}
+        report = run_sweep(run, config.stopping, train=config.train, seed=config.seed, train_run=train_run,
+                           question_types=types)  # fmt: skip
     except (RunDirError, ValueError) as exc:
         raise SystemExit(f"error: {exc}") from None
     finally:

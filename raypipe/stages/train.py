@@ -14,6 +14,7 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ import pyarrow as pa
 from raypipe.core.config import TrainConfig
 from raypipe.core.jobargs import job_parser, run_config_from_args, setup_logging
 from raypipe.core.rundir import RunDir, RunDirError
+from raypipe.core.train_run import add_train_run_argument, resolve_train_run
 from raypipe.predict import groups
 from raypipe.predict.crossencoder import (
     CURVE_FILE,
@@ -36,6 +38,7 @@ from raypipe.predict.crossencoder import (
     plan_training,
 )
 from raypipe.predict.docs import doc_lookup_for
+from raypipe.predict.head import NOT_PREDICTED
 from raypipe.predict.pipeline import (
     KEYS,
     CellScores,
@@ -52,9 +55,11 @@ from raypipe.predict.pipeline import (
     sup_signals_table,
     supervised_signals,
 )
+from raypipe.predict.qtypes import run_question_types
 from raypipe.predict.relations import DocLookup, relation_frame
-from raypipe.predict.splits import assign_folds, fold_column
+from raypipe.predict.splits import assign_folds, check_disjoint, fold_column, protocol_note
 from raypipe.predict.tables import plot_curves, write_tables
+from raypipe.predict.window import TYPE_COLUMN
 from raypipe.runtime.cluster import init_ray
 from raypipe.runtime.trainer import MAX_FAILURES, torch_trainer
 
@@ -98,7 +103,7 @@ def train_loop_per_worker(config: dict) -> None:
             continue
         torch.manual_seed(config["seed"])
         started = time.monotonic()
-        ce = new_crossencoder(config["base"], task.relation)
+        ce = new_crossencoder(config["base"], task.relation, config["dropout"])
         tok = ce.tokenizer
         net = ray.train.torch.prepare_model(ce.model)
 
@@ -117,7 +122,7 @@ def train_loop_per_worker(config: dict) -> None:
             list(zip(task.texts, task.labels)), batch_size=config["batch_size"], shuffle=True, collate_fn=collate
         )
         loader = ray.train.torch.prepare_data_loader(loader, move_to_device=False)
-        optimizer = torch.optim.AdamW(net.parameters(), lr=config["lr"])
+        optimizer = torch.optim.AdamW(net.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
         accum, loss_fn, curve, step = config["accum"], torch.nn.MSELoss(), [], 0
         for epoch in range(1, config["epochs"] + 1):
             if world > 1 and hasattr(loader.sampler, "set_epoch"):
@@ -225,28 +230,53 @@ def fit_cells_on_ray(
     return ray.get([remote.remote(data_ref, folds_ref, cols, target, w, cfg, seed) for cols, target, w in specs])
 
 
+def read_runs(run: RunDir, train_run: RunDir | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, set[str]]:
+    """iterations, trajectories and features of the run (and of the training run, stacked), and the
+    training run's qids (empty without one); a question in both runs is an error."""
+    runs = [run] if train_run is None else [train_run, run]
+    tables = [[r.read(name).to_pandas() for r in runs] for name in ("iterations", "trajectories", "features")]
+    train_qids: set[str] = set()
+    if train_run is not None:
+        train_qids = set(tables[1][0]["qid"].astype(str))
+        check_disjoint(train_qids, tables[1][1]["qid"], f"the training run {train_run.path}", f"the run {run.path}")
+    iterations, trajectories, features = (pd.concat(t, ignore_index=True) for t in tables)
+    return iterations, trajectories, features, train_qids
+
+
 def run_train(
-    run: RunDir, cfg: TrainConfig, doc_lookup: DocLookup | None, seed: int = 0, trainer: Trainer | None = None
+    run: RunDir,
+    cfg: TrainConfig,
+    doc_lookup: DocLookup | None,
+    seed: int = 0,
+    trainer: Trainer | None = None,
+    train_run: RunDir | None = None,
+    question_types: Mapping[str, str] | None = None,
 ) -> dict[str, object]:
     """The whole stage on one run directory; returns a summary (tables and timings).
 
     ``trainer`` fine-tunes the cross-encoders (default :func:`train_crossencoders`, on Ray Train).
+    ``train_run``: train every model on that run's questions and evaluate on this run's (the paper's
+    protocol, :mod:`raypipe.predict.pipeline`); None: cross-fitting within this run.
+    ``question_types``: qid -> question type, for the head's type one-hot (``cfg.include_type``).
     """
     started = time.monotonic()
-    iterations = run.read("iterations").to_pandas()
-    trajectories = run.read("trajectories").to_pandas()
-    features = run.read("features").to_pandas()
+    iterations, trajectories, features, train_qids = read_runs(run, train_run)
     data = prediction_rows(iterations)
-    if data.empty:
+    if data.empty or not (~data["qid"].isin(train_qids)).any():
         raise ValueError(f"{run.path}: no retrieval iterations (iteration >= 1) to predict")
+    data[TYPE_COLUMN] = data["qid"].map(dict(question_types or {}))
     questions = data[["qid", "dataset"]].drop_duplicates("qid")
-    folds = assign_folds(questions, cfg.folds, seed)
+    if train_run is None:
+        folds = assign_folds(questions, cfg.folds, seed)
+    else:  # the training run's rows are trained on only, the target's are the one held-out fold
+        folds = {q: (NOT_PREDICTED if q in train_qids else 0) for q in questions["qid"]}
     fold_of_row = fold_column(data, folds)
+    protocol = protocol_note(str(train_run.path) if train_run else None, cfg.folds)
     models_dir = run.path / "models"
     out_dir = run.path / "predictions"
     tables_dir = out_dir / "tables"
     tables_dir.mkdir(parents=True, exist_ok=True)
-    log.info("%d questions, %d rows, %d folds", len(questions), len(data), cfg.folds)
+    log.info("%d questions, %d rows; %s", len(questions), len(data), protocol)
 
     texts = relation_frame(
         iterations[iterations["qid"].isin(questions["qid"])],
@@ -255,15 +285,19 @@ def run_train(
         doc_lookup,
         cfg.field_chars,
         cfg.title_chars,
+        cfg.reasoning_text,
     )
     texts = data[KEYS].merge(
         texts.drop(columns=["dataset"]), on=["qid", "iteration"], how="left", validate="one_to_one"
     )
+    train_rows = texts["qid"].isin(train_qids).to_numpy() if train_run is not None else None
     ce_folds = (
-        folds if cfg.crossencoder_folds in (None, cfg.folds) else assign_folds(questions, cfg.crossencoder_folds, seed)
+        folds
+        if train_run is not None or cfg.crossencoder_folds in (None, cfg.folds)
+        else assign_folds(questions, cfg.crossencoder_folds, seed)
     )
-    sup = supervised_signals(texts, ce_folds, cfg, models_dir, trainer or train_crossencoders, seed)
-    ce_table = crossencoder_scores(texts, sup, cfg)
+    sup = supervised_signals(texts, ce_folds, cfg, models_dir, trainer or train_crossencoders, seed, train_rows)
+    ce_table = crossencoder_scores(texts, sup, cfg, None if train_rows is None else ~train_rows)
     curves_dir = out_dir / "curves"
     curves_dir.mkdir(parents=True, exist_ok=True)
     for name, curve in sup.curves.items():
@@ -292,12 +326,16 @@ def run_train(
     )
     grid_tables = [prediction_table(data, fold_of_row, g, w, p) for (g, w), p in grid.predictions.items()]
     run.write_part("prediction_grid", pa.concat_tables(grid_tables), "part-0")
-    fit_bundle_heads(data, sets[cfg.chosen_group], cfg, seed, models_dir, sup.bundle_models)
+    bundle_rows = data["qid"].isin(train_qids).to_numpy() if train_run is not None else None
+    fit_bundle_heads(data, sets[cfg.chosen_group], cfg, seed, models_dir, sup.bundle_models, bundle_rows)
 
-    write_tables(tables_dir, grid.results, ablation.results, ce_table, cfg)
+    tables = [t.assign(protocol=protocol) for t in (grid.results, ablation.results, ce_table)]
+    write_tables(tables_dir, *tables, cfg)
     return {
-        "questions": len(questions),
-        "rows": len(data),
+        "questions": int((~questions["qid"].isin(train_qids)).sum()),
+        "train_questions": len(train_qids),
+        "protocol": protocol,
+        "rows": int((fold_of_row != NOT_PREDICTED).sum()),
         "table3": grid.results,
         "table4": ablation.results,
         "crossencoders": ce_table,
@@ -309,16 +347,22 @@ def run_train(
 def main() -> None:
     parser = job_parser(DESCRIPTION)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with iterations/ and features/")
+    add_train_run_argument(parser)
     args = parser.parse_args()
     setup_logging(args.verbose)
     run = RunDir(args.run_dir)
     config = run_config_from_args(args, run.path)
+    train_run = resolve_train_run(config, args.train_run, run)
 
     import ray
 
     init_ray(config, log_to_driver=False)
     try:
-        summary = run_train(run, config.train, doc_lookup_for(config), seed=config.seed)
+        types = {}
+        if config.train.include_type:
+            types = {**run_question_types(run.path), **(run_question_types(train_run.path) if train_run else {})}
+        summary = run_train(run, config.train, doc_lookup_for(config), seed=config.seed, train_run=train_run,
+                            question_types=types)  # fmt: skip
     except (RunDirError, ValueError) as exc:
         raise SystemExit(f"error: {exc}") from None
     finally:
@@ -326,7 +370,7 @@ def main() -> None:
     run.write_config(config, "train")
 
     tables = run.path / "predictions" / "tables"
-    print(f"\n{summary['questions']} questions, {summary['rows']} rows, {summary['seconds']:.0f} s in all\n")
+    print(f"\n{summary['questions']} questions, {summary['rows']} rows, {summary['seconds']:.0f} s in all; {summary['protocol']}\n")
     for name in ("crossencoders.md", "table3_signal_groups.md", "table4_unsup_sources.md"):
         print((tables / name).read_text())
     print(f"(tables in {tables}; bundle in {run.path / 'models'})")

@@ -5,9 +5,15 @@ A Tune trial that carries a :class:`raypipe.core.config.HeadRefit` fits the wind
 its training settings and replays the threshold grid on the new predictions. The head reads the
 signals of ``features/`` and the out-of-fold cross-encoder signals of ``sup_signals/`` (both written by
 earlier stages); a refit whose group needs signals the run lacks is skipped.
+
+With a training run (``--train-run``) the frame holds both runs' rows: the training run's rows get
+k-fold predictions among themselves (the thresholds are chosen on them) and the target run's rows
+predictions from heads fit on every training row; no target row is ever trained on.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection, Mapping
 
 import pandas as pd
 
@@ -28,7 +34,7 @@ def resolve(refit: HeadRefit, train: TrainConfig) -> HeadRefit:
 def refit_label(refit: HeadRefit) -> str:
     """The head name a (resolved) refit gets in the sweep's tables (feature_group column)."""
     hidden = "-".join(str(h) for h in refit.head_hidden)
-    return f"{refit.group}[refit h={hidden} a={refit.head_alpha:g} lr={refit.head_learning_rate:g}]"
+    return f"{refit.group}[refit h={hidden} wd={refit.head_weight_decay:g} lr={refit.head_learning_rate:g}]"
 
 
 def refit_columns(refit: HeadRefit, train: TrainConfig) -> list[str]:
@@ -37,11 +43,14 @@ def refit_columns(refit: HeadRefit, train: TrainConfig) -> list[str]:
     return group_columns(refit.group, train.unsup_columns, train.relations)
 
 
-def head_frame(run: RunDir) -> pd.DataFrame:
-    """Retrieval iterations (>= 1) with their targets, the signals of ``features/`` and of ``sup_signals/``."""
+def head_frame(run: RunDir, question_types: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """Retrieval iterations (>= 1) with their targets, the signals of ``features/`` and of ``sup_signals/``,
+    and the question types (for the head's type one-hot)."""
     from raypipe.predict.pipeline import prediction_rows
+    from raypipe.predict.window import TYPE_COLUMN
 
     frame = prediction_rows(run.read("iterations").to_pandas())
+    frame[TYPE_COLUMN] = frame["qid"].map(dict(question_types or {}))
     for table in ("features", "sup_signals"):
         if not run.has(table):
             continue
@@ -53,23 +62,36 @@ def head_frame(run: RunDir) -> pd.DataFrame:
     return frame
 
 
-def refit_predictions(frame: pd.DataFrame, refit: HeadRefit, train: TrainConfig, seed: int = 0) -> Predictions:
-    """Out-of-fold (P̂, Û) of every row of ``frame`` from heads fit with a resolved ``refit``'s settings."""
+def refit_predictions(
+    frame: pd.DataFrame, refit: HeadRefit, train: TrainConfig, seed: int = 0, train_qids: Collection[str] | None = None
+) -> Predictions:
+    """Held-out (P̂, Û) of every row of ``frame`` from heads fit with a resolved ``refit``'s settings.
+
+    ``train_qids`` (a training run's questions): those rows k-fold among themselves, the others from
+    heads fit on them all; None: k-fold over every row.
+    """
     from raypipe.predict.head import out_of_fold
     from raypipe.predict.splits import assign_folds, fold_column
-    from raypipe.predict.window import build_window
+    from raypipe.predict.window import head_inputs
 
     columns = refit_columns(refit, train)
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise ValueError(f"head refit group {refit.group!r}: the run has no signals {missing}")
     frame = frame.sort_values(["qid", "iteration"]).reset_index(drop=True)
-    folds = assign_folds(frame[["qid", "dataset"]].drop_duplicates("qid"), train.folds, seed)
+    trainable = None if train_qids is None else frame["qid"].isin(set(train_qids)).to_numpy()
+    questions = frame[["qid", "dataset"]].drop_duplicates("qid")
+    if trainable is None:
+        folds = assign_folds(questions, train.folds, seed)
+    else:  # the target questions are one more fold, fit on every training question and never trained on
+        folds = {q: train.folds for q in questions["qid"]}
+        folds.update(assign_folds(questions[questions["qid"].isin(set(train_qids))], train.folds, seed))
     fold_of_row = fold_column(frame, folds)
-    x, _ = build_window(frame, columns, refit.window)
-    cfg = train.model_copy(update=refit.model_dump(include={"head_hidden", "head_alpha", "head_learning_rate"}))
-    p = out_of_fold(x, frame["probe_f1"].to_numpy(dtype=float), fold_of_row, cfg, seed)
-    u = out_of_fold(x, frame["utility"].to_numpy(dtype=float), fold_of_row, cfg, seed)
+    settings = refit.model_dump(include={"head_hidden", "head_weight_decay", "head_learning_rate"})
+    cfg = train.model_copy(update={**settings, "head_alpha": None})  # the sklearn head's alpha follows the decay
+    x, _ = head_inputs(frame, columns, refit.window, cfg)
+    p = out_of_fold(x, frame["probe_f1"].to_numpy(dtype=float), fold_of_row, cfg, seed, trainable)
+    u = out_of_fold(x, frame["utility"].to_numpy(dtype=float), fold_of_row, cfg, seed, trainable)
     out: dict[str, dict[int, tuple[float, float]]] = {}
     for qid, it, ph, uh in zip(frame["qid"], frame["iteration"], p, u):
         out.setdefault(str(qid), {})[int(it)] = (float(ph), float(uh))

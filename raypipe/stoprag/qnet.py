@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from raypipe.agents.hooks import CONTINUE, StopDecision
-from raypipe.stoprag.targets import rounds_from_history, state_text
+from raypipe.stoprag.targets import SEP, rounds_from_history, state_text
 
 log = logging.getLogger(__name__)
 
@@ -87,20 +87,87 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
+REFERENCE_MAX_LENGTH = 2048  # ``--max-length`` of Training/multihead_stop_decider_train.py l.541 (DeBERTa-v3)
+_UNBOUNDED = 1_000_000  # tokenizers without a limit report a huge model_max_length
+
+
+def encoder_max_length(folder: str | Path) -> int:
+    """The longest input the encoder accepts: its tokenizer's limit and, for encoders with absolute
+    position embeddings, their count; an encoder bounded by neither (DeBERTa-v3's relative positions)
+    gets the reference's 2048 tokens."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(folder))
+    limits = [load_tokenizer(folder).model_max_length]
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions and getattr(config, "position_biased_input", True):
+        limits.append(positions)
+    bounded = [int(n) for n in limits if n and n < _UNBOUNDED]
+    return min(bounded) if bounded else REFERENCE_MAX_LENGTH
+
+
+def truncate_ids(ids: list[int], max_length: int, sep_id: int | None, keep: Literal["newest", "start"] = "newest") -> list[int]:
+    """One encoded state cut to ``max_length`` tokens.
+
+    ``newest`` (default): the first token, the question and its separator stay (the question cut to half
+    the budget at most); then the newest tokens, so the newest document, which tells s_t from s_(t-1),
+    is in the input; of the older tokens only the separators stay, one per dropped document, so that
+    the input still counts the state's iterations and no two states of a trajectory encode alike.
+    ``start``: the tokenizer's own cut at the end, as the reference calls it
+    (``multihead_stop_decider_train.py`` l.73-79); with its 2048 tokens and one document per iteration it
+    seldom cuts, but a shorter encoder then loses the newest documents and successive states become
+    the same input.
+    """
+    if len(ids) <= max_length:
+        return ids
+    if keep == "start":
+        return ids[: max_length - 1] + ids[-1:]
+    q_end = ids.index(sep_id, 1) if sep_id is not None and sep_id in ids[1:-1] else 0
+    head = ids[: min(q_end + 1, max_length // 2)]
+    head[-1] = ids[q_end]  # a question cut short still ends in its separator
+    body, budget = ids[len(head) :], max_length - len(head)
+    seps_before = [0]  # seps_before[i]: separators among body[:i]
+    for token in body:
+        seps_before.append(seps_before[-1] + (token == sep_id))
+    tail = next(n for n in range(budget, -1, -1) if seps_before[len(body) - n] + n <= budget or n == 0)
+    dropped_seps = [sep_id] * min(seps_before[len(body) - tail], budget - tail)
+    return head + dropped_seps + body[len(body) - tail :]
+
+
+def encode_states(
+    tokenizer, texts: Sequence[str], max_length: int, keep: Literal["newest", "start"] = "newest"
+) -> dict[str, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` (padded) for state texts, each cut by :func:`truncate_ids`."""
+    encoded = tokenizer(list(texts), add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+    rows = [truncate_ids(ids, max_length, tokenizer.sep_token_id, keep) for ids in encoded]
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
 @torch.no_grad()
-def score(net: QNetwork, tokenizer, texts: Sequence[str], max_length: int, batch_size: int = 32) -> tuple[list[float], list[float]]:
+def score(
+    net: QNetwork, tokenizer, texts: Sequence[str], max_length: int, batch_size: int = 32, keep: Literal["newest", "start"] = "newest"
+) -> tuple[list[float], list[float]]:
     """Q_stop and Q_cont for every text (no gradients; the caller chooses train or eval mode)."""
     q_stop: list[float] = []
     q_cont: list[float] = []
     device = next(net.parameters()).device
     for start in range(0, len(texts), batch_size):
-        enc = tokenizer(
-            list(texts[start : start + batch_size]), truncation=True, max_length=max_length, padding=True, return_tensors="pt"
-        ).to(device)
-        s, c = net(enc["input_ids"], enc["attention_mask"])
+        enc = encode_states(tokenizer, texts[start : start + batch_size], max_length, keep)
+        s, c = net(enc["input_ids"].to(device), enc["attention_mask"].to(device))
         q_stop.extend(s.float().tolist())
         q_cont.extend(c.float().tolist())
     return q_stop, q_cont
+
+
+# How a state is built and cut: a saved network's metadata must hold them (jobs/stoprag.py writes them).
+STATE_KEYS = {"max_length", "state_input", "doc_chars", "docs_per_iteration", "state_truncation", "first_decision"}
 
 
 class StopRagController:
@@ -117,6 +184,9 @@ class StopRagController:
         if not (self.folder / META).exists():
             raise FileNotFoundError(f"{self.folder}: not a saved Stop-RAG Q-network (no {META}); run jobs/stoprag.py first")
         self.meta = json.loads((self.folder / META).read_text())
+        missing = sorted(STATE_KEYS - set(self.meta))
+        if missing:
+            raise ValueError(f"{self.folder}: {META} lacks the state settings {missing} (an older network); retrain it")
         if threshold is None and "threshold" not in self.meta:
             raise ValueError(f"{self.folder}: no tuned threshold in {META}; pass one")
         self.threshold = float(self.meta["threshold"] if threshold is None else threshold)
@@ -134,8 +204,10 @@ class StopRagController:
             if self._net is None:
                 self._net = (QNetwork.load(self.folder)[0], load_tokenizer(self.folder))
             net, tokenizer = self._net
-            text = state_text(question, rounds_from_history(history), self.meta["state_input"], self.meta["doc_chars"])
-            q_stop, q_cont = score(net, tokenizer, [text], self.meta["max_length"])
+            meta = self.meta
+            text = state_text(question, rounds_from_history(history), meta["state_input"], meta["doc_chars"],
+                              meta["docs_per_iteration"], tokenizer.sep_token or SEP)  # fmt: skip
+            q_stop, q_cont = score(net, tokenizer, [text], meta["max_length"], keep=meta["state_truncation"])
         return q_stop[0] - q_cont[0]
 
     async def decide(self, question: str, history: list[dict]) -> StopDecision:

@@ -1,8 +1,9 @@
 """Stop-RAG cores (Park, Cho, Lee, arXiv 2510.14337): states, rewards, Q-network targets, the decision rule.
 
-Iterative RAG as a finite-horizon MDP with no discounting. A state s_t is the question plus what the agent
-has gathered by iteration t; STOP ends the episode with reward r_t = the quality of the answer given at s_t
-(here the probed answer's F1, ``probe_f1``); CONT leads to s_{t+1}. The last recorded iteration (natural
+Iterative RAG as a finite-horizon MDP with no discounting. A state s_t is the question plus the documents
+the agent has gathered by iteration t, one per iteration (:func:`state_text`, the reference's encoder input);
+STOP ends the episode with reward r_t = the quality of the answer given at s_t, every state scored by one
+answer generator (:mod:`raypipe.stoprag.rewards`; by default the probed answer's F1); CONT leads to s_{t+1}. The last recorded iteration (natural
 termination or the turn limit) is terminal: only STOP is possible there.
 
 Targets for the CONT head, as the public trainer (chosolbee/MHQA-SetVerify
@@ -37,10 +38,13 @@ StateInput = Literal["docs", "trace"]
 
 # ---------------------------------------------------------------- states
 
+SEP = "[SEP]"  # the reference's separator when the tokenizer has none (Training/utils.py l.15)
+
 
 @dataclass(frozen=True)
 class Round:
-    """What one retrieval iteration added: its query, the documents the agent saw, reasoning, probed answer."""
+    """What one retrieval iteration added: its query, the documents the agent saw (in rank order),
+    reasoning, probed answer."""
 
     query: str | None
     docs: tuple[tuple[str, str, str], ...]  # (doc_id, title, text)
@@ -77,31 +81,58 @@ def rounds_from_history(history: Sequence[dict[str, Any]]) -> list[Round]:
     return rounds
 
 
-def state_text(question: str, rounds: Sequence[Round], mode: StateInput = "docs", doc_chars: int = 300) -> str:
-    """The Q-network's input for a state.
-
-    ``docs`` (the paper's input): the question and every distinct document gathered so far, in order.
-    ``trace`` (option): per round the query, the model's reasoning and that round's new documents.
-    Each document's text is cut to ``doc_chars`` characters so that more rounds fit the encoder.
-    """
-    lines = [f"Question: {question.strip()}"]
+def selected_documents(rounds: Sequence[Round], per_round: int | None = 1) -> list[tuple[tuple[str, str, str], ...]]:
+    """The documents each round contributes to the state, as the reference selects them
+    (chosolbee/MHQA-SetVerify ``pipeline/pipeline_sep.py`` l.77-94, ``max_docs=1``): the best-ranked
+    documents not selected in an earlier round, then (when fewer are new) the round's top ones again,
+    ``per_round`` in all (None: every visible document). The reference's docs-only history (l.85-87)
+    skips a repeat; here a round whose documents were all seen repeats its top one, as the reference's
+    trace shows it, so that every state differs from the one before."""
     seen: set[str] = set()
+    out = []
     for rnd in rounds:
+        k = len(rnd.docs) if per_round is None else per_round
+        fresh = [d for d in rnd.docs if d[0] not in seen]
+        chosen = (fresh + [d for d in rnd.docs if d[0] in seen])[:k]
+        seen.update(d[0] for d in chosen)
+        out.append(tuple(chosen))
+    return out
+
+
+def state_text(
+    question: str,
+    rounds: Sequence[Round],
+    mode: StateInput = "docs",
+    doc_chars: int | None = None,
+    per_round: int | None = 1,
+    sep: str = SEP,
+) -> str:
+    """The Q-network's input for a state, as the reference's encoder input (``Training/utils.py``
+    ``convert_chat_to_text`` l.15-37 over the prompts of ``multihead_stop_decider_train.py`` l.52-58):
+    parts joined by the tokenizer's separator, without spaces.
+
+    ``docs`` (the reference's ``--use-docs-only``, its README's training command):
+    ``question[SEP]title: text[SEP]title: text...``, one part per selected document
+    (:func:`selected_documents`; a round that retrieved nothing adds an empty part, so the state
+    still changes). ``trace`` (its default without the flag): per round ``Follow up: query``, each
+    ``Document: title: text`` and ``Intermediate answer: probed answer`` as parts. Documents are the
+    full text unless ``doc_chars`` cuts them (an option; the reference keeps all of it).
+    """
+    parts = [question.strip()]
+    for rnd, docs in zip(rounds, selected_documents(rounds, per_round)):
+        texts = [f"{title}: {_squash(text, doc_chars)}" for _, title, text in docs]
         if mode == "trace":
-            if rnd.reasoning:
-                lines.append(f"Reasoning: {_squash(rnd.reasoning, doc_chars)}")
-            if rnd.query:
-                lines.append(f"Query: {rnd.query.strip()}")
-        for doc_id, title, text in rnd.docs:
-            if doc_id in seen:
-                continue
-            seen.add(doc_id)
-            lines.append(f"Document: {title}: {_squash(text, doc_chars)}")
-    return "\n".join(lines)
+            parts.append(f"Follow up: {(rnd.query or '').strip()}")
+            parts += [f"Document: {t}" for t in texts]
+            parts.append(f"Intermediate answer: {(rnd.answer or '').strip()}")
+        else:
+            parts += texts or [""]
+    return sep.join(parts)
 
 
-def _squash(text: str, limit: int) -> str:
-    return " ".join(text.split())[:limit]
+def _squash(text: str, limit: int | None) -> str:
+    text = " ".join(text.split())
+    return text if limit is None else text[:limit]
 
 
 @dataclass(frozen=True)
@@ -125,12 +156,17 @@ def build_episode(
     *,
     first_decision: int = 1,
     mode: StateInput = "docs",
-    doc_chars: int = 300,
+    doc_chars: int | None = None,
+    per_round: int | None = 1,
+    sep: str = SEP,
+    rewards: dict[int, float] | None = None,
 ) -> Episode:
     """An episode from one question's rows (any order) carrying ``doc_titles``/``doc_texts``.
 
     States start at ``first_decision`` (1: after the first retrieval, as in Stop-RAG; 0 adds the
     no-retrieval probe). A trajectory that ended before ``first_decision`` keeps its last state only.
+    ``rewards`` (iteration -> reward) come from one answer generator for every state, the terminal one
+    included (:mod:`raypipe.stoprag.rewards`); without them, each iteration's probe F1.
     """
     try:
         rounds = rounds_from_history(rows)
@@ -139,13 +175,19 @@ def build_episode(
     ordered = sorted(rows, key=lambda r: r["iteration"])
     last = len(ordered) - 1
     keep = [i for i in range(len(ordered)) if i >= first_decision or i == last]
+    scores = rewards if rewards is not None else probe_rewards(ordered)
     return Episode(
         qid,
         tuple(keep),
-        tuple(state_text(question, rounds[:i], mode, doc_chars) for i in keep),
-        # a probe that produced nothing scores 0, as in the shared evaluator
-        tuple(float(ordered[i].get("probe_f1") or 0.0) for i in keep),
+        tuple(state_text(question, rounds[:i], mode, doc_chars, per_round, sep) for i in keep),
+        tuple(scores[i] for i in keep),
     )
+
+
+def probe_rewards(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
+    """iteration -> the probed answer's F1 (a probe that produced nothing scores 0, as in the shared
+    evaluator)."""
+    return {r["iteration"]: float(r.get("probe_f1") or 0.0) for r in rows}
 
 
 # ---------------------------------------------------------------- training samples

@@ -17,7 +17,7 @@ import torch
 from torch.nn import functional
 
 from raypipe.core.config import StopRagConfig
-from raypipe.stoprag.qnet import QNetwork, score
+from raypipe.stoprag.qnet import QNetwork, encode_states, score
 from raypipe.stoprag.targets import Sample, cont_target, needs_bootstrap
 
 
@@ -41,7 +41,7 @@ def cont_targets(
     if future:
         was_training = net.training
         net.eval()
-        q_stop, q_cont = score(net, tokenizer, [texts[i] for i in future], cfg.max_length, cfg.batch_size)
+        q_stop, q_cont = score(net, tokenizer, [texts[i] for i in future], _max_length(cfg), cfg.batch_size, cfg.state_truncation)
         net.train(was_training)
         values = {i: max(s, c) for i, s, c in zip(future, q_stop, q_cont)}
     return [cont_target(cfg.target, s, [values[i] for i in s.future_states], lam) for s in batch]
@@ -57,10 +57,8 @@ def batch_loss(
     device: torch.device,
 ) -> torch.Tensor:
     """MSE(Q_stop, r_t) plus the CONT term (MSE to the targets; BCE of the margin for ``binary``)."""
-    enc = tokenizer(
-        [texts[s.state] for s in batch], truncation=True, max_length=cfg.max_length, padding=True, return_tensors="pt"
-    ).to(device)
-    q_stop, q_cont = model(enc["input_ids"], enc["attention_mask"])
+    enc = encode_states(tokenizer, [texts[s.state] for s in batch], _max_length(cfg), cfg.state_truncation)
+    q_stop, q_cont = model(enc["input_ids"].to(device), enc["attention_mask"].to(device))
     rewards = torch.tensor([s.reward for s in batch], dtype=q_stop.dtype, device=device)
     target = torch.tensor(targets, dtype=q_stop.dtype, device=device)
     if cfg.target == "binary":
@@ -68,3 +66,9 @@ def batch_loss(
     else:
         second = functional.mse_loss(q_cont, target)
     return functional.mse_loss(q_stop, rewards) + second
+
+
+def _max_length(cfg: StopRagConfig) -> int:
+    if cfg.max_length is None:
+        raise ValueError("stoprag.max_length must be resolved to the encoder's limit before training (train_qnetwork does)")
+    return cfg.max_length

@@ -1,0 +1,84 @@
+"""Stop-RAG rewards: one answer generator for every state, the terminal one included.
+
+Reference: chosolbee/MHQA-SetVerify ``Training/preprocessing/compute_metrics.py`` l.68-100 (``--repeat-size``
+answers per state, their mean F1; ``--use-docs-only``) and ``pipeline/answer_generator/prompts.py`` l.336-429.
+"""
+
+import asyncio
+import hashlib
+
+import pandas as pd
+import pytest
+from test_llm_stop import FakeEngine
+from test_stoprag_stage import write_synthetic_run
+
+from raypipe.core.config import StopRagConfig, load_config
+from raypipe.llm.base import EngineError
+from raypipe.stages.stoprag import load_histories, state_rewards
+from raypipe.stopping.replay import Trajectory, load_trajectories
+from raypipe.stoprag.rewards import (
+    FINAL_ANSWER_DOCS_PROMPT,
+    FINAL_ANSWER_USER_PROMPT,
+    answer_messages,
+    generator_rewards,
+    rescore,
+    state_documents,
+)
+from raypipe.stoprag.targets import Round
+
+
+def test_answer_prompt_is_the_reference_docs_only_prompt():
+    """prompts.py l.336-383 and l.385 verbatim (digest of the reference string at commit e2da463); the user
+    message as gen_final_answer_docs_only_prompt (l.417-429) over compute_metrics.py l.72-74's lines."""
+    assert hashlib.sha256(FINAL_ANSWER_DOCS_PROMPT.encode()).hexdigest() == "32d21faa991643b2f6e5f1dd3b5f45ffa1133088f151efada5711ab196f4d592"
+    assert FINAL_ANSWER_USER_PROMPT.startswith("Now, please provide the final answer to the main question.")
+    system, user = answer_messages(" Who? ", ["A: x", "B: y"])
+    assert system == {"role": "system", "content": FINAL_ANSWER_DOCS_PROMPT}
+    assert user["content"] == "Main question: Who?\n\nDocument: A: x\nDocument: B: y\n\n" + FINAL_ANSWER_USER_PROMPT
+
+
+def test_state_documents_are_the_deduplicated_history():
+    """extract_partial_traces.py l.40-50: the history up to the state, each document once."""
+    a, b = ("a", "A", "x  1"), ("b", "B", "y")
+    assert state_documents([Round("q", (a, b)), Round("q", (a,)), Round("q", (b, a))]) == ["A: x 1", "B: y"]
+
+
+def test_generator_rewards_are_the_mean_over_samples():
+    """compute_metrics.py l.93-94: the mean F1 of ``repeat_size`` answers per state; a failed answer scores 0."""
+    engine = FakeEngine(["Paris", "Lyon", "Paris", EngineError("down")])
+    cfg = StopRagConfig(reward_source="generator", reward_samples=2, reward_temperature=0.7)
+    states = {("q1", 0): ("Capital of France?", []), ("q1", 1): ("Capital of France?", ["France: Paris is its capital."])}
+    totals, rows = asyncio.run(generator_rewards(engine, states, {"q1": ["Paris"]}, cfg, "hotpotqa", concurrency=1))
+    assert totals == {("q1", 0): 0.5, ("q1", 1): 0.5}
+    assert len(rows) == 4 and sorted(r["f1"] for r in rows) == [0.0, 0.0, 1.0, 1.0]
+    assert "Document: France: Paris is its capital." in engine.prompts[2]
+
+
+def test_probe_rewards_take_no_samples():
+    with pytest.raises(ValueError, match="need reward_source=generator"):
+        StopRagConfig(reward_samples=8)
+
+
+def test_rescore_scores_the_natural_ending_like_every_state():
+    """The terminal state's reward replaces the agent's own final answer, so one generator scores all."""
+    t = Trajectory("q", "d", (0.0, 0.5, 0.5), (1, 1, 1), final_f1=1.0, total_tokens=3)
+    again = rescore(t, {0: 0.2, 1: 0.4, 2: 0.3})
+    assert again.probe_f1 == (0.2, 0.4, 0.3) and again.final_f1 == 0.3 and again.iteration_tokens == t.iteration_tokens
+    with pytest.raises(ValueError, match="no reward for iterations"):
+        rescore(t, {0: 0.2})
+
+
+def test_stage_rewards_from_probes_and_from_the_generator(tmp_path):
+    run = write_synthetic_run(tmp_path / "run", n_questions=6, max_iterations=3)
+    trajectories, _ = load_trajectories(run)
+    config = load_config()
+    questions, histories = load_histories(run, config, {t.qid for t in trajectories})
+    rewards, note = state_rewards(run, config, questions, histories, lambda _: FakeEngine([]), tmp_path)
+    assert all(rewards[t.qid] == dict(enumerate(t.probe_f1)) for t in trajectories)
+    assert "probed answer" in note and config.engine.model in note
+    gen = config.model_copy(update={"stoprag": config.stoprag.model_copy(update={"reward_source": "generator", "reward_samples": 3})})
+    n_states = sum(len(rows) for rows in histories.values())
+    engine = FakeEngine(["something"] * (3 * n_states))
+    rewards, note = state_rewards(run, gen, questions, histories, lambda _: engine, tmp_path)
+    assert len(engine.prompts) == 3 * n_states and "mean F1 of 3" in note
+    assert sum(len(v) for v in rewards.values()) == n_states and len(pd.read_parquet(tmp_path / "rewards.parquet")) == 3 * n_states
