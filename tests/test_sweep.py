@@ -360,3 +360,20 @@ def test_train_run_refits_never_train_on_the_target(tmp_path):
     changed = frame.copy()
     changed.loc[~changed["qid"].isin(qids), ["probe_f1", "utility"]] = 0.0  # the target run's targets
     assert refit_predictions(changed, refit, train, train_qids=qids) == preds
+
+
+def test_an_old_runs_head_refits_load_with_the_renamed_regulariser(tmp_path):
+    """A run written before the seed head: its refits carry head_alpha, read now as head_weight_decay."""
+    import yaml
+
+    from raypipe.core.config import dump_config, load_config
+    from raypipe.core.jobargs import job_parser, run_config_from_args
+
+    dump_config(load_config(), tmp_path / "config.yaml")
+    tree = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    tree["stopping"]["refits"] = [{"group": None, "window": None, "head_hidden": [32, 16], "head_alpha": 0.01,
+                                   "head_learning_rate": 0.001}]  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tree))
+    config = run_config_from_args(job_parser("test").parse_args([]), tmp_path)
+    [refit] = config.stopping.refits
+    assert (refit.head_hidden, refit.head_weight_decay) == ([32, 16], 0.01)

@@ -60,6 +60,8 @@ def run_config_from_args(args: argparse.Namespace, run_dir: Path) -> RunConfig:
 
 # Keys renamed since runs were written (section -> old name -> new name)
 RENAMED_KEYS = {"stoprag": {"workers": "num_workers", "worker_num_cpus": "cpus_per_worker"}}
+# Keys renamed inside the items of a list setting: a head refit's regulariser became the seed head's weight decay.
+RENAMED_ITEM_KEYS = {("stopping", "refits"): {"head_alpha": "head_weight_decay"}}
 
 
 def renamed_key_overrides(path: Path) -> list[str]:
@@ -72,6 +74,11 @@ def renamed_key_overrides(path: Path) -> list[str]:
         if isinstance(values, dict) and renames.keys() & values.keys():
             renamed = {renames.get(key, key): value for key, value in values.items()}
             overrides.append(f"{section}={json.dumps(renamed)}")  # JSON is YAML
+    for (section, key), renames in RENAMED_ITEM_KEYS.items():
+        items = (tree.get(section) or {}).get(key) if isinstance(tree.get(section), dict) else None
+        if isinstance(items, list) and any(isinstance(i, dict) and renames.keys() & i.keys() for i in items):
+            renamed = [{renames.get(k, k): v for k, v in i.items()} if isinstance(i, dict) else i for i in items]
+            overrides.append(f"{section}.{key}={json.dumps(renamed)}")
     return overrides
 
 
