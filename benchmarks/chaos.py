@@ -1,11 +1,14 @@
 """Reliability under faults and bad input: run every case of raypipe/testing/chaos.py and print a table.
 
-Cases (the same as tests/test_chaos.py): a generation actor and a retrieval actor killed mid-job, the
-driver interrupted with SIGINT and with SIGTERM and rerun, bad input lines, a 10,000-character question
-and an engine error on single rows, a truncated index, an edited manifest and a missing model, and
-Ray Train runs (cross-encoders, Stop-RAG) whose worker dies after a checkpoint. Everything runs on a
-local 2-CPU Ray with fake engines, a 40-passage index and a tiny BERT, in a scratch directory that is
-removed unless a case fails. Exit status 1 when a case fails.
+Cases (the same as tests/test_chaos.py): a generation actor killed mid-job; a question that kills its
+engine (or its actor's process) every time; a retrieval actor killed before a search, and a replica
+killed while a search waits in it (retried, retries off, and a query that kills every replica); the
+driver interrupted with SIGINT and with SIGTERM (stopped within 5 s) and rerun; bad input lines; a
+10,000-character question and an engine error on single rows; a truncated index, an edited manifest
+and a missing model; and Ray Train runs (cross-encoders, Stop-RAG against an uninterrupted run) whose
+worker dies after a checkpoint. Everything runs on a local 2-CPU Ray with fake engines, a 40-passage
+index and a tiny BERT, in a scratch directory that is removed unless a case fails. Exit status 1 when a
+case fails. The same faults with the real vLLM engine are tests/test_engine_death.py.
 
     python benchmarks/chaos.py [-k SUBSTRING]
 """
@@ -55,7 +58,12 @@ def plan(work: Path) -> list[tuple[str, Callable[[Path], cases.Outcome]]]:
 
     return [
         ("generation actor killed", cases.generation_actor_killed),
+        *((cases.KILLS[how][0], lambda d, how=how: cases.question_kills_every_time(d, reference(), how))
+          for how in cases.KILLS),
         ("retrieval actor killed", lambda d: cases.retrieval_actor_killed(d, index())),
+        *((f"retrieval replica killed in flight ({kind})",
+           lambda d, kind=kind: cases.retrieval_replica_killed_in_flight(d, index(), kind))
+          for kind in cases.REPLICA_KILLS),
         ("driver interrupted (SIGINT)", lambda d: cases.driver_interrupted(d, signal.SIGINT, reference())),
         ("driver interrupted (SIGTERM)", lambda d: cases.driver_interrupted(d, signal.SIGTERM, reference())),
         ("bad input", cases.bad_input),

@@ -1,34 +1,42 @@
-"""Benchmark of the probe stage: throughput, probing overhead, speed-up over a sequential baseline, memory.
+"""Benchmark of the probe stage against the peers' schedules: throughput, probing overhead, cost, memory.
 
-On the same questions, model and retriever (the config's; in-process retrieval so only generation is
-timed) it runs, each on a fresh engine so no run inherits another's prefix cache:
+Every variant runs on the same questions, the same engine (started once; its prefix cache emptied
+before each run, so no run inherits another's) and the same retriever (in process, behind the batcher
+a retrieval replica runs), ``--repeats`` times in alternating order (forward, backward, ...):
 
-1. ``probe``: the configured stage (concurrent trajectories, prefix caching, probing on);
-2. ``no-probe``: the same with probing off -> probing overhead = wall(probe) / wall(no-probe);
-3. ``sequential``: the baseline of Search-R1's ``infer.py`` and the seed paper's code: one question at
-   a time, the whole context re-encoded at every turn and every probe (prefix caching off,
-   concurrency 1), probing on; on ``--baseline-questions`` of the questions only (it is slow), evenly
-   spaced over the list so every dataset is in.
+* ``probe``: the stage (raypipe.stages.probe.GenerateStage): per-trajectory asynchronous loops on one
+  engine, a turn's search beside its probe, prefix caching, probing on;
+* ``no-probe``: the same with probing off -> probing overhead = wall(probe) / wall(no-probe);
+* ``turn-sync``: the peers' schedule (pyterrier-rag's agents, Search-R1's ``generation.py``) on raypipe's
+  own engine and retriever (raypipe.agents.barrier.TurnBarrier): per turn one batch of generations for
+  all live trajectories, then one batch of searches, then one batch of probes; prefix caching on,
+  probing on;
+* ``sequential`` (with ``--sequential-questions N``): Search-R1's ``infer.py`` and the seed paper's code:
+  one question at a time, the whole context re-encoded by every request (the prefix cache emptied
+  before each), probing on; on N of the questions, evenly spaced, and ``probe`` is timed on the same N.
 
-It prints trajectories/min, generated tokens/s (agent + probe tokens), engine start time (separately),
-prompt tokens served from the prefix cache and those prefilled, the targets' quality checks, and the
-peak memory (PSS, and summed RSS) of the whole process tree (vLLM's engine process included).
-``--job`` also runs ``jobs/probe.py`` with the same settings into a scratch run directory and reports
-its wall time and peak memory.
+It prints one row per variant (median over repeats, and the spread): trajectories/min, tokens, the
+prompt tokens served from the prefix cache and those prefilled, retrieval and engine seconds (from the
+cost columns of iterations/, raypipe.core.schema.ITERATION_COSTS); the ratios with their per-repeat
+range; how many agent transcripts differ between variants (probing must not change the agent's own
+turns; batch numerics may); checks that the cost columns add up; the peak memory (PSS, and summed
+RSS) of the whole process tree. ``--job`` also runs ``jobs/probe.py`` and reports its wall and memory.
 
-    python benchmarks/probe.py [--config PRESET] [--set KEY=VALUE ...] [--limit N] [--job]
+    python benchmarks/probe.py [--config PRESET] [--set KEY=VALUE ...] [--limit N] [--repeats 3] [--job]
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -52,7 +60,9 @@ class MemorySampler:
     proportional set sizes, which split each shared page among its sharers: the tree's physical memory.
     """
 
-    def __init__(self, pid: int | None = None, interval: float = 0.5):
+    # Every 2 s: reading the smaps of vLLM's processes is not free (at 0.5 s it took 6% of all the CPU
+    # samples of a profiled run on 2 cores), and the peak is a plateau (the KV cache is allocated at start).
+    def __init__(self, pid: int | None = None, interval: float = 2.0):
         self.root = psutil.Process(pid or os.getpid())
         self.interval = interval
         self.peak_rss = self.peak_pss = 0
@@ -87,67 +97,99 @@ class MemorySampler:
         self._thread.join()
 
 
-@dataclass
-class Recorder:
-    """Wraps an engine and counts tokens: generated, prompt, and prompt tokens served from the cache."""
+class SharedEngine:
+    """The one engine of the benchmark, lent to each run: counts what the engine reports, never closes it.
 
-    engine: object
-    generated: int = 0
-    prompt: dict = field(default_factory=lambda: {"turn": 0, "probe": 0})
-    cached: dict = field(default_factory=lambda: {"turn": 0, "probe": 0})
+    ``reprefill`` empties the prefix cache before every request (the sequential baseline's re-encoding).
+    """
+
+    def __init__(self, engine, reprefill: bool = False):
+        self.engine, self.reprefill = engine, reprefill
+        self.requests = self.generated = self.prompt = self.cached = 0
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
     async def generate(self, request: GenerationRequest) -> Generation:
+        if self.reprefill:
+            await self.engine.reset_prefix_cache()
         gen = await self.engine.generate(request)
-        kind = "probe" if request.logprobs else "turn"
+        self.requests += 1
         self.generated += len(gen.token_ids)
-        self.prompt[kind] += gen.prompt_tokens
-        self.cached[kind] += gen.cached_prompt_tokens or 0
+        self.prompt += gen.prompt_tokens
+        self.cached += gen.cached_prompt_tokens or 0
         return gen
+
+    async def close(self) -> None:
+        pass
 
 
 @dataclass
 class Result:
     name: str
-    questions: int
-    engine_start_s: float
+    repeat: int
     wall_s: float
-    generated: int
-    prompt: dict
-    cached: dict
     outputs: list[TrajectoryOutput]
+    engine: SharedEngine
+
+    @property
+    def questions(self) -> int:
+        return len(self.outputs)
 
     @property
     def per_min(self) -> float:
         return self.questions / self.wall_s * 60
 
+    def total(self, column: str) -> float:
+        """A cost column summed over the trajectory rows (nulls as 0)."""
+        return sum(o.trajectory[column] or 0 for o in self.outputs)
+
+    def iteration_total(self, column: str) -> float:
+        return sum(r[column] or 0 for o in self.outputs for r in o.iterations)
+
     @property
-    def tokens_per_s(self) -> float:
-        return self.generated / self.wall_s
+    def transcripts(self) -> dict[str, str]:
+        return {o.trajectory["qid"]: o.trajectory["transcript"] for o in self.outputs}
 
 
-def run_variant(name: str, config: RunConfig, questions, retriever) -> Result:
-    from raypipe.llm.factory import build_engine
+VARIANTS = ("probe", "no-probe", "turn-sync")
+
+
+def variant_config(name: str, config: RunConfig) -> RunConfig:
+    variant = config.model_copy(deep=True)
+    if name == "no-probe":
+        variant.agent.probe = False
+    if name == "sequential":
+        variant.generation.max_concurrent_trajectories = 1
+    return variant
+
+
+def run_variant(name: str, repeat: int, config: RunConfig, questions, engine, index) -> Result:
+    """One run of a variant on a fresh retriever front and an empty prefix cache."""
+    from raypipe.agents import build_loop
+    from raypipe.agents.barrier import TurnBarrier
+    from raypipe.retrieval import QueryBatcher
     from raypipe.stages.probe import GenerateStage
 
-    recorders = []
+    config = variant_config(name, config)
+    retriever = QueryBatcher(index.search_batch, config.retrieval.max_batch_size, config.retrieval.max_wait_ms / 1000)
+    if hasattr(engine, "reset_prefix_cache"):
+        asyncio.run(engine.reset_prefix_cache())
+    shared = SharedEngine(engine, reprefill=name == "sequential")
+    if name == "turn-sync":
+        async def lock_step():
+            loop = build_loop(config, shared, retriever, barrier=TurnBarrier(len(questions)))
+            return list(await asyncio.gather(*(loop.run(q) for q in questions)))
 
-    def factory(engine_config):
-        recorders.append(Recorder(build_engine(engine_config)))
-        return recorders[-1]
-
-    log.info("%s: starting an engine", name)
-    stage = GenerateStage(config, retriever, engine_factory=factory)
-    started = time.perf_counter()
-    outputs = stage.run(questions)
-    wall = time.perf_counter() - started
-    stage.close()
-    rec = recorders[0]
-    result = Result(name, len(questions), stage.engine_start_s, wall, rec.generated, rec.prompt, rec.cached, outputs)
-    log.info("%s: %d trajectories in %.1f s (%.1f/min, %.1f generated tokens/s, engine start %.1f s), %s", name,
-             len(outputs), wall, result.per_min, result.tokens_per_s, stage.engine_start_s, quality(outputs))  # fmt: skip
+        started = time.perf_counter()
+        outputs = asyncio.run(lock_step())
+    else:
+        stage = GenerateStage(config, retriever, engine_factory=lambda _: shared)
+        started = time.perf_counter()
+        outputs = stage.run(questions)
+        stage.close()
+    result = Result(name, repeat, time.perf_counter() - started, outputs, shared)
+    log.info("%s (repeat %d): %d trajectories in %.1f s (%.1f/min)", name, repeat, len(outputs), result.wall_s, result.per_min)
     return result
 
 
@@ -161,6 +203,96 @@ def quality(outputs: list[TrajectoryOutput]) -> dict[str, float]:
         "final F1": sum(o.trajectory["final_f1"] for o in outputs) / n,
         "mean retrieval iterations": sum(o.trajectory["n_iterations"] for o in outputs) / n,
     }
+
+
+def cost_problems(result: Result) -> list[str]:
+    """Where the cost columns do not add up (empty when they do)."""
+    problems = []
+    for o in result.outputs:
+        t, rows = o.trajectory, o.iterations
+        if t["cached_tokens"] is not None and t["prompt_tokens"] != t["prefilled_tokens"] + t["cached_tokens"]:
+            problems.append(f"{t['qid']}: prompt {t['prompt_tokens']} != prefilled + cached")
+        for column in ("prompt_tokens", "cached_tokens", "probe_prompt_tokens", "tokens_generated", "probe_tokens"):
+            if (t[column] or 0) != sum(r[column] or 0 for r in rows):
+                problems.append(f"{t['qid']}: trajectory {column} != the sum of its iterations")
+    for column in ("prompt_tokens", "cached_tokens", "tokens_generated", "probe_tokens"):
+        if result.total(column) != result.iteration_total(column):
+            problems.append(f"{result.name}: total {column} of trajectories != total of iterations")
+    return problems
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _spread(values: list[float], fmt: str = ".1f") -> str:
+    return f"{min(values):{fmt}}-{max(values):{fmt}}" if len(values) > 1 else "-"
+
+
+def differing(a: Result, b: Result) -> int:
+    ta, tb = a.transcripts, b.transcripts
+    return sum(ta[q] != tb.get(q) for q in ta)
+
+
+def print_report(results: list[Result], config: RunConfig, engine_start_s: float) -> None:
+    by_name: dict[str, list[Result]] = {}
+    for r in results:
+        by_name.setdefault(r.name, []).append(r)
+    first = results[0]
+    print(f"\n{first.questions} questions ({', '.join(config.data.datasets)}), model {config.engine.model} on "
+          f"{config.engine.backend} (engine started once: {engine_start_s:.1f} s), enforcement "
+          f"{config.agent.enforcement}, protocol {config.agent.protocol}, {len(by_name[first.name])} repeats; "
+          "per trajectory: median over repeats\n")  # fmt: skip
+    head = (f"{'run':<14}{'n':>4}{'wall s':>8}{'(range)':>13}{'traj/min':>10}{'gen tok/s':>10}{'prompt tok':>11}"
+            f"{'cached':>8}{'prefilled':>10}{'turn tok':>9}{'probe tok':>10}{'retr s':>8}{'engine s':>9}{'F1':>7}")  # fmt: skip
+    print(head)
+    print("-" * len(head))
+    for name, runs in by_name.items():
+        n = runs[0].questions
+        walls = [r.wall_s for r in runs]
+
+        def per(column, runs=runs, n=n):
+            return _median([r.total(column) / n for r in runs])
+
+        prompt = _median([r.total("prompt_tokens") for r in runs])
+        cached = _median([r.total("cached_tokens") for r in runs])
+        gen_rate = _median([(r.total("tokens_generated") + r.total("probe_tokens")) / r.wall_s for r in runs])
+        engine_s = "null" if all(o.trajectory["engine_s"] is None for o in runs[0].outputs) else f"{per('engine_s'):.2f}"
+        f1 = _median([sum(o.trajectory["final_f1"] for o in r.outputs) / n for r in runs])
+        print(f"{name:<14}{n:>4}{_median(walls):>8.1f}{_spread(walls):>13}{_median([r.per_min for r in runs]):>10.1f}"
+              f"{gen_rate:>10.1f}{per('prompt_tokens'):>11.0f}{cached / prompt if prompt else 0:>8.0%}"
+              f"{per('prefilled_tokens'):>10.0f}{per('tokens_generated'):>9.1f}{per('probe_tokens'):>10.1f}"
+              f"{per('retrieval_s'):>8.2f}{engine_s:>9}{f1:>7.3f}")  # fmt: skip
+    print("\n(engine s: seconds from a request's first scheduling to its last token, summed over its requests; "
+          "concurrent requests overlap)\n")
+
+    def ratio(a: str, b: str, label: str, target: str, invert: bool = False) -> None:
+        if a not in by_name or b not in by_name:
+            return
+        pairs = list(zip(by_name[a], by_name[b]))
+        values = [(y.wall_s / x.wall_s) if not invert else (x.wall_s / y.wall_s) for x, y in pairs]
+        print(f"{label}: {_median(values):.2f}x (repeats {_spread(values, '.2f')})   ({target})")
+
+    ratio("probe", "turn-sync", "trajectories/min of the stage over the turn-synchronous baseline", "target >= 1.25x")
+    ratio("probe-subset", "sequential", "trajectories/min of the stage over the sequential baseline (same questions)",
+          "target >= 5x")  # fmt: skip
+    ratio("probe", "no-probe", "probing overhead (wall with probing / without)", "target <= 1.10x", invert=True)
+    for a, b in (("probe", "no-probe"), ("probe", "turn-sync"), ("probe-subset", "sequential")):
+        if a in by_name and b in by_name:
+            counts = [differing(x, y) for x, y in zip(by_name[a], by_name[b])]
+            print(f"agent transcripts that differ, {a} vs {b}: {', '.join(map(str, counts))} of {by_name[a][0].questions} per repeat")
+    if len(by_name.get("probe", [])) > 1:
+        runs = by_name["probe"]
+        counts = [differing(runs[0], r) for r in runs[1:]]
+        print(f"agent transcripts that differ between repeats of probe (batch numerics): {', '.join(map(str, counts))}")
+    problems = [p for r in results for p in cost_problems(r)]
+    print("cost columns add up (prompt = prefilled + cached per trajectory; trajectories = sums of iterations; "
+          f"totals = sums of rows): {'yes' if not problems else 'NO: ' + '; '.join(problems[:5])}")
+    unrecorded = [r for r in results if r.engine.prompt != r.total("prompt_tokens")]
+    print(f"prompt tokens the engine reported = those in the rows: {'yes' if not unrecorded else 'no (failed turns have no row)'}")
+    print(f"quality of {results[0].name}, repeat 0:")
+    for key, value in quality(results[0].outputs).items():
+        print(f"{key}: {value:.2f}" if "F1" in key or "mean" in key else f"{key}: {value:.0%}")
 
 
 def run_job(args, overrides: list[str]) -> tuple[float, MemorySampler, int]:
@@ -191,55 +323,46 @@ def gib(size: int) -> str:
 def main() -> None:
     parser = job_parser(__doc__)
     parser.add_argument("--limit", type=int, help="questions per dataset (default: the config's data.limit)")
-    parser.add_argument("--baseline-questions", type=int, default=6, help="questions the sequential baseline runs")
-    parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every variant, in alternating order")
+    parser.add_argument("--sequential-questions", type=int, default=0,
+                        help="also run the sequential baseline (and the stage) on this many of the questions (slow)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {', '.join(VARIANTS)}")
     parser.add_argument("--job", action="store_true", help="also run jobs/probe.py and measure it")
     args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    if not variants or set(variants) - set(VARIANTS):
+        parser.error(f"--variants takes names from {', '.join(VARIANTS)}")
     setup_logging(args.verbose)
     extra = [f"data.limit={args.limit}", "data.limit_files=true"] if args.limit else []
     config = config_from_args(args, extra)
     questions = load_datasets(config.data.datasets, config.data.limit, config.data.limit_files)
 
-    from raypipe.retrieval import LocalRetriever, encoder_spec, search_params
+    from raypipe.llm.factory import build_engine
+    from raypipe.retrieval import encoder_spec, search_params
+    from raypipe.runtime.retrieval import open_replica
     from raypipe.stages.index import ensure_index
 
-    retriever = LocalRetriever.open(ensure_index(config, use_ray=False), encoder_spec(config.retrieval), search_params(config.retrieval))
-    no_probe = config.model_copy(deep=True)
-    no_probe.agent.probe = False
-    sequential = config.model_copy(deep=True)
-    sequential.engine.enable_prefix_caching = False
-    sequential.generation.max_concurrent_trajectories = 1
-
+    retrieval = config.retrieval  # the searcher a retrieval replica holds (retrieval.search_threads applies)
+    index = open_replica(str(ensure_index(config, use_ray=False)), encoder_spec(retrieval), search_params(retrieval),
+                         retrieval.search_threads)  # fmt: skip
+    plan = [(name, questions) for name in variants]
+    if args.sequential_questions:
+        subset = evenly_spaced(questions, args.sequential_questions)
+        plan += [("probe-subset", subset), ("sequential", subset)]
     with MemorySampler() as memory:
-        results = [run_variant("probe", config, questions, retriever), run_variant("no-probe", no_probe, questions, retriever)]
-        if not args.skip_baseline:
-            baseline = evenly_spaced(questions, args.baseline_questions)
-            results.append(run_variant("sequential", sequential, baseline, retriever))
-
-    probe, off = results[0], results[1]
-    print(f"\n{len(questions)} questions ({', '.join(config.data.datasets)}), model {config.engine.model} on "
-          f"{config.engine.backend}, enforcement {config.agent.enforcement}, protocol {config.agent.protocol}\n")
-    head = (f"{'run':<12}{'questions':>10}{'engine start s':>16}{'wall s':>9}{'traj/min':>10}{'gen tok/s':>11}"
-            f"{'cached prompt':>15}{'prefilled tok/traj':>20}")
-    print(head)
-    print("-" * len(head))
-    for r in results:
-        total_prompt = sum(r.prompt.values())
-        cached = sum(r.cached.values()) / total_prompt if total_prompt else 0.0
-        prefilled = (total_prompt - sum(r.cached.values())) / r.questions
-        print(f"{r.name:<12}{r.questions:>10}{r.engine_start_s:>16.1f}{r.wall_s:>9.1f}{r.per_min:>10.1f}"
-              f"{r.tokens_per_s:>11.1f}{cached:>14.0%}{prefilled:>20.0f}")
-    print()
-    probe_cached = probe.cached["probe"] / probe.prompt["probe"] if probe.prompt["probe"] else 0.0
-    print(f"probe prompts served from the prefix cache: {probe_cached:.0%}")
-    overhead = probe.wall_s / off.wall_s
-    print(f"probing overhead (wall with probing / without): {overhead:.2f}x   (target <= 1.25x)")
-    if len(results) > 2:
-        print(f"speed-up over the sequential baseline (trajectories/min): {probe.per_min / results[2].per_min:.1f}x   (target >= 5x)")
+        started = time.perf_counter()
+        engine = build_engine(config.engine)
+        engine_start_s = time.perf_counter() - started
+        results = []
+        for repeat in range(args.repeats):
+            for name, items in plan if repeat % 2 == 0 else reversed(plan):
+                results.append(run_variant(name, repeat, config, items, engine, index))
+        asyncio.run(engine.close())
+    order = {name: i for i, (name, _) in enumerate(plan)}
+    results.sort(key=lambda r: (order[r.name], r.repeat))
+    print_report(results, config, engine_start_s)
     print(f"peak memory of the process tree: {gib(memory.peak_pss)} PSS ({gib(memory.peak_rss)} summed RSS)"
           "   (target < 8 GB)")
-    for key, value in quality(probe.outputs).items():
-        print(f"{key}: {value:.2f}" if "F1" in key or "mean" in key else f"{key}: {value:.0%}")
     if args.job:
         wall, job_memory, code = run_job(args, [*args.overrides, *extra])
         print(f"jobs/probe.py: exit {code}, wall {wall:.1f} s, peak memory {gib(job_memory.peak_pss)} PSS "

@@ -50,8 +50,20 @@ def test_generation_actor_killed_mid_job(ray_local, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("how", sorted(cases.KILLS))
+def test_a_question_that_kills_its_engine_every_time_ends_engine_crash(reference, tmp_path, how):
+    assert passed(cases.question_kills_every_time(tmp_path, reference, how))
+
+
+@pytest.mark.slow
 def test_retrieval_actor_killed_mid_job(ray_local, index_config, tmp_path):
     assert passed(cases.retrieval_actor_killed(tmp_path, index_config))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(cases.REPLICA_KILLS))
+def test_retrieval_replica_killed_during_a_search(ray_local, index_config, tmp_path, kind):
+    assert passed(cases.retrieval_replica_killed_in_flight(tmp_path, index_config, kind))
 
 
 @pytest.mark.slow

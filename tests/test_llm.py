@@ -92,6 +92,23 @@ def test_vllm_output_becomes_a_generation():
     assert (gen.prompt_tokens, gen.cached_prompt_tokens) == (3, 32)
 
 
+def test_vllm_request_metrics_become_queue_and_engine_seconds():
+    output = _request_output()
+    output.metrics = SimpleNamespace(queued_ts=10.0, scheduled_ts=10.5, first_token_ts=11.0, last_token_ts=12.25)
+    gen = _vllm().to_generation(output, False)
+    assert (gen.queue_s, gen.engine_s) == (0.5, 1.75)
+    unrecorded = _vllm().to_generation(_request_output(), False)  # stats off: vLLM attaches no metrics
+    assert (unrecorded.queue_s, unrecorded.engine_s) == (None, None)
+
+
+def test_vllm_stats_follow_request_timings():
+    from raypipe.core.config import EngineConfig
+
+    on = _vllm().engine_kwargs(EngineConfig(), "/m", on_cpu=True)
+    off = _vllm().engine_kwargs(EngineConfig(request_timings=False), "/m", on_cpu=True)
+    assert (on["disable_log_stats"], off["disable_log_stats"]) == (False, True)
+
+
 def test_vllm_output_stop_token_id_and_abort():
     to_generation = _vllm().to_generation
     gen = to_generation(_request_output(stop_reason=2, finish="length"), False)  # a stop token id, not a string
@@ -161,6 +178,7 @@ class FakeAsyncLLM:
 
     def __init__(self):
         self.requests, self.loops, self.shut = [], set(), False
+        self.errored = False  # AsyncLLM's flag for an engine that died or hit a fatal error
 
     async def generate(self, prompt, params, request_id):
         self.loops.add(asyncio.get_running_loop())

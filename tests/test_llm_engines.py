@@ -62,6 +62,7 @@ def test_embedded_llm_loads_offline_and_generates_a_sentence(hf_engine):
     assert len(gen.token_ids) == len(gen.token_logprobs) <= 24
     assert all(lp <= 0 for lp in gen.token_logprobs)
     assert gen.prompt_tokens == hf_engine.count_tokens(prompt)
+    assert gen.cached_prompt_tokens == 0 and gen.engine_s > 0 and gen.queue_s >= 0  # no prefix cache; timed
 
 
 def test_transformers_stops_at_the_first_stop_string_and_rejects_regex(hf_engine):
@@ -110,6 +111,7 @@ def test_vllm_prefix_cache_hits_when_a_prompt_extends_another(vllm_engine, quest
     assert block == 32
     assert hit.cached_prompt_tokens >= (gen.prompt_tokens // block) * block > 0
     assert hit.cached_prompt_tokens % block == 0
+    assert hit.engine_s > 0 and hit.queue_s >= 0  # vLLM's request timestamps (engine.request_timings)
 
 
 def test_vllm_per_request_failures_leave_the_engine_serving(vllm_engine):

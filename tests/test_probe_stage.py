@@ -1,5 +1,6 @@
-"""The generation stage and the probe run on Ray with fakes: output tables, per-row failures, resume."""
+"""The generation stage and the probe run on Ray with fakes: output tables, per-row failures, resume, engine deaths."""
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -9,10 +10,11 @@ import pyarrow as pa
 import pytest
 
 from raypipe.core.config import load_config
-from raypipe.core.rundir import RunDir
+from raypipe.core.rundir import PARTIAL_SUFFIX, RunDir
 from raypipe.core.schema import ITERATIONS, TRAJECTORIES
 from raypipe.data.loaders import Question
-from raypipe.llm.base import EngineError
+from raypipe.llm.base import EngineDiedError, EngineError
+from raypipe.runtime.crashes import CrashLedger
 from raypipe.stages import probe
 from raypipe.stages.probe import (
     GenerateStage,
@@ -20,9 +22,11 @@ from raypipe.stages.probe import (
     done_qids,
     format_summary,
     question_items,
+    resolve_config,
     run_probe,
     split_output,
     summarize,
+    write_batch,
 )
 from raypipe.testing import fakes as agent_fakes
 from raypipe.testing.fakes import FakeEngine, FakeRetriever
@@ -113,8 +117,6 @@ def test_run_writes_parts_resumes_and_keeps_bad_rows(ray_local, tmp_path):
 def test_rerun_with_other_settings_is_refused(tmp_path):
     run = RunDir(tmp_path / "run")
     stage = GenerateStage(CONFIG, FakeRetriever(), engine_factory=scripted_engine)
-    from raypipe.stages.probe import resolve_config, write_batch
-
     write_batch(run, stage(pa.Table.from_pylist(question_items(questions(2)))), "part-a")
     run.write_config(resolve_config(CONFIG))
     assert done_qids(run) == {"id0", "id1"}
@@ -163,3 +165,145 @@ def test_without_a_factory_the_actor_builds_the_engine_with_the_one_builder(monk
     monkeypatch.setattr(probe, "build_engine", lambda config: built.append(config) or scripted_engine(config))
     GenerateStage(CONFIG, FakeRetriever()).close()
     assert built == [CONFIG.engine]
+
+
+# ---------------------------------------------------------------- engine deaths (issue 22)
+
+
+class DyingEngine(FakeEngine):
+    """Async fake: every request yields to the loop (so trajectories overlap); ``dies_on`` kills the engine
+    (every later request fails too, like vLLM's after its EngineCore died). Records the peak concurrency
+    seen while a ``watch`` question was in flight."""
+
+    def __init__(self, dies_on=None, watch=None):
+        super().__init__(scripted_engine(None).script)
+        self.dies_on, self.watch, self.dead = dies_on, watch, False
+        self.in_flight, self.peak_with_watch = set(), 0
+
+    async def generate(self, request):
+        q = request.prompt.split("Question: ")[1].split("?")[0]
+        self.in_flight.add(q)
+        try:
+            await asyncio.sleep(0.01)
+            if self.dead or q == self.dies_on:
+                self.dead = True
+                raise EngineDiedError("the vLLM engine is gone (EngineCore not running)")
+            if self.watch in self.in_flight:
+                self.peak_with_watch = max(self.peak_with_watch, len(self.in_flight))
+            return await super().generate(request)
+        finally:
+            self.in_flight.discard(q)
+
+
+def ledger_with(crashes: dict[str, int]) -> CrashLedger:
+    async def fill():
+        ledger = CrashLedger()
+        for qid, n in crashes.items():
+            for _ in range(n):
+                await ledger.started(qid)
+            await ledger.died([qid], "EngineDiedError: injected")
+        return ledger
+
+    return asyncio.run(fill())
+
+
+def test_a_dead_engine_fails_the_batch_and_charges_the_questions_in_flight():
+    engine = DyingEngine(dies_on="q1")
+    ledger = CrashLedger()
+    stage = GenerateStage(CONFIG, FakeRetriever(), engine_factory=lambda c: engine, crash_ledger=ledger)
+    with pytest.raises(EngineDiedError, match="EngineCore not running"):  # no engine_error rows
+        stage.run(questions(5))  # 4 trajectory slots: id4 waits for one
+    records = stage._thread.run(ledger.records([f"id{i}" for i in range(5)]))
+    stage.close()
+    assert records["id1"].crashes == 1 and "EngineCore not running" in records["id1"].error
+    # the first four ran concurrently: each was in flight when the engine died; id4 never started
+    assert [records[f"id{i}"].crashes for i in (0, 2, 3, 4)] == [1, 1, 1, 0]
+
+
+def test_a_question_at_the_crash_limit_runs_alone():
+    limit = CONFIG.generation.max_question_crashes
+    engine = DyingEngine(watch="q2")
+    stage = GenerateStage(CONFIG, FakeRetriever(), engine_factory=lambda c: engine,
+                          crash_ledger=ledger_with({"id2": limit, "id0": limit - 1}))
+    outputs = stage.run(questions(4))
+    stage.close()
+    assert [o.trajectory["stop_reason"] for o in outputs] == ["answer"] * 4
+    assert engine.peak_with_watch == 1  # nothing else was in flight beside it
+    assert engine.in_flight == set()
+
+
+def test_a_question_past_the_crash_limit_is_written_as_engine_crash_without_running():
+    limit = CONFIG.generation.max_question_crashes
+    engine = DyingEngine(dies_on="q1")  # would kill the engine again
+    stage = GenerateStage(CONFIG, FakeRetriever(), engine_factory=lambda c: engine,
+                          crash_ledger=ledger_with({"id1": limit + 1}))
+    trajectories, iterations = split_output(probe.to_table(stage.run(questions(3))))
+    stage.close()
+    assert trajectories.schema == TRAJECTORIES and not engine.dead
+    rows = {t["qid"]: t for t in trajectories.to_pylist()}
+    assert rows["id1"]["stop_reason"] == "engine_crash"
+    assert f"{limit + 1} engine or actor deaths" in rows["id1"]["error"] and "EngineDiedError: injected" in rows["id1"]["error"]
+    assert rows["id1"]["final_answer"] is None and rows["id1"]["final_f1"] == 0.0
+    assert [rows[q]["stop_reason"] for q in ("id0", "id2")] == ["answer", "answer"]
+    assert "id1" not in iterations.column("qid").to_pylist()
+
+
+def test_an_engine_death_is_not_a_row_failure_in_the_agent_loop():
+    from raypipe.agents import build_loop, build_protocol
+
+    engine = DyingEngine(dies_on="q0")
+    loop = build_loop(CONFIG, engine, FakeRetriever(), build_protocol(CONFIG.agent))
+    with pytest.raises(EngineDiedError):
+        asyncio.run(loop.run(questions(1)[0]))
+
+
+def written_run(path, n=2) -> RunDir:
+    """A run directory holding ``n`` finished trajectories of CONFIG (no Ray)."""
+    run = RunDir(path)
+    stage = GenerateStage(CONFIG, FakeRetriever(), engine_factory=scripted_engine)
+    write_batch(run, stage(pa.Table.from_pylist(question_items(questions(n)))), "part-a")
+    stage.close()
+    run.write_config(resolve_config(CONFIG))
+    return run
+
+
+def test_resume_removes_a_partial_part_and_an_unfinished_batch(tmp_path):
+    run = written_run(tmp_path / "run")
+    before = run.read("trajectories")
+    # a write cut short (its temporary file) in each table, and a batch whose trajectories part never landed
+    partials = [run.table_dir(t) / f".part-b{PARTIAL_SUFFIX}" for t in ("iterations", "trajectories")]
+    for partial in partials:
+        partial.write_bytes(b"PAR1 half a file")
+    orphan = run.table_dir("iterations") / "part-c.parquet"
+    orphan.write_bytes((run.table_dir("iterations") / "part-a.parquet").read_bytes())
+    assert run_probe(CONFIG, run, questions(2), retriever=FakeRetriever(), engine_factory=scripted_engine) == 0
+    assert not any(p.exists() for p in [*partials, orphan])
+    assert run.read("trajectories").equals(before) and run.read("iterations").num_rows == 4
+
+
+@pytest.mark.parametrize("change", ["engine.max_model_len=1000", "retrieval.deep_k=50"])
+def test_the_job_refuses_to_resume_with_other_engine_or_retrieval_settings(tmp_path, change):
+    written_run(tmp_path / "run")  # written with CONFIG: the embedded preset plus generation settings
+    root = Path(__file__).resolve().parents[1]
+    sets = [a for s in ("generation.batch_size=3", "generation.max_concurrent_trajectories=4") for a in ("--set", s)]
+    cmd = [sys.executable, str(root / "jobs" / "probe.py"), "--out", str(tmp_path / "run"), *sets, "--set", change]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    key = change.split("=")[0]
+    assert f"holds trajectories from other settings ({key})" in proc.stderr
+    assert RunDir(tmp_path / "run").read("trajectories").num_rows == 2  # nothing ran, nothing was removed
+
+
+class RowDroppingStage(GenerateStage):
+    """A generation stage that loses the last row of every batch: the job must notice."""
+
+    def __call__(self, batch):
+        out = super().__call__(batch)
+        return out.slice(0, out.num_rows - 1)
+
+
+@pytest.mark.slow
+def test_the_end_of_job_count_check_catches_a_stage_that_drops_a_row(ray_local, tmp_path, monkeypatch):
+    monkeypatch.setattr(probe, "GenerateStage", RowDroppingStage)
+    with pytest.raises(RuntimeError, match="4 questions in but 2 trajectories out"):
+        run_probe(CONFIG, RunDir(tmp_path / "run"), questions(4), retriever=FakeRetriever(), engine_factory=scripted_engine)

@@ -20,8 +20,11 @@ from raypipe.testing.index_checks import assert_rows_are_their_passages
 ray = pytest.importorskip("ray")
 
 N_PASSAGES = 40
-# Sanity floors for the full bundled corpus with MiniLM (measured on a 942-passage sub-corpus: .70/.64/.58).
-MIN_RECALL3 = {"hotpotqa": 0.25, "2wikimultihopqa": 0.2, "musique": 0.15}
+# Floors a little below what the embedded index (all 13,844 passages, MiniLM int8) measured on the first 40
+# questions of each dataset: recall@3 .650/.550/.525, recall@10 .800/.656/.588 (one question moves a value
+# by at most .025).
+MIN_RECALL3 = {"hotpotqa": 0.60, "2wikimultihopqa": 0.50, "musique": 0.475}
+MIN_RECALL10 = {"hotpotqa": 0.75, "2wikimultihopqa": 0.60, "musique": 0.55}
 
 
 @pytest.fixture(scope="module")
@@ -107,4 +110,5 @@ def test_bundled_corpus_index_with_the_default_encoder(ray_local):
     assert set(table) == {"hotpotqa", "2wikimultihopqa", "musique"}
     for dataset, row in table.items():
         assert row["n"] == 40
-        assert row["recall@10"] >= row["recall@3"] >= MIN_RECALL3[dataset], (dataset, row)
+        assert row["recall@3"] >= MIN_RECALL3[dataset] and row["recall@10"] >= MIN_RECALL10[dataset], (dataset, row)
+        assert row["recall@10"] >= row["recall@3"], (dataset, row)

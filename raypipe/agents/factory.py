@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from raypipe.agents.barrier import TurnBarrier
 from raypipe.agents.hooks import StopController
 from raypipe.agents.loop import AgentLoop
 from raypipe.agents.protocol import AgentProtocol
@@ -29,6 +30,7 @@ def build_loop(
     retriever: Retriever,
     protocol: AgentProtocol | None = None,
     controller: StopController | None = None,
+    barrier: TurnBarrier | None = None,
 ) -> AgentLoop:
     """The loop of ``config``'s agent; a search retrieves ``retrieval.deep_k`` documents, at least those it reads."""
     protocol = protocol or build_protocol(config.agent)
@@ -42,4 +44,5 @@ def build_loop(
         deep_k=max(config.retrieval.deep_k, top_k),
         seed=config.seed,
         controller=controller,
+        barrier=barrier,
     )

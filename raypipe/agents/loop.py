@@ -17,17 +17,30 @@ answer (the protocol's probe prompt with no reasoning, greedy) that reads them: 
 final answer. In the pyterrier format a search that returns no documents ends the trajectory there
 (``no_results``, pyterrier-rag's "No retrieval results"), before the model is called again.
 
+A turn's search does not depend on its probe, so the two run together; the search's documents enter
+the context only after the controller (if any) has let the trajectory go on: a search the controller
+makes moot is dropped (``search_dropped``), its cost still counted. Under a :class:`TurnBarrier` the
+loop follows instead the peers' turn-synchronous schedule (pyterrier-rag's agents, Search-R1's
+``generation.py``): every live trajectory generates its turn, then all search, then all probe.
+Outputs are the same either way: only the order of independent requests changes.
+
+Each row records the cost of its turn (``raypipe.core.schema.ITERATION_COSTS``): prompt tokens of its
+requests and those served from the prefix cache, the time of the search the turn issued, and the
+engine's queue and engine seconds where the backend reports them; the trajectory row holds their sums.
+
 A failure on one question (context overflow, engine error, retrieval error, no valid action) ends
 that trajectory with its ``stop_reason`` and message; the rows produced so far are kept.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from raypipe.agents.barrier import TurnBarrier
 from raypipe.agents.hooks import StopController
 from raypipe.agents.protocol import ANSWER, INVALID, AgentProtocol
 from raypipe.core.config import AgentConfig
@@ -41,9 +54,10 @@ from raypipe.core.schema import (
     STOP_NO_ACTION,
     STOP_NO_RESULTS,
     STOP_RETRIEVAL_ERROR,
+    TRAJECTORY_COSTS,
 )
 from raypipe.data.loaders import Question
-from raypipe.llm.base import ContextOverflowError, Engine, EngineError, Generation, GenerationRequest
+from raypipe.llm.base import ContextOverflowError, Engine, EngineDiedError, EngineError, Generation, GenerationRequest
 from raypipe.retrieval.types import Retriever, SearchResult
 
 # Columns an online controller may see (never the gold-based probe_f1 / utility).
@@ -72,11 +86,22 @@ class _Retrieval:
     visible: int
 
 
+@dataclass
+class _Searched:
+    """A finished search: its result or its failure, and how long the agent waited for it."""
+
+    query: str
+    result: SearchResult | None
+    error: Exception | None
+    seconds: float
+
+
 class AgentLoop:
     """Runs trajectories of one protocol against one engine and one retriever (many may run concurrently).
 
     ``agent`` is the run's agent section; besides it the loop needs the retrieval depths (a search
     retrieves ``deep_k`` documents, the agent reads ``top_k``) and the run's seed (sampled turns).
+    With a ``barrier`` every trajectory of the barrier's parties must be run at once (one ``run`` each).
     """
 
     def __init__(
@@ -90,6 +115,7 @@ class AgentLoop:
         deep_k: int,
         seed: int = 0,
         controller: StopController | None = None,
+        barrier: TurnBarrier | None = None,
     ):
         self.engine = engine
         self.retriever = retriever
@@ -98,6 +124,7 @@ class AgentLoop:
         self.max_turns = protocol.turn_limit(agent)
         self.top_k, self.deep_k, self.seed = top_k, deep_k, seed
         self.controller = controller
+        self.barrier = barrier
 
     async def run(self, question: Question) -> TrajectoryOutput:
         started = time.monotonic()
@@ -106,8 +133,13 @@ class AgentLoop:
             await run.steps()
         except _Stop as stop:
             run.stop_reason, run.error = stop.reason, str(stop)
+        except EngineDiedError:  # not this row's failure: the caller reruns the trajectory on a new engine
+            raise
         except Exception as exc:  # one bad row never kills the job: record it
             run.stop_reason, run.error = STOP_ENGINE_ERROR, f"{type(exc).__name__}: {exc}"
+        finally:
+            if self.barrier is not None:
+                self.barrier.leave()
         return run.output(time.monotonic() - started)
 
 
@@ -140,14 +172,18 @@ class _Run:
             gen = await self._generate(
                 self.context, agent.max_new_tokens, agent.temperature, protocol.stop, regex, turn
             )
+            await self._phase_done()  # turn-synchronous: every trajectory's turn before any search
             output = protocol.restore_stop(protocol.clean_output(gen.text), gen.stop_string)  # as the context holds it
             row = self._row(turn, pending, output, len(gen.token_ids))
-            if agent.probe:
-                await self._probe(row, protocol.probe_prompt(self.context, output))
-            self.rows.append(row)
+            _charge(row, gen)
             action = protocol.parse_action(protocol.restore_stop(gen.text, gen.stop_string))  # before any cleaning
+            query = action.content if action.kind not in (ANSWER, INVALID) and turn < searching else None
+            probe_prompt = protocol.probe_prompt(self.context, output) if agent.probe else None
+            searched = await self._search_and_probe(row, query, probe_prompt)
+            self.rows.append(row)
             self.context += protocol.joiner + output + protocol.close_action(output, action)
             if await self._controller_stops():
+                row["search_dropped"] = searched is not None
                 return
             if action.kind == ANSWER:
                 self.final_answer, self.stop_reason = action.content, STOP_ANSWER
@@ -159,16 +195,46 @@ class _Run:
                 self.context += correction
                 pending = None
                 continue
-            if turn >= searching:  # a final rollout: its search is not run
+            if searched is None:  # a final rollout: its search is not run
                 return
-            pending = await self._search(action.content)
+            pending = self._read(searched)
         if pending is not None and agent.at_limit == "forced":
             await self._forced_answer(pending)
 
-    async def _search(self, query: str) -> _Retrieval:
+    async def _phase_done(self) -> None:
+        if self.loop.barrier is not None:
+            await self.loop.barrier.wait()
+
+    async def _search_and_probe(self, row: dict[str, Any], query: str | None, probe_prompt: str | None) -> _Searched | None:
+        """The turn's search (if it issued one) and its probe (if probing): together, or under a barrier
+        the peers' order (all searches, then all probes). The search is awaited even when the probe fails."""
+        search = asyncio.ensure_future(self._retrieve(query)) if query is not None else None
         try:
-            result = (await self.loop.retriever.search([query], self.loop.deep_k))[0]
-        except Exception as exc:
+            if self.loop.barrier is not None and search is not None:
+                await search
+            await self._phase_done()
+            if probe_prompt is not None:
+                await self._probe(row, probe_prompt)
+            await self._phase_done()
+        finally:
+            searched = await search if search is not None else None
+        if searched is not None:
+            row["retrieval_s"] = searched.seconds
+        return searched
+
+    async def _retrieve(self, query: str) -> _Searched:
+        started = time.monotonic()
+        try:
+            result, error = (await self.loop.retriever.search([query], self.loop.deep_k))[0], None
+        except Exception as exc:  # reported when the trajectory reads it (a controller may stop first)
+            result, error = None, exc
+        return _Searched(query, result, error, time.monotonic() - started)
+
+    def _read(self, searched: _Searched) -> _Retrieval:
+        """The search's documents enter the context (the top ``top_k``; the row keeps the deep list)."""
+        query, result = searched.query, searched.result
+        if result is None:
+            exc = searched.error
             raise _Stop(STOP_RETRIEVAL_ERROR, f"query {query!r}: {type(exc).__name__}: {exc}") from exc
         self.retrievals += 1
         if not result.hits and self.protocol.stops_on_empty_results:
@@ -186,6 +252,7 @@ class _Run:
         else:
             gen = await self._generate(prompt, self.agent.probe_max_tokens, 0.0, (self.protocol.answer_close,))
             row["tokens_generated"] = len(gen.token_ids)
+            _charge(row, gen)
         answer = self.protocol.parse_probe(gen.text)
         self.rows.append(row)
         self.tail = prompt[len(self.context):] + gen.text + self.protocol.answer_close
@@ -194,6 +261,7 @@ class _Run:
 
     async def _probe(self, row: dict[str, Any], prompt: str) -> Generation:
         gen = await self._generate(prompt, self.agent.probe_max_tokens, 0.0, (self.protocol.answer_close,), logprobs=True)
+        _charge(row, gen, probe=True)
         answer = self.protocol.parse_probe(gen.text)
         golds = self.question.golden_answers
         row["probe_answer"] = answer
@@ -244,6 +312,8 @@ class _Run:
             return await self.loop.engine.generate(request)
         except ContextOverflowError as exc:
             raise _Stop(STOP_CONTEXT, str(exc)) from exc
+        except EngineDiedError:
+            raise
         except EngineError as exc:
             raise _Stop(STOP_ENGINE_ERROR, str(exc)) from exc
 
@@ -264,11 +334,15 @@ class _Run:
             "utility": None,
             "tokens_generated": tokens,
             "probe_tokens": 0,
+            **_NO_COST,
             "_titles": [h.title for h in visible],
             "_texts": [h.text for h in visible],
         }
 
     def output(self, wall_s: float) -> TrajectoryOutput:
+        for row in self.rows:
+            cached = row["cached_tokens"]
+            row["prefilled_tokens"] = None if cached is None else row["prompt_tokens"] - cached
         iterations = [{k: v for k, v in row.items() if not k.startswith("_")} for row in self.rows]
         golds = self.question.golden_answers
         trajectory = {
@@ -285,5 +359,47 @@ class _Run:
             "probe_tokens": sum(r["probe_tokens"] for r in iterations),
             "wall_s": wall_s,
             "transcript": self.context[len(self.prompt):] + self.tail,
+            **trajectory_costs(iterations),
         }
         return TrajectoryOutput(trajectory, iterations)
+
+
+# A row's cost before its requests are charged; null-able columns start at 0 and turn null when a request
+# of the row does not report them (an unknown part makes the sum unknown).
+_NO_COST: dict[str, Any] = {
+    "prompt_tokens": 0, "cached_tokens": 0, "prefilled_tokens": 0, "probe_prompt_tokens": 0,
+    "probe_cached_tokens": 0, "retrieval_s": None, "search_dropped": False, "queue_s": 0.0, "engine_s": 0.0,
+}  # fmt: skip
+
+
+def _add(total: float | None, part: float | None) -> float | None:
+    return None if total is None or part is None else total + part
+
+
+def _charge(row: dict[str, Any], gen: Generation, probe: bool = False) -> None:
+    """Add one request's engine cost to its row."""
+    row["prompt_tokens"] += gen.prompt_tokens
+    row["cached_tokens"] = _add(row["cached_tokens"], gen.cached_prompt_tokens)
+    row["queue_s"] = _add(row["queue_s"], gen.queue_s)
+    row["engine_s"] = _add(row["engine_s"], gen.engine_s)
+    if probe:
+        row["probe_prompt_tokens"] += gen.prompt_tokens
+        row["probe_cached_tokens"] = _add(row["probe_cached_tokens"], gen.cached_prompt_tokens)
+
+
+def trajectory_costs(iterations: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trajectory's cost columns: each iteration cost summed (null if any iteration's is; retrieval
+    time over the iterations that searched), dropped searches counted."""
+    costs: dict[str, Any] = {}
+    for field in TRAJECTORY_COSTS:
+        name = field.name
+        if name == "searches_dropped":
+            costs[name] = sum(bool(r["search_dropped"]) for r in iterations)
+        elif name == "retrieval_s":
+            costs[name] = sum(r["retrieval_s"] for r in iterations if r["retrieval_s"] is not None)
+        else:
+            total: float | None = 0
+            for r in iterations:
+                total = _add(total, r[name])
+            costs[name] = total
+    return costs

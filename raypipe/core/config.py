@@ -158,6 +158,11 @@ class EngineConfig(StrictModel):
         "runs before this default used); or a VLLM_CPU_OMP_THREADS_BIND core list such as '0-1'.",
     )
     enforce_eager: bool = Field(default=False, description="vLLM without torch.compile: no compile at first start, slower steps.")
+    request_timings: bool = Field(
+        default=True,
+        description="vLLM: record each request's queue and engine seconds (iterations.queue_s/engine_s); "
+        "turns on vLLM's stats collection (no periodic log lines without a server).",
+    )
     max_num_seqs: int | None = Field(default=None, ge=1, description="vLLM's cap on sequences per step; None = its default.")
     structured_outputs_backend: Literal["xgrammar", "guidance", "outlines", "auto"] = Field(
         default="xgrammar", description="vLLM structured-output backend for regex enforcement (changes model choices)."
@@ -242,6 +247,18 @@ class GenerationConfig(StrictModel):
     )
     resources: dict[str, float] = Field(
         default_factory=dict, description="Custom Ray resources per generation actor, e.g. {raypipe_generation: 1}."
+    )
+    max_question_crashes: int = Field(
+        default=2,
+        ge=1,
+        description="Engine or actor deaths a question may be in flight for before it runs alone; if it kills its "
+        "engine alone too, its row is written with stop_reason engine_crash (docs/reliability.md).",
+    )
+    max_actor_restarts: int = Field(
+        default=100,
+        ge=0,
+        description="Ray restarts of one generation actor, and Ray retries of one batch, before the job fails: "
+        "a backstop for deaths no question is charged with (max_question_crashes bounds the others).",
     )
 
 

@@ -15,6 +15,13 @@ class EngineError(RuntimeError):
     """The engine failed on one request; the agent records it as that row's stop_reason."""
 
 
+class EngineDiedError(EngineError):
+    """The engine itself is gone (its process died or it hit a fatal error): no request on it can succeed.
+
+    Not a row's failure: the generation actor fails itself, so Ray restarts it with a new engine and its
+    batches run again (``raypipe/stages/probe.py``)."""
+
+
 class ContextOverflowError(EngineError):
     """The prompt (plus the tokens asked for) does not fit the model's context window."""
 
@@ -40,6 +47,10 @@ class Generation:
     stop_string: str | None = None  # which stop string ended it, if any
     prompt_tokens: int = 0
     cached_prompt_tokens: int | None = None  # prefix-cache hits, where the backend reports them
+    # Where the backend reports them: seconds the request waited in the engine's queue, and seconds from
+    # its first scheduling to its last token (prefill + decode, other requests' steps interleaved).
+    queue_s: float | None = None
+    engine_s: float | None = None
 
 
 class Engine(Protocol):

@@ -6,6 +6,8 @@ are checked on the detokenized continuation after every token, the first one fou
 is cut from the text (its tokens stay in ``token_ids``, as in vLLM); EOS ends generation and is kept in
 ``token_ids`` but not in the text; log-probabilities are those of the raw model distribution (before
 temperature and top-p), like vLLM's default ``raw_logprobs``. Regex enforcement is not supported.
+Cost fields: no prefix cache (``cached_prompt_tokens`` 0), queue time = the wait for the lock, engine time =
+the decoding loop.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import logging
 import threading
 import time
+from dataclasses import replace
 
 from raypipe.core.config import EngineConfig
 from raypipe.core.models import resolve_llm
@@ -68,8 +71,12 @@ class TransformersEngine:
             raise EngineError(f"transformers generation failed: {type(exc).__name__}: {exc}") from exc
 
     def _generate_locked(self, prompt_ids: list[int], request: GenerationRequest, max_tokens: int) -> Generation:
+        """One request under the engine's lock; its wait for the lock is the queue time, the rest engine time."""
+        arrived = time.perf_counter()
         with self._lock:
-            return self._generate(prompt_ids, request, max_tokens)
+            started = time.perf_counter()
+            gen = self._generate(prompt_ids, request, max_tokens)
+            return replace(gen, queue_s=started - arrived, engine_s=time.perf_counter() - started)
 
     def _generate(self, prompt_ids: list[int], request: GenerationRequest, max_tokens: int) -> Generation:
         import torch
@@ -109,6 +116,7 @@ class TransformersEngine:
             finish_reason=finish,
             stop_string=stop_string,
             prompt_tokens=len(prompt_ids),
+            cached_prompt_tokens=0,  # no prefix cache: every request prefills its whole prompt
         )
 
     async def close(self) -> None:

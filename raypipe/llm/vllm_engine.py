@@ -23,7 +23,7 @@ from typing import Any
 from raypipe.core.config import EngineConfig
 from raypipe.core.loopthread import LoopThread
 from raypipe.core.models import cache_dir, resolve_llm
-from raypipe.llm.base import EngineError, Generation, GenerationRequest
+from raypipe.llm.base import EngineDiedError, EngineError, Generation, GenerationRequest
 from raypipe.llm.common import LocalTokenizer, check_request, fit_max_tokens, resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def engine_kwargs(config: EngineConfig, model_path: str, on_cpu: bool) -> dict[s
         seed=config.seed,
         enforce_eager=config.enforce_eager,
         structured_outputs_config={"backend": config.structured_outputs_backend},
-        disable_log_stats=True,
+        disable_log_stats=not config.request_timings,  # vLLM keeps per-request timestamps only with stats on
     )
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * GiB)
@@ -109,7 +109,18 @@ def to_generation(output: Any, want_logprobs: bool) -> Generation:
         stop_string=stop,
         prompt_tokens=len(output.prompt_token_ids or ()),
         cached_prompt_tokens=output.num_cached_tokens,
+        **request_timings(getattr(output, "metrics", None)),
     )
+
+
+def request_timings(stats: Any) -> dict[str, float | None]:
+    """Queue and engine seconds of one request from vLLM's ``RequestStateStats`` (engine-core monotonic
+    timestamps; present when the engine records stats, ``engine.request_timings``): queued -> first
+    scheduled, and first scheduled -> last token. Nulls when vLLM recorded none."""
+    if stats is None or not getattr(stats, "scheduled_ts", 0) or not getattr(stats, "last_token_ts", 0):
+        return {"queue_s": None, "engine_s": None}
+    queued = stats.queued_ts or stats.scheduled_ts
+    return {"queue_s": max(stats.scheduled_ts - queued, 0.0), "engine_s": max(stats.last_token_ts - stats.scheduled_ts, 0.0)}
 
 
 class VLLMEngine:
@@ -167,6 +178,7 @@ class VLLMEngine:
 
     async def _generate(self, prompt_ids: list[int], request: GenerationRequest, max_tokens: int) -> Generation:
         final = None
+        self._check_alive()
         try:
             params = sampling_params(request, max_tokens)
             stream = self._llm.generate(self._engine_input(prompt_ids), params, uuid.uuid4().hex)
@@ -174,12 +186,42 @@ class VLLMEngine:
                 pass
         except EngineError:
             raise
-        except Exception as exc:  # one request failed; the engine keeps serving the others
+        except Exception as exc:  # one request failed; the engine keeps serving the others, unless it is gone
+            self._check_alive(exc)
             cause = exc.__cause__ or exc
             raise EngineError(f"vLLM request failed: {type(cause).__name__}: {cause}") from exc
+        if final is None or (final.outputs and final.outputs[0].finish_reason == "abort"):
+            self._check_alive()  # a dying engine aborts its requests: that is the engine's death, not the row's
         if final is None:
             raise EngineError("vLLM returned no output")
         return to_generation(final, request.logprobs)
+
+    def _check_alive(self, error: BaseException | None = None) -> None:
+        """Raise :class:`EngineDiedError` when the engine is gone: its EngineCore process died (vLLM's
+        monitor thread then marks it dead and fails every request with ``EngineDeadError``), it hit a
+        fatal error, or it was closed."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        llm = self._llm
+        dead = llm is None or llm.errored or isinstance(error, EngineDeadError) or isinstance(
+            getattr(error, "__cause__", None), EngineDeadError)
+        if dead:
+            state = "closed" if llm is None else "EngineCore errored" if self.core_pids() else "EngineCore not running"
+            cause = f": {type(error).__name__}: {error}" if error is not None else ""
+            raise EngineDiedError(f"the vLLM engine is gone ({state}){cause}")
+
+    def core_pids(self) -> list[int]:
+        """Process ids of the live EngineCore processes this engine started (children of this process)."""
+        import psutil
+
+        found = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
+                    found.append(child.pid)
+            except psutil.Error:  # exited meanwhile
+                continue
+        return found
 
     def _engine_input(self, prompt_ids: list[int]):
         """Token ids rendered for the engine (vLLM 0.32 deprecates passing raw prompts to ``generate``)."""
@@ -191,6 +233,11 @@ class VLLMEngine:
         except ImportError:  # older vLLM: raw prompts are the API
             return prompt
         return self._llm.renderer.render_cmpl([parse_model_prompt(self._llm.model_config, prompt)])[0]
+
+    async def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache (benchmarks: runs on one engine that must not inherit each other's cache).
+        Returns whether vLLM reset it (it does not while requests are running)."""
+        return await self._loop.call(self._llm.reset_prefix_cache())
 
     async def warmup(self, regexes: Iterable[str] = ()) -> dict[str, float]:
         """One short request per regex so grammars are compiled (and cached) before real traffic.

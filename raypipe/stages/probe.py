@@ -6,8 +6,15 @@ written over an actor pool of :class:`GenerateStage` (Ray Data ``map_batches``),
 batch as one part of both tables (same part name; iterations first, so a part in ``trajectories/``
 means the batch is complete). A rerun skips the qids already in ``trajectories/`` and removes
 iteration parts a crash left without their trajectories part. A generation actor whose process dies is
-restarted and its batches run again (Ray Data's actor-pool defaults: ``max_restarts`` and
-``max_task_retries`` unlimited); only the driver writes, and each output batch reaches it once.
+restarted and its batches run again (up to ``generation.max_actor_restarts`` times); only the driver
+writes, and each output batch reaches it once. A dead engine is a dead actor: when the engine reports
+:class:`~raypipe.llm.base.EngineDiedError` (vLLM's EngineCore process died) the actor exits its process,
+so Ray restarts it with a new engine, instead of writing the batch's rows as engine errors. A crash
+ledger (``raypipe/runtime/crashes.py``) counts the deaths each question was in flight for: at
+``generation.max_question_crashes`` the question runs alone on its actor, and if it kills that engine
+too it is written with ``stop_reason`` ``engine_crash`` and the last error, without running again.
+SIGINT or SIGTERM stops ``main`` within seconds (:func:`~raypipe.runtime.interrupt.shutdown_now`): the
+parts written are kept and the same command resumes.
 
 The generation stage: each actor holds one engine (and so one prefix cache) and an asyncio loop in a
 background thread on which up to ``generation.max_concurrent_trajectories`` trajectories run at once,
@@ -25,16 +32,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.metadata
 import inspect
 import json
 import logging
+import os
+import signal
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 import yaml
@@ -47,14 +57,16 @@ from raypipe.core.loopthread import LoopThread
 from raypipe.core.models import locate_llm
 from raypipe.core.progress import Progress
 from raypipe.core.rundir import RunDir
-from raypipe.core.schema import ITERATIONS, TRAJECTORIES
+from raypipe.core.schema import ITERATIONS, STOP_ENGINE_CRASH, TRAJECTORIES
 from raypipe.data.loaders import DataError, Question, load_datasets
-from raypipe.llm.base import Engine
+from raypipe.llm.base import Engine, EngineDiedError
 from raypipe.llm.factory import build_engine, engine_info
 from raypipe.retrieval.http_client import RetrievalServerError
 from raypipe.retrieval.index import RetrievalIndexError
 from raypipe.retrieval.types import Retriever
 from raypipe.runtime.cluster import current_node_id, init_ray, route_ray_data_logs
+from raypipe.runtime.crashes import CrashLedger, CrashRecord, RemoteCrashLedger, start_crash_ledger
+from raypipe.runtime.interrupt import shutdown_now
 from raypipe.runtime.retrieval import open_retrieval
 from raypipe.stages.index import ensure_index
 from raypipe.stopping.online import controller_from_path
@@ -173,8 +185,10 @@ class GenerateStage:
         retriever: Retriever,
         controller: StopController | None = None,
         engine_factory: Callable[[EngineConfig], Engine] | None = None,
+        crash_ledger: CrashLedger | RemoteCrashLedger | None = None,
     ):
         self.config = config if isinstance(config, RunConfig) else RunConfig.model_validate(config)
+        self.crash_ledger = crash_ledger if crash_ledger is not None else CrashLedger()
         if not logging.getLogger().handlers:  # a Ray worker: show raypipe's progress lines in the driver's log
             logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         agent = self.config.agent
@@ -196,7 +210,9 @@ class GenerateStage:
             {**engine_info(self.engine), "actor_start_seconds": round(self.engine_start_s, 2), "node_id": current_node_id()}
         )
         self.loop = build_loop(self.config, self.engine, retriever, self.protocol, controller)
-        self._slots = self._thread.run(_make_semaphore(self.config.generation.max_concurrent_trajectories))
+        self._slots, self._alone_lock = self._thread.run(_make_slots(self.config.generation.max_concurrent_trajectories))
+        self._running: set[str] = set()  # qids whose trajectory is in flight
+        self._engine_died: EngineDiedError | None = None  # once set, no trajectory starts on this engine
         # the tokens/s counts finished trajectories only: a floor of the engine's rate
         self._progress = Progress("trajectories finished", label="actor", every_s=ACTOR_LINE_EVERY_S, per=None, log=log)
         self._in_flight = self._tokens = 0
@@ -210,21 +226,68 @@ class GenerateStage:
             Question(qid=str(r["qid"]), dataset=r["dataset"], question=r["question"], golden_answers=list(r["golden_answers"]))
             for r in batch.select(list(INPUT_COLUMNS)).to_pylist()
         ]
-        return to_table(self.run(questions), self.engine_info)
+        try:
+            outputs = self.run(questions)
+        except EngineDiedError as exc:
+            self._exit_process(exc)
+        return to_table(outputs, self.engine_info)
 
     def run(self, questions: list[Question]) -> list[TrajectoryOutput]:
-        """Run the trajectories of ``questions`` concurrently (blocking; callable from any thread)."""
+        """Run the trajectories of ``questions`` concurrently (blocking; callable from any thread).
+
+        Raises :class:`EngineDiedError` when the engine died under them (after recording the questions then
+        in flight in the crash ledger)."""
         return self._thread.run(self._run_all(questions))
 
     async def _run_all(self, questions: list[Question]) -> list[TrajectoryOutput]:
-        async def one(question: Question) -> TrajectoryOutput:
-            async with self._slots:
-                self._in_flight += 1
-                output = await self.loop.run(question)
-                self._finished(output.trajectory)
-                return output
+        records = await self.crash_ledger.records([q.qid for q in questions])
+        return list(await asyncio.gather(*(self._run_one(q, records[q.qid]) for q in questions)))
 
-        return list(await asyncio.gather(*(one(q) for q in questions)))
+    async def _run_one(self, question: Question, record: CrashRecord) -> TrajectoryOutput:
+        limit = self.config.generation.max_question_crashes
+        if record.crashes > limit:  # it killed its engine while running alone: never again
+            log.warning("%s: written as %s after %d engine deaths: %s", question.qid, STOP_ENGINE_CRASH, record.crashes, record.error)
+            return crashed_output(question, record)
+        async with self._alone() if record.crashes == limit else self._slots:
+            if record.crashes == limit:
+                log.warning("%s was in flight at %d engine deaths: running it alone", question.qid, record.crashes)
+            if self._engine_died is not None:  # it was waiting for a slot: not in flight at the death
+                raise self._engine_died
+            await self.crash_ledger.started(question.qid)
+            self._running.add(question.qid)
+            self._in_flight += 1
+            try:
+                output = await self.loop.run(question)
+            except EngineDiedError as exc:  # every question in flight now has an unfinished start
+                self._engine_died = self._engine_died or exc
+                await self.crash_ledger.died(sorted(self._running), str(exc))
+                raise
+            finally:
+                self._running.discard(question.qid)
+            await self.crash_ledger.finished(question.qid)
+            self._finished(output.trajectory)
+            return output
+
+    @contextlib.asynccontextmanager
+    async def _alone(self) -> AsyncIterator[None]:
+        """Hold every trajectory slot of this actor: nothing else is in flight on its engine meanwhile."""
+        slots = self.config.generation.max_concurrent_trajectories
+        async with self._alone_lock:
+            for _ in range(slots):
+                await self._slots.acquire()
+            try:
+                yield
+            finally:
+                for _ in range(slots):
+                    self._slots.release()
+
+    def _exit_process(self, exc: EngineDiedError) -> NoReturn:
+        """A dead engine is a dead actor: end the process, so Ray restarts the actor with a new engine and
+        reruns its batches (an exception would fail the job; a planned actor exit is not restarted)."""
+        log.error("generation actor exits: its engine died (%s)", exc)
+        with contextlib.suppress(Exception):  # best effort: stop what is left of the engine's processes
+            self._thread.run(asyncio.wait_for(self.engine.close(), timeout=10))
+        os._exit(1)
 
     def _finished(self, trajectory: dict[str, Any]) -> None:
         self._in_flight -= 1
@@ -254,8 +317,22 @@ def split_output(table: pa.Table) -> tuple[pa.Table, pa.Table]:
     return trajectories, iterations
 
 
-async def _make_semaphore(n: int) -> asyncio.Semaphore:
-    return asyncio.Semaphore(n)
+def crashed_output(question: Question, record: CrashRecord) -> TrajectoryOutput:
+    """The row of a question that killed its engine even when running alone; no iteration rows (they
+    died with the engine), so its rerun costs nothing more."""
+    cause = record.error or "the generation actor's process died"
+    trajectory: dict[str, Any] = dict.fromkeys(TRAJECTORIES.names)
+    trajectory.update(
+        qid=question.qid, dataset=question.dataset, question=question.question, golden_answers=list(question.golden_answers),
+        final_f1=0.0, n_iterations=0, stop_reason=STOP_ENGINE_CRASH, tokens_generated=0, probe_tokens=0, transcript="",
+        error=f"in flight at {record.crashes} engine or actor deaths, the last one alone; last error: {cause}",
+    )  # fmt: skip
+    return TrajectoryOutput(trajectory, [])
+
+
+async def _make_slots(n: int) -> tuple[asyncio.Semaphore, asyncio.Lock]:
+    """The actor's trajectory slots, and the lock a question running alone takes while it gathers them all."""
+    return asyncio.Semaphore(n), asyncio.Lock()
 
 
 # ---------------------------------------------------------------- the driver
@@ -305,6 +382,7 @@ def run_probe(
     if hasattr(client, "describe"):  # a shared service: its URL or name, and what it reports (fails fast if down)
         _update_info(info_path, retrieval_service=client.describe())
     gen = config.generation
+    ledger = start_crash_ledger()
     try:
         ds = ray.data.from_items(question_items(todo)).map_batches(
             GenerateStage,
@@ -320,7 +398,12 @@ def run_probe(
                 "retriever": client,
                 "controller": controller,
                 "engine_factory": engine_factory,
+                "crash_ledger": ledger,
             },
+            # bounded, unlike Ray Data's defaults (unlimited): the crash ledger ends a question that kills
+            # every engine; this ends a job whose actors die with no question in flight
+            max_restarts=gen.max_actor_restarts,
+            max_task_retries=gen.max_actor_restarts,
             num_cpus=gen.actor_num_cpus,
             num_gpus=gen.actor_num_gpus,
             resources=gen.resources or None,
@@ -342,6 +425,7 @@ def run_probe(
                 _update_info(info_path, engines=engines)
             progress.advance(batch.num_rows)
     finally:
+        ray.kill(ledger.handle)
         if retriever is None:
             client.shutdown()
     if written != len(todo):
@@ -431,12 +515,18 @@ def main() -> None:
     setup_logging(args.verbose)
     config = config_from_args(args, flag_overrides(args))
     run = RunDir(args.out or f"runs/{config.name}")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `ray job stop`, kill: stop as on Ctrl-C
     try:
         check_resumable(config, run)
         controller = controller_from_path(args.controller, config) if args.controller else None
         written = run_probe(config, run, controller=controller)
     except (ConfigError, DataError, FileNotFoundError, RetrievalIndexError, RetrievalServerError) as exc:
         sys.exit(f"error: {exc}")
+    except KeyboardInterrupt:
+        shutdown_now()  # the parts written are complete files; nothing else needs to finish
+        kept = run.read("trajectories").num_rows if run.has("trajectories") else 0
+        print(f"\ninterrupted: {kept} trajectories kept in {run.path}; the same command resumes", file=sys.stderr)
+        sys.exit(130)
     finally:
         import ray
 

@@ -26,6 +26,7 @@ import pyarrow as pa
 from raypipe.core.config import RunConfig, StopRagConfig, TrainConfig, load_config
 from raypipe.core.models import ModelNotFoundError
 from raypipe.core.rundir import PARTIAL_SUFFIX, RunDir
+from raypipe.core.schema import STOP_ENGINE_CRASH, STOP_RETRIEVAL_ERROR
 from raypipe.data.loaders import BUNDLED_CORPUS, DataError, Question
 from raypipe.retrieval import IndexMismatchError
 from raypipe.runtime.retrieval import start_retrieval_service
@@ -34,7 +35,7 @@ from raypipe.stages.probe import run_probe
 from raypipe.testing import fakes as agent_fakes
 from raypipe.testing import faults
 from raypipe.testing.fakes import FakeRetriever
-from raypipe.testing.faults import FailTrainingOnce, KillReplicaOnce, ScriptedAgents
+from raypipe.testing.faults import FailTrainingOnce, KillReplicaInFlight, KillReplicaOnce, ScriptedAgents
 
 JOB_MODULE = "raypipe.testing.chaos_job"  # the driver-interrupt case runs it with python -m
 N_QUESTIONS = 12
@@ -42,7 +43,10 @@ N_QUESTIONS = 12
 # enough for a long question to overflow.
 CONFIG = load_config("embedded", ["generation.batch_size=2", "generation.batches_per_actor=1",
                                   "engine.max_model_len=1024"])
-TIMING_COLUMNS = ("wall_s",)
+# Columns that depend on timing and scheduling, not on the results: times, and prefix-cache hits (a rerun
+# starts with an empty cache). Left out when comparing a run with an uninterrupted one.
+TIMING_COLUMNS = ("wall_s", "retrieval_s", "queue_s", "engine_s", "cached_tokens", "prefilled_tokens",
+                  "probe_cached_tokens")
 INDEX_PASSAGES = 40
 
 
@@ -116,12 +120,38 @@ def comparable(table: pa.Table, keys: list[str]) -> pa.Table:
     return table.sort_by([(k, "ascending") for k in keys])
 
 
-def same_results(run: RunDir, reference: RunDir) -> list[str]:
+LOGPROBS = "probe_token_logprobs"
+
+
+def same_results(run: RunDir, reference: RunDir, exclude: set[str] = frozenset(), logprob_atol: float = 0.0) -> list[str]:
+    """Problems if ``run``'s tables differ from ``reference``'s (timings aside), the ``exclude`` qids left out.
+
+    ``logprob_atol``: how far the probes' token log-probabilities may differ (everything else must be
+    equal). vLLM in bfloat16 gives the same tokens after a restart, but a prefill from the prefix cache
+    or in another batch moves their log-probabilities in the third decimal."""
     problems = []
     for name, keys in (("trajectories", ["qid"]), ("iterations", ["qid", "iteration"])):
-        if not comparable(run.read(name), keys).equals(comparable(reference.read(name), keys)):
+        mine, theirs = (_without(comparable(r.read(name), keys), exclude) for r in (run, reference))
+        if logprob_atol and LOGPROBS in mine.column_names:
+            if not _close(mine.column(LOGPROBS).to_pylist(), theirs.column(LOGPROBS).to_pylist(), logprob_atol):
+                problems.append(f"{name}: log-probabilities differ by more than {logprob_atol}")
+            mine, theirs = mine.drop_columns([LOGPROBS]), theirs.drop_columns([LOGPROBS])
+        if not mine.equals(theirs):
             problems.append(f"{name} differ from the uninterrupted run's")
     return problems
+
+
+def _close(rows: list, others: list, atol: float) -> bool:
+    if len(rows) != len(others):
+        return False
+    for a, b in zip(rows, others):
+        if (a is None) != (b is None) or (a is not None and (len(a) != len(b) or any(abs(x - y) > atol for x, y in zip(a, b)))):
+            return False
+    return True
+
+
+def _without(table: pa.Table, qids: set[str]) -> pa.Table:
+    return table.filter(pa.array([q not in qids for q in table.column("qid").to_pylist()], pa.bool_())) if qids else table
 
 
 def generation_actor_killed(work: Path) -> Outcome:
@@ -131,6 +161,31 @@ def generation_actor_killed(work: Path) -> Outcome:
     run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=ScriptedAgents(qs[5].question, marker))
     out = check_run("generation actor killed", run, qs, started)
     return _fired(out, marker)
+
+
+KILLS = {  # how a question kills its engine every time, and the error its engine_crash row must carry
+    "engine": ("engine dies on one question every time", "die_on", "injected engine death"),
+    "actor": ("actor process dies on one question every time", "crash_on", "generation actor's process died"),
+}
+
+
+def question_kills_every_time(work: Path, reference: RunDir, how: str) -> Outcome:
+    """One question kills its engine (``how="engine"``: ``EngineDiedError``, the actor exits itself) or its
+    actor's process (``"actor"``) on every run: after ``generation.max_question_crashes`` deaths it runs
+    alone, and after one more it is written ``engine_crash``; the others equal an uninterrupted run's rows."""
+    case, option, error = KILLS[how]
+    started, qs = time.monotonic(), questions()
+    poison = qs[5]
+    run = RunDir(work / "run")
+    run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=ScriptedAgents(**{option: poison.question}))
+    out = check_run(case, run, qs, started, expect={poison.qid: STOP_ENGINE_CRASH})
+    row = next(r for r in run.read("trajectories").to_pylist() if r["qid"] == poison.qid)
+    deaths = CONFIG.generation.max_question_crashes + 1
+    if f"in flight at {deaths} engine or actor deaths" not in (row["error"] or "") or error not in row["error"]:
+        out.problems.append(f"engine_crash error {row['error']!r}")
+    out.note = f"{deaths} deaths, then {poison.qid} written {STOP_ENGINE_CRASH}"
+    out.problems += same_results(run, reference, exclude={poison.qid})
+    return out
 
 
 def index_config(work: Path) -> RunConfig:
@@ -158,14 +213,57 @@ def retrieval_actor_killed(work: Path, config: RunConfig) -> Outcome:
     return _fired(out, marker)
 
 
+RESTARTING = "The actor is restarting"  # Ray's ActorUnavailableError for a call to a replica being restarted
+REPLICA_KILLS = {  # name: (kill once (else at every search of the question), retrieval.max_task_retries, its row)
+    "retried": (True, 3, "answer"),
+    "retries off": (True, 0, STOP_RETRIEVAL_ERROR),
+    "every time": (False, 3, STOP_RETRIEVAL_ERROR),
+}
+
+
+def retrieval_replica_killed_in_flight(work: Path, config: RunConfig, kind: str) -> Outcome:
+    """The replica is SIGKILLed while a search waits in it (its batcher holds it ``max_wait_ms``). Ray
+    restarts the replica; the search is sent again up to ``retrieval.max_task_retries`` times, so it
+    succeeds (``retried``), or its row ends ``retrieval_error`` (``retries off``; ``every time``: a query
+    that kills every replica it reaches costs 1 + max_task_retries restarts). One question at a time, so
+    no other search is in flight at a kill."""
+    once, retries, reason = REPLICA_KILLS[kind]
+    started, qs, marker = time.monotonic(), questions(6), work / "retrieval.fired"
+    config = config.model_copy(deep=True)
+    config.retrieval.max_wait_ms, config.retrieval.max_task_retries = 400.0, retries
+    config.generation.batch_size = config.generation.max_concurrent_trajectories = 1
+    run = RunDir(work / "run")
+    client = start_retrieval_service(config, ensure_index(config, use_ray=False))
+    try:
+        killer = KillReplicaInFlight(client, qs[3].question, marker if once else None)
+        run_probe(config, run, qs, retriever=killer, engine_factory=ScriptedAgents())
+    finally:
+        client.shutdown()
+    expect = {qs[3].qid: reason}
+    if retries == 0:  # without retries, a search sent while the replica restarts fails too (Ray: "restarting")
+        expect.update({r["qid"]: STOP_RETRIEVAL_ERROR for r in run.read("trajectories").to_pylist()
+                       if RESTARTING in (r["error"] or "")})
+    out = check_run(f"retrieval replica killed in flight ({kind})", run, qs, started, expect=expect)
+    out.note = f"{len(expect) - 1} other searches failed while the replica restarted" if retries == 0 else ""
+    if reason == STOP_RETRIEVAL_ERROR:
+        error = next(r["error"] for r in run.read("trajectories").to_pylist() if r["qid"] == qs[3].qid) or ""
+        if "Actor" not in error:  # ActorDiedError / ActorUnavailableError: what Ray says of a dead replica
+            out.problems.append(f"retrieval_error row without the replica's death: {error!r}")
+    return _fired(out, marker) if once else out
+
+
 def _fired(out: Outcome, marker: Path) -> Outcome:
     if not marker.exists():
         out.problems.append("the fault never fired")
     return out
 
 
+MAX_STOP_S = 5.0  # a signalled job must be gone within this many seconds, whatever its engines are doing
+
+
 def driver_interrupted(work: Path, sig: signal.Signals, reference: RunDir, delay_s: float = 0.4) -> Outcome:
-    """Signal a probe job once its first part is written, rerun it, compare with an uninterrupted run."""
+    """Signal a probe job once its first part is written (its fake engines block in every turn), rerun it,
+    compare with an uninterrupted run; the job must stop within ``MAX_STOP_S``."""
     started, out_dir = time.monotonic(), work / f"run-{sig.name}"
     with open(work / f"job-{sig.name}.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", JOB_MODULE, str(out_dir), str(delay_s)], stdout=log,
@@ -173,7 +271,9 @@ def driver_interrupted(work: Path, sig: signal.Signals, reference: RunDir, delay
         try:
             _wait_for_part(RunDir(out_dir), proc, timeout_s=300)
             proc.send_signal(sig)
+            signalled = time.monotonic()
             code = proc.wait(timeout=120)
+            stop_s = time.monotonic() - signalled
         finally:
             if proc.poll() is None:  # the job ignored the signal: end it and its local Ray
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -181,7 +281,9 @@ def driver_interrupted(work: Path, sig: signal.Signals, reference: RunDir, delay
     before = RunDir(out_dir).read("trajectories").num_rows
     rerun = fake_probe(out_dir)
     out = check_run(f"driver interrupted ({sig.name})", RunDir(out_dir), questions(), started)
-    out.note = f"{before} written before the signal, exit {code}, {rerun} by the rerun"
+    out.note = f"{before} written before the signal, stopped in {stop_s:.1f} s (exit {code}), {rerun} by the rerun"
+    if stop_s > MAX_STOP_S:
+        out.problems.append(f"the job took {stop_s:.1f} s to stop (at most {MAX_STOP_S} s)")
     if code == 0 or before >= N_QUESTIONS:
         out.problems.append(f"the job was not interrupted mid-run ({out.note})")
     if rerun != N_QUESTIONS - before:
@@ -337,7 +439,8 @@ def crossencoder_training_interrupted(work: Path, base_model: str) -> Outcome:
 
 
 def stoprag_training_interrupted(work: Path, encoder: str, epochs: int = 4) -> Outcome:
-    """The Q-network, one checkpoint per epoch; the worker dies before the third epoch's report."""
+    """The Q-network, one checkpoint per epoch; the worker dies before the third epoch's report. The resumed
+    run's loss history must equal an uninterrupted run's with the same seed (same shuffles, same state)."""
     from raypipe.stages import stoprag
     from raypipe.stoprag.targets import Episode, training_samples
 
@@ -353,6 +456,11 @@ def stoprag_training_interrupted(work: Path, encoder: str, epochs: int = 4) -> O
         out.problems.append("epoch 0 was trained again after the restart")
     if [h["epoch"] for h in history] != list(range(epochs)):
         out.problems.append(f"history epochs {[h['epoch'] for h in history]}")
+    _, reference = stoprag.train_qnetwork(texts, samples, cfg, encoder, work / "qnet-uninterrupted", name="uninterrupted")
+    losses, expected = [h["loss"] for h in history], [h["loss"] for h in reference]
+    if len(losses) != len(expected) or any(abs(a - b) > 1e-6 * max(1.0, abs(b)) for a, b in zip(losses, expected)):
+        out.problems.append(f"loss history {losses} differs from the uninterrupted run's {expected}")
+    out.note += f"; losses equal an uninterrupted run's ({len(losses)} epochs)"
     return out
 
 

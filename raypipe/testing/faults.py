@@ -8,6 +8,7 @@ when Ray's workers cannot import ``tests``).
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import os
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from raypipe.core.config import EngineConfig
-from raypipe.llm.base import EngineError, GenerationRequest
+from raypipe.llm.base import EngineDiedError, EngineError, Generation, GenerationRequest
+from raypipe.llm.vllm_engine import VLLMEngine
 from raypipe.retrieval.types import SearchResult
 from raypipe.testing.fakes import FakeEngine
 
@@ -45,16 +47,19 @@ class ScriptedAgents:
 
     The answer is the first retrieved document's title, so it depends on what retrieval returned; the
     probe before any retrieval answers ``unknown``. ``crash_on``: the engine's process exits (as an
-    out-of-memory kill would) the first time it sees that question. ``error_on``: the engine raises an
-    ``EngineError`` on that question's turns. ``delay_s``: every agent turn blocks that long, to keep a
-    job running while a test interrupts it.
+    out-of-memory kill would) the first time it sees that question (with a ``marker`` file; without one,
+    every time). ``error_on``: the engine raises an
+    ``EngineError`` on that question's turns. ``die_on``: the engine dies (``EngineDiedError``) on every
+    turn of that question. ``delay_s``: every agent turn blocks that long, to keep a job running while a
+    test interrupts it.
     """
 
     def __init__(self, crash_on: str | None = None, marker: str | Path | None = None, error_on: str | None = None,
-                 delay_s: float = 0.0):
-        if (crash_on is None) != (marker is None):
-            raise ValueError("crash_on needs a marker file and vice versa")
+                 delay_s: float = 0.0, die_on: str | None = None):
+        if crash_on is None and marker is not None:
+            raise ValueError("a marker file needs crash_on")
         self.crash_on, self.marker, self.error_on, self.delay_s = crash_on, marker, error_on, delay_s
+        self.die_on = die_on
 
     def __call__(self, config: EngineConfig) -> FakeEngine:
         return FakeEngine(self.script, max_model_len=config.max_model_len)
@@ -64,10 +69,12 @@ class ScriptedAgents:
         after_search = DOC_1 in request.prompt
         if request.prompt.endswith("<answer>"):
             return f" {first_title(request.prompt)} </answer>" if after_search else " unknown </answer>"
-        if question == self.crash_on and fire_once(self.marker):
+        if question == self.crash_on and (self.marker is None or fire_once(self.marker)):
             os._exit(1)
         if question == self.error_on:
             raise EngineError("injected engine error")
+        if question == self.die_on:
+            raise EngineDiedError("injected engine death")
         time.sleep(self.delay_s)
         if after_search:
             return f"<think> found it </think>\n<answer> {first_title(request.prompt)} </answer>"
@@ -77,6 +84,37 @@ class ScriptedAgents:
 def first_title(prompt: str) -> str:
     """The title of the first document shown to the agent (Search-R1's observation format)."""
     return prompt.split(DOC_1, 1)[1].split('")', 1)[0]
+
+
+class KillEngineCore:
+    """Engine factory (picklable): the real vLLM engine, whose EngineCore process is SIGKILLed (as the
+    kernel's out-of-memory killer would) just before a prompt containing ``trigger`` is sent to it. With
+    a ``marker`` file the kill happens once in the whole job; without one, every time (a question that
+    kills its engine whenever it runs)."""
+
+    def __init__(self, trigger: str, marker: str | Path | None = None):
+        self.trigger, self.marker = trigger, marker
+
+    def __call__(self, config: EngineConfig) -> VLLMEngine:
+        return _CoreKillingVLLMEngine(config, self)
+
+
+class _CoreKillingVLLMEngine(VLLMEngine):
+    def __init__(self, config: EngineConfig, fault: KillEngineCore):
+        super().__init__(config)
+        self.fault = fault
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        fault = self.fault
+        if fault.trigger in request.prompt and (fault.marker is None or fire_once(fault.marker)):
+            pids = self.core_pids()
+            if not pids:
+                raise RuntimeError("no EngineCore process to kill")
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            if fault.marker is not None:  # which process was killed, for the test to check
+                Path(fault.marker).write_text(" ".join(map(str, pids)))
+        return await super().generate(request)
 
 
 class KillReplicaOnce:
@@ -93,6 +131,39 @@ class KillReplicaOnce:
                 pid = await actor.__ray_call__.remote(_pid)
                 os.kill(pid, signal.SIGKILL)
         return await self.client.search(queries, k)
+
+
+class KillReplicaInFlight:
+    """A ``Retriever`` around a retrieval client with one replica: sends a search whose queries contain
+    ``trigger``, SIGKILLs the replica ``after_s`` later while the search waits in its batcher (run the
+    service with ``retrieval.max_wait_ms`` well above ``after_s``), then awaits the answer. With a
+    ``marker`` file this happens once in the job; without one, the restarted replica is killed again
+    each time Ray resends the search, until it fails (a query that kills every replica it reaches)."""
+
+    def __init__(self, client, trigger: str, marker: str | Path | None = None, after_s: float = 0.1):
+        if len(client.actors) != 1:
+            raise ValueError("KillReplicaInFlight needs a service with one replica")
+        self.client, self.trigger, self.marker, self.after_s = client, trigger, marker, after_s
+
+    async def search(self, queries, k: int) -> list[SearchResult]:
+        if not any(self.trigger in q for q in queries) or (self.marker is not None and not fire_once(self.marker)):
+            return await self.client.search(queries, k)
+        replica = self.client.actors[0]
+        pid = await replica.__ray_call__.remote(_pid)
+        pending = asyncio.ensure_future(self.client.search(queries, k))
+        kills = 0
+        while True:
+            await asyncio.sleep(self.after_s)
+            if pending.done():
+                if not kills:
+                    raise RuntimeError("the search finished before the replica was killed: raise retrieval.max_wait_ms")
+                break
+            os.kill(pid, signal.SIGKILL)
+            kills += 1
+            if self.marker is not None:
+                break
+            pid = await replica.__ray_call__.remote(_pid)  # answered once Ray has restarted the replica
+        return await pending
 
 
 def _pid(_actor: Any) -> int:
