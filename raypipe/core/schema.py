@@ -49,6 +49,10 @@ ITERATION_COSTS = [
     pa.field("engine_s", pa.float32()),  # requests from first scheduled to last token (prefill + decode)
 ]
 COST_COLUMNS = tuple(f.name for f in ITERATION_COSTS)
+# Columns that depend on timing and scheduling, not on the results: times, and prefix-cache hits (a rerun or
+# another placement starts with an empty cache). Left out when two runs' tables are compared for equality.
+SCHEDULING_COLUMNS = ("wall_s", "retrieval_s", "queue_s", "engine_s", "cached_tokens", "prefilled_tokens",
+                      "probe_cached_tokens")
 # trajectories/ holds each cost column summed over the trajectory's iterations (search_dropped as a count).
 TRAJECTORY_COSTS = [
     *(f for f in ITERATION_COSTS if f.name != "search_dropped"),

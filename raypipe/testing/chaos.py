@@ -26,7 +26,7 @@ import pyarrow as pa
 from raypipe.core.config import RunConfig, StopRagConfig, TrainConfig, load_config
 from raypipe.core.models import ModelNotFoundError
 from raypipe.core.rundir import PARTIAL_SUFFIX, RunDir
-from raypipe.core.schema import STOP_ENGINE_CRASH, STOP_RETRIEVAL_ERROR
+from raypipe.core.schema import SCHEDULING_COLUMNS, STOP_ENGINE_CRASH, STOP_RETRIEVAL_ERROR
 from raypipe.data.loaders import BUNDLED_CORPUS, DataError, Question
 from raypipe.retrieval import IndexMismatchError
 from raypipe.runtime.retrieval import start_retrieval_service
@@ -43,10 +43,6 @@ N_QUESTIONS = 12
 # enough for a long question to overflow.
 CONFIG = load_config("embedded", ["generation.batch_size=2", "generation.batches_per_actor=1",
                                   "engine.max_model_len=1024"])
-# Columns that depend on timing and scheduling, not on the results: times, and prefix-cache hits (a rerun
-# starts with an empty cache). Left out when comparing a run with an uninterrupted one.
-TIMING_COLUMNS = ("wall_s", "retrieval_s", "queue_s", "engine_s", "cached_tokens", "prefilled_tokens",
-                  "probe_cached_tokens")
 INDEX_PASSAGES = 40
 
 
@@ -116,7 +112,7 @@ def check_run(case: str, run: RunDir, qs: list[Question], started: float,
 
 def comparable(table: pa.Table, keys: list[str]) -> pa.Table:
     """The table without timing columns, sorted by ``keys``: equal for equal results."""
-    table = table.drop_columns([c for c in TIMING_COLUMNS if c in table.column_names])
+    table = table.drop_columns([c for c in SCHEDULING_COLUMNS if c in table.column_names])
     return table.sort_by([(k, "ascending") for k in keys])
 
 
