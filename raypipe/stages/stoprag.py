@@ -57,6 +57,7 @@ from raypipe.stopping.replay import (
     split_qids,
     summarise,
 )
+from raypipe.stopping.tradeoff import plot_caps, save_tradeoff
 from raypipe.stoprag.rewards import rescore
 from raypipe.stoprag.targets import (
     Episode,
@@ -448,24 +449,13 @@ def plot(table: pd.DataFrame, path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    caps = table[table["controller"].str.startswith("cap@")]
-    ax.plot(caps["mean_iterations"], caps["mean_f1"], "s--", c="tab:blue", ms=5, label="Cap@k")
-    for r in caps.itertuples():
-        ax.annotate(r.controller.removeprefix("cap@"), (r.mean_iterations, r.mean_f1), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    plot_caps(ax, table)
     others = table[~table["controller"].str.startswith("cap@")]
     markers = "*oD^v<>Ph"
     for i, r in enumerate(others.itertuples()):  # shrinking sizes keep coinciding points visible
         ax.scatter(r.mean_iterations, r.mean_f1, marker=markers[i % len(markers)], s=max(30, 260 - 45 * i), zorder=5 + i,
                    edgecolors="k", linewidths=0.5, label=f"{r.controller} (n={r.questions})")
-    ax.set_xlabel("mean retrieval iterations (cost counted to the decision)")
-    ax.set_ylabel("mean F1")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return save_tradeoff(fig, ax, path, title, legend_loc="best")
 
 
 @dataclass(frozen=True)

@@ -131,16 +131,7 @@ def figure5(
             lw=1.5,
             label="Pareto front, all heads and variants",
         )
-    caps = baselines[baselines["controller"].str.startswith("cap@")]
-    ax.plot(caps["mean_iterations"], caps["mean_f1"], "s--", c="tab:blue", ms=5, label="Cap@k")
-    for _, r in caps.iterrows():
-        ax.annotate(
-            r["controller"].removeprefix("cap@"),
-            (r["mean_iterations"], r["mean_f1"]),
-            fontsize=7,
-            xytext=(3, 3),
-            textcoords="offset points",
-        )
+    plot_caps(ax, baselines)
     nat = baselines[baselines["controller"] == "natural"]
     ax.scatter(nat["mean_iterations"], nat["mean_f1"], marker="*", s=160, c="k", zorder=5, label="natural")
     markers = "o^vD<>Ph"
@@ -148,11 +139,27 @@ def figure5(
         ax.scatter(
             r["mean_iterations"], r["mean_f1"], marker=markers[i % len(markers)], s=60, zorder=6, label=r["label"]
         )
+    return save_tradeoff(fig, ax, path, title, legend_loc="lower right")
+
+
+def plot_caps(ax, table: pd.DataFrame) -> None:
+    """The Cap@k baselines of a comparison table as one labelled dashed line."""
+    caps = table[table["controller"].str.startswith("cap@")]
+    ax.plot(caps["mean_iterations"], caps["mean_f1"], "s--", c="tab:blue", ms=5, label="Cap@k")
+    for _, r in caps.iterrows():
+        ax.annotate(r["controller"].removeprefix("cap@"), (r["mean_iterations"], r["mean_f1"]), fontsize=7,
+                    xytext=(3, 3), textcoords="offset points")  # fmt: skip
+
+
+def save_tradeoff(fig, ax, path: Path, title: str, legend_loc: str) -> Path:
+    """Axes, title, grid and legend of an iterations-vs-F1 figure, written to ``path``."""
+    import matplotlib.pyplot as plt
+
     ax.set_xlabel("mean retrieval iterations (cost counted to the decision)")
     ax.set_ylabel("mean F1")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc=legend_loc)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
