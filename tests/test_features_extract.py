@@ -33,6 +33,8 @@ SENTENCES = {
     "hamlet": [0.5, 0.5],
     "hamlet play": [0.5, 0.5],
     "Hamlet play": [0.5, 0.5],
+    "playing": [0.5, 0.5],
+    "the hamlet": [0.5, 0.5],
     "r0": [1.0, 0.0],
     "r1": [0.0, 1.0],
     "r2": [1.0, 1.0],
@@ -41,11 +43,12 @@ SENTENCES = {
 DOCS = {  # id -> (vector, text)
     "a": ([1.0, 0.0], "hamlet play"),
     "b": ([0.0, 1.0], "hamlet prince"),
-    "c": ([1.0, 1.0], "stratford town"),
+    "c": ([1.0, 1.0], "the stratford town"),
     "d": ([-1.0, 0.5], "macbeth play"),
 }
 QUERY_VECTORS = {"Who wrote Hamlet?": [1.0, 0.2], "hamlet author": [0.5, 0.5], "shakespeare birthplace": [0.0, 1.0],
-                 "hamlet": [0.5, 0.5], "hamlet play": [0.5, 0.5], "Hamlet play": [0.5, 0.5]}
+                 "hamlet": [0.5, 0.5], "hamlet play": [0.5, 0.5], "Hamlet play": [0.5, 0.5], "playing": [0.5, 0.5],
+                 "the hamlet": [0.5, 0.5]}
 
 
 @pytest.fixture
@@ -161,21 +164,25 @@ def test_rbo_of_a_missing_list_and_the_first_prevmax_are_the_seeds_zero(corpus):
 @pytest.mark.parametrize(
     "query, seed_idf, true_idf",
     [
-        ("hamlet play", math.log(4), math.log(4 / 2)),  # "play" stems to "plai": not in the statistics
-        ("Hamlet play", math.log(4), math.log(4 / 2)),  # "Hamlet" is not lowercased: not found
+        ("hamlet play", math.log(4 / 2), math.log(4 / 2)),  # "play" stems to "plai", in the Terrier lexicon
+        ("playing", math.log(4 / 2), math.log(4)),  # its stem "plai" is found; the plain token is not
+        ("Hamlet play", math.log(4), math.log(4 / 2)),  # "Hamlet" is not lowercased: not found, df = 1
+        ("the hamlet", math.log(4), math.log(4)),  # a stopword is not in the Terrier lexicon: df = 1
         ("hamlet", math.log(4 / 2), math.log(4 / 2)),  # found as it is
     ],
 )
 def test_nqc_max_idf_is_the_seeds_lookup(corpus, query, seed_idf, true_idf):
     """DanielTian97/agentic_rag_predictions ``predictions/unsupervised/qpp/calculator.py``
     ``QPPCalculator._max_idf`` (lines 37-58): ``str(query).split()``, Porter stem without lowercasing,
-    lexicon lookup, a term not found counts as df = 1, so the max IDF is about log N for most queries.
-    ``features.nqc_idf="true"`` looks the statistics' own tokens up instead."""
+    lookup in the Terrier lexicon (lowercase Porter stems, no stopwords), a term not found counts as
+    df = 1, so the max IDF is about log N for most queries. ``features.nqc_idf="true"`` looks the
+    statistics' own tokens up in the plain lexicon instead."""
     rows = [trajectory()[0], row(1, query, ["a", "b", "c"], [3.0, 2.0, 1.0], "r1", [-0.5] * 6)]
     variance = np.var([3.0, 2.0, 1.0])
     assert extract(corpus, rows)[1]["nqc_seed"] == pytest.approx(variance * seed_idf)
     assert extract(corpus, rows, nqc_idf="true")[1]["nqc_seed"] == pytest.approx(variance * true_idf)
     assert qpp.seed_query_terms("Hamlet play? plays") == ["Hamlet", "play?", "plai"]
+    assert (corpus.document_frequency("the", "terrier"), corpus.document_frequency("the")) == (0, 1)
 
 
 def test_reasoning_text_setting_reaches_the_similarities(corpus):

@@ -44,6 +44,8 @@ def test_index_adapter_reads_the_index(corpus):
     assert corpus.num_docs == 6
     assert corpus.terms("Who wrote HAMLET?") == ["who", "wrote", "hamlet"]
     assert corpus.document_frequency("shakespeare") == 3 and corpus.document_frequency("zzz") == 0
+    assert corpus.document_frequency("shakespear", "terrier") == 3  # the Terrier lexicon's Porter stem
+    assert corpus.document_frequency("shakespeare", "terrier") == corpus.document_frequency("the", "terrier") == 0
     vectors = corpus.doc_vectors(["p2", "p1"])
     encoded = corpus.retriever.encoder.encode_passages([passage_text(*PASSAGES[1][1:]), passage_text(*PASSAGES[0][1:])])
     assert_rows_are_their_passages(vectors, encoded)  # reconstructed from the flat index in the order asked

@@ -6,7 +6,7 @@ from importlib import resources
 
 import pytest
 
-from raypipe.features.porter import stem
+from raypipe.retrieval.porter import stem
 
 # Porter (1980), "An algorithm for suffix stripping", the examples of each step, and the examples in the
 # comments of terrier-core modules/core/src/main/java/org/terrier/terms/PorterStemmer.java (step1).

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from raypipe.core.config import load_config
@@ -12,6 +13,7 @@ from raypipe.data.loaders import BUNDLED_CORPUS, DataError, iter_corpus
 from raypipe.retrieval import EncoderSpec, IndexSettings, LocalRetriever, encoder_spec, load_index_dir, passage_text
 from raypipe.retrieval import build as build_module
 from raypipe.retrieval.index import build_faiss, read_faiss
+from raypipe.retrieval.store import LEXICONS, CorpusStats
 from raypipe.stages.index import ensure_index
 
 N = 45
@@ -68,19 +70,30 @@ def test_build_equals_corpus_order_encoding(corpus, tmp_path):
     expected = encoder_spec(config.retrieval).load().encode_passages([passage_text(p.title, p.text) for p in passages])
     assert np.array_equal(idx.vectors(range(N)), expected)
     assert idx.manifest["count"] == idx.stats.n_docs == N and idx.manifest["build"]["blocks"] == 5
+    counted = CorpusStats.count(passages)  # the blocks' frequencies, merged, equal counting all at once
+    for lexicon in LEXICONS:
+        assert idx.stats.tables[lexicon].table.equals(counted.tables[lexicon].table, check_metadata=True)
     assert idx.docs.rows_of(["p44", "p3"]) == [44, 3]
     with pytest.raises(KeyError):
         idx.docs.row_of("nope")
 
 
-def test_minilm_fp32_build_equals_corpus_order_encoding(corpus, tmp_path):
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+def test_minilm_build_equals_corpus_order_encoding(corpus, tmp_path, quantization):
+    """The embedded encoder, fp32 and the default int8: whatever the blocks (20 rows here, longest first
+    inside each), every row is its passage's vector encoded alone in corpus order; int8 bit for bit,
+    because the ONNX encoder runs one passage per call (its dynamic quantisation is per call)."""
     config = load_config("embedded", [f"data.corpus={corpus}", f"retrieval.index_dir={tmp_path / 'idx'}",
-                                      "retrieval.encoder_quantization=none", "retrieval.build_block_rows=20"])
+                                      f"retrieval.encoder_quantization={quantization}", "retrieval.build_block_rows=20"])
     idx = load_index_dir(ensure_index(config, use_ray=False))
     passages = list(iter_corpus(corpus))
-    expected = EncoderSpec(quantization="none").load().encode_passages([passage_text(p.title, p.text) for p in passages])
+    texts = [passage_text(p.title, p.text) for p in passages]
+    expected = EncoderSpec(quantization=quantization).load().encode_passages(texts)
     assert idx.docs.table.column("doc_id").to_pylist() == [p.doc_id for p in passages]
-    assert np.allclose(idx.vectors(range(N)), expected, atol=1e-5)
+    if quantization == "int8":
+        assert np.array_equal(idx.vectors(range(N)), expected)
+    else:
+        assert np.allclose(idx.vectors(range(N)), expected, atol=1e-5)
 
 
 class Interrupted(Exception):
@@ -109,14 +122,21 @@ def test_interrupted_build_resumes_and_equals_an_uninterrupted_one(corpus, tmp_p
                                  corpus, file_sha256(corpus))
     with pytest.raises(Interrupted):
         build_module.build_index(config, target, manifest, encode=dies_after_two)
-    assert not target.exists() and len(list((tmp_path / ".resumed.build" / "blocks").glob("*.npy"))) == 2
+    blocks = tmp_path / ".resumed.build" / "blocks"
+    assert not target.exists() and len(list(blocks.glob("*.npy"))) == 2
+    # a block written before the Terrier lexicon existed: (term, df) of the plain lexicon only
+    plain = pa.ipc.open_file(str(blocks / "000001.df.arrow")).read_all()
+    plain = plain.filter(pc.equal(plain.column("lexicon"), "plain")).select(["term", "df"])
+    with pa.OSFile(str(blocks / "000001.df.arrow"), "wb") as sink, pa.ipc.new_file(sink, plain.schema) as writer:
+        writer.write_table(plain)
     build_module.build_index(config, target, manifest, encode=counting)
     assert encoded == [2, 3, 4]  # only the blocks not written before
     resumed = load_index_dir(target)
     assert resumed.manifest["build"]["passages_encoded"] == 25
     assert (target / "index.faiss").read_bytes() == (tmp_path / "whole" / "index.faiss").read_bytes()
     assert resumed.docs.table.equals(whole.docs.table)
-    assert resumed.stats.df_table == whole.stats.df_table and resumed.stats.n_docs == whole.stats.n_docs
+    for lexicon in LEXICONS:
+        assert resumed.stats.tables[lexicon].table.equals(whole.stats.tables[lexicon].table, check_metadata=True)
 
 
 def test_a_plan_for_other_settings_is_discarded(corpus, tmp_path):
@@ -159,8 +179,12 @@ def test_serving_maps_the_doc_store_and_the_flat_index(corpus, tmp_path):
     before = pa.total_allocated_bytes()
     retriever = LocalRetriever.open(path, encoder_spec(config.retrieval), build_module.search_params(config.retrieval))
     assert pa.total_allocated_bytes() - before < 10_000  # docs.arrow is mapped, not copied into Arrow's pool
+    stats = load_index_dir(path).stats
+    assert stats.df("the") > 0 and stats.df("zzz", "terrier") == 0
+    assert pa.total_allocated_bytes() - before < 10_000  # so are the lexicon tables
     maps = open("/proc/self/maps").read()
     assert str(path / "index.faiss") in maps and str(path / "docs.arrow") in maps
+    assert str(path / "df_plain.arrow") in maps and str(path / "df_terrier.arrow") in maps
     doc = retriever.docs.get([7])[0]
     [result] = retriever.search_batch([f'"{doc.title}"\n{doc.text}'], 2)  # hash: only the same text is close
     assert result.hits[0].doc_id == doc.doc_id and result.hits[0].score == pytest.approx(1.0, abs=1e-5)

@@ -11,9 +11,10 @@ import pytest
 
 from raypipe.core.config import load_config
 from raypipe.core.rundir import RunDir
-from raypipe.data.loaders import Question
+from raypipe.data.loaders import Question, iter_corpus
 from raypipe.retrieval import EncoderSpec, IndexMismatchError, LocalRetriever, load_index_dir
 from raypipe.retrieval.import_faiss import ImportVerificationError, import_faiss
+from raypipe.retrieval.store import LEXICONS, CorpusStats
 from raypipe.stages import index as index_stage
 from raypipe.stages.index import ensure_index
 from raypipe.testing.fakes import FakeEngine
@@ -56,6 +57,8 @@ def test_good_import_records_the_source_and_searches(published, tmp_path):
     assert imported["source_bytes"] == index_file.stat().st_size and len(imported["source_sha256"]) == 64
     assert idx.manifest["count"] == N and idx.manifest["factory"] == "Flat" and idx.stats.n_docs == N
     assert idx.docs.table.column("doc_id").to_pylist() == [str(i) for i in range(N)]
+    counted = CorpusStats.count(iter_corpus(corpus))  # both lexicons, merged from blocks of 8
+    assert all(idx.stats.tables[lex].table.equals(counted.tables[lex].table, check_metadata=True) for lex in LEXICONS)
     assert np.array_equal(idx.vectors([5]), vectors[5:6])
     retriever = LocalRetriever.open(out, e5_hash())
     row = retriever.index.search(vectors[9:10], 1)[1][0][0]

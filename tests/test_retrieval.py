@@ -5,6 +5,7 @@ import json
 import shutil
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from raypipe.core.config import load_config
@@ -27,6 +28,8 @@ from raypipe.retrieval import (
 from raypipe.retrieval import build as build_module
 from raypipe.retrieval.evaluate import dataset_recall, recall_at_k
 from raypipe.retrieval.index import build_faiss, check_encoder
+from raypipe.retrieval.store import LEXICON_FILES, LEXICONS, MissingLexiconError
+from raypipe.retrieval.termtable import TermTable
 from raypipe.stages.index import ensure_index
 
 N_PASSAGES = 30
@@ -61,7 +64,7 @@ def retriever(built):
 def test_index_dir_layout_and_manifest(built, tiny_corpus):
     _, index_dir = built
     names = {p.name for p in index_dir.iterdir()}
-    assert names == {"manifest.json", "index.faiss", "docs.arrow", "doc_rows.npy", "corpus_stats.parquet"}
+    assert names == {"manifest.json", "index.faiss", "docs.arrow", "doc_rows.npy", "df_plain.arrow", "df_terrier.arrow"}
     manifest = json.loads((index_dir / "manifest.json").read_text())
     assert manifest["docstore"] == "docs.arrow" and not index_dir.with_name(".tiny.build").exists()
     assert manifest["count"] == N_PASSAGES and manifest["dimension"] == 384
@@ -94,6 +97,30 @@ def test_corpus_stats_counts_each_document_once():
     stats = CorpusStats.count([Passage("a", "Cat", "cat cat dog"), Passage("b", "Dog", "bird")])
     assert (stats.df("cat"), stats.df("dog"), stats.df("bird"), stats.n_docs) == (1, 2, 1, 2)
     assert tokenize("Ed Wood's FILM, 1994!") == ["ed", "wood", "s", "film", "1994"]
+
+
+def test_an_index_written_before_the_lexicon_tables_loads_and_gets_them_added(built, tmp_path, monkeypatch):
+    """An older index holds only ``corpus_stats.parquet`` (plain): it loads, answers plain lookups, names
+    the command for the Terrier lexicon, and ``raypipe index`` (ensure_index) adds both mapped tables from
+    its doc store without encoding anything."""
+    config, index_dir = built
+    old = tmp_path / "old"
+    shutil.copytree(index_dir, old)
+    fresh = load_index_dir(index_dir).stats
+    plain = fresh.tables["plain"].table
+    for lexicon in LEXICONS:
+        (old / LEXICON_FILES[lexicon]).unlink()
+    pq.write_table(plain.replace_schema_metadata({"n_docs": str(N_PASSAGES), "tokenisation": "lowercase \\w+"}),
+                   old / "corpus_stats.parquet")
+    stats = load_index_dir(old).stats
+    assert stats.df("derrickson") == fresh.df("derrickson") > 0 and stats.n_docs == N_PASSAGES
+    with pytest.raises(MissingLexiconError, match=f"{old} has no 'terrier'.*`raypipe index`"):
+        stats.df("derrickson", "terrier")
+    monkeypatch.setattr(build_module, "build_index", lambda *a, **k: pytest.fail("re-encoded an up-to-date index"))
+    assert ensure_index(tiny_config(config.data.corpus, old), use_ray=False) == old
+    for lexicon in LEXICONS:
+        assert TermTable.read(old / LEXICON_FILES[lexicon]).table.equals(fresh.tables[lexicon].table, check_metadata=True)
+    assert load_index_dir(old).stats.df("derrickson", "terrier") == fresh.df("derrickson", "terrier") > 0
 
 
 def test_rebuild_of_unchanged_corpus_is_a_noop(built, monkeypatch):
@@ -337,8 +364,9 @@ def test_onnx_fp32_equals_torch_and_int8_stays_close():
     assert np.allclose(fp32, torch_vecs, atol=1e-5)
     assert np.allclose(np.linalg.norm(vecs, axis=1), 1, atol=1e-5)
     assert ((vecs * torch_vecs).sum(1) > 0.98).all()  # measured: mean 0.993 over the corpus
-    # length sorting inside a call does not change a text's vector
-    assert np.allclose(int8.encode_passages(SAMPLE_TEXTS[::-1])[::-1], vecs, atol=1e-5)
+    # a passage's int8 vector is a function of its own text: alone, reordered or batched, bit for bit
+    assert np.array_equal(int8.encode_passages(SAMPLE_TEXTS[::-1])[::-1], vecs)
+    assert np.array_equal(int8.encode_passages(SAMPLE_TEXTS[1:2])[0], vecs[1])
     # queries are fp32 whatever the passages are: batch-independent, the same as torch's
     assert np.allclose(int8.encode_queries(SAMPLE_TEXTS), torch_vecs, atol=1e-5)
     assert np.allclose(int8.encode_queries(SAMPLE_TEXTS[:1]), torch_vecs[:1], atol=1e-5)

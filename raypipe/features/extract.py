@@ -172,6 +172,15 @@ def extract_trajectory(
     return out
 
 
+def idf_lookup(query: str, corpus: CorpusResources, settings: FeaturesConfig) -> tuple[list[str], str]:
+    """The terms NQC's max IDF looks ``query`` up by, and the lexicon they are looked up in: with
+    ``features.nqc_idf=seed`` the seed's keys (:func:`qpp.seed_query_terms`) in the Terrier lexicon, as
+    its Terrier index holds them; with ``true`` the statistics' own tokens in the plain lexicon."""
+    if settings.nqc_idf == "seed":
+        return qpp.seed_query_terms(query), "terrier"
+    return corpus.terms(query), "plain"
+
+
 def _qpp(
     it: _Iteration,
     corpus: CorpusResources,
@@ -182,8 +191,8 @@ def _qpp(
     if not it.doc_ids:
         return {"nqc_seed": None, "nqc_shtok": None, "a_pair_ratio": None, "dense_qpp": None}
     query = _text(it.row.get("query"))
-    terms = qpp.seed_query_terms(query or "") if settings.nqc_idf == "seed" else corpus.terms(query or "")
-    dfs = [corpus.document_frequency(t) for t in terms]
+    terms, lexicon = idf_lookup(query or "", corpus, settings)
+    dfs = [corpus.document_frequency(t, lexicon) for t in terms]
     ids = it.doc_ids
     a_pair_n = min(settings.a_pair_depth, len(ids))
     dense_n = min(settings.dense_qpp_k, len(ids))
@@ -243,8 +252,8 @@ class _Prefetched:
     def terms(self, text: str) -> list[str]:
         return self.corpus.terms(text)
 
-    def document_frequency(self, term: str) -> int:
-        return self.corpus.document_frequency(term)
+    def document_frequency(self, term: str, lexicon: str = "plain") -> int:
+        return self.corpus.document_frequency(term, lexicon)
 
     def doc_vectors(self, doc_ids: Sequence[str]) -> np.ndarray:
         return np.stack([self._docs[d] for d in doc_ids])

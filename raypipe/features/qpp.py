@@ -6,7 +6,8 @@ Lists are taken in the order given (best first, as the retriever returns them). 
 - :func:`nqc_seed`: the seed paper's "NQC" (``predictions/unsupervised/qpp/calculator.py``): the
   population variance of the top-100 scores times the query's maximum IDF, ``max_t log(N / df_t)``; a
   query term the corpus statistics do not know counts as ``df = 1`` and a query with no terms gets
-  ``log N``, as there. :func:`seed_query_terms` gives the terms as the seed looks them up.
+  ``log N``, as there. :func:`seed_query_terms` gives the terms as the seed looks them up (in the
+  Terrier lexicon).
 - :func:`nqc_shtok`: textbook NQC (Shtok et al., TOIS 2012): the standard deviation of the top-k scores
   divided by the absolute corpus score. A dense index has no corpus-as-one-document score, so the
   surrogate used here is explicit: the mean score of the whole deep list given (e.g. the top 100).
@@ -27,18 +28,19 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from raypipe.core.config import FeaturesConfig
-from raypipe.features import porter
+from raypipe.retrieval import porter
 
 SEED = FeaturesConfig()  # the features section's defaults are the seed paper's depths
 
 
 def seed_query_terms(query: str) -> list[str]:
-    """The keys the seed looks a query's terms up by in its corpus statistics.
+    """The keys the seed looks a query's terms up by in its Terrier lexicon (raypipe's ``terrier`` lexicon).
 
     ``predictions/unsupervised/qpp/calculator.py`` ``QPPCalculator._max_idf`` (lines 37-58):
     whitespace split, Terrier's Porter stemmer on each token, no lowercasing and no punctuation
-    stripping; the seed's Terrier lexicon holds lowercase stems, so a capitalised or punctuated token
-    is not found and counts as ``df = 1``: for most queries the max IDF is about ``log N``.
+    stripping. The lexicon holds Porter stems of lowercase tokens without stopwords
+    (:mod:`raypipe.retrieval.terrier`), so a capitalised or punctuated token, or a stopword, is not
+    found and counts as ``df = 1`` (:func:`max_idf`): for most queries the max IDF is about ``log N``.
     """
     return [porter.stem(token) for token in query.split()]
 

@@ -14,14 +14,14 @@ The loaders are plain Python: the features job's actors and the online controlle
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from raypipe.core.config import RunConfig
-from raypipe.retrieval.store import tokenize
+from raypipe.data.loaders import Passage
+from raypipe.retrieval.store import CorpusStats, tokenize
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +33,9 @@ class CorpusResources(Protocol):
         """The query's terms, normalised as the document frequencies were counted."""
         ...
 
-    def document_frequency(self, term: str) -> int:
-        """Documents containing ``term`` (0 when unknown)."""
+    def document_frequency(self, term: str, lexicon: str = "plain") -> int:
+        """Documents containing ``term`` in ``lexicon`` (0 when unknown): "plain", the statistics' own
+        tokens (:meth:`terms`), or "terrier", Terrier's indexed terms (``raypipe.retrieval.store``)."""
         ...
 
     def doc_vectors(self, doc_ids: Sequence[str]) -> np.ndarray:
@@ -56,7 +57,7 @@ class SentenceEncoder(Protocol):
 
 class InMemoryCorpus:
     """Brute-force inner-product search over a dict of document vectors, with document frequencies
-    counted from the documents' texts."""
+    counted from the documents' texts (both lexicons, as an index counts them)."""
 
     def __init__(
         self,
@@ -69,15 +70,15 @@ class InMemoryCorpus:
         self._ids = list(vectors)
         self._row = {doc_id: i for i, doc_id in enumerate(self._ids)}
         self._matrix = np.vstack([np.asarray(vectors[d], dtype=np.float32) for d in self._ids])
-        self._df = Counter(term for doc_id in self._ids for term in set(tokenize(texts[doc_id])))
+        self.stats = CorpusStats.count(Passage(doc_id, "", texts[doc_id]) for doc_id in self._ids)
         self._encode = query_encoder
         self.num_docs = len(self._ids)
 
     def terms(self, text: str) -> list[str]:
         return tokenize(text)
 
-    def document_frequency(self, term: str) -> int:
-        return self._df.get(term, 0)
+    def document_frequency(self, term: str, lexicon: str = "plain") -> int:
+        return self.stats.df(term, lexicon)
 
     def doc_vectors(self, doc_ids: Sequence[str]) -> np.ndarray:
         missing = [d for d in doc_ids if d not in self._row]
@@ -141,8 +142,8 @@ class IndexCorpus:
     def terms(self, text: str) -> list[str]:
         return tokenize(text)
 
-    def document_frequency(self, term: str) -> int:
-        return self.stats.df(term)
+    def document_frequency(self, term: str, lexicon: str = "plain") -> int:
+        return self.stats.df(term, lexicon)
 
     def doc_vectors(self, doc_ids: Sequence[str]) -> np.ndarray:
         return self._vectors.doc_vectors(doc_ids)

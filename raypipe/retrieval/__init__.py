@@ -17,17 +17,20 @@ Index directory (``jobs/index.py`` builds it; default ``$RAYPIPE_CACHE/indexes/<
     index.faiss           FAISS inner-product index over L2-normalised vectors; id i = row i of docs
     docs.arrow            doc_id, title, text (Arrow IPC, memory-mapped; docs.parquet in older indexes)
     doc_rows.npy          sorted (passage id hash, row): the id lookup
-    corpus_stats.parquet  term, df; schema metadata n_docs. Tokenisation: lowercase ``\\w+`` tokens of
-                          title + " " + text, no stemming or stopwords
+    df_plain.arrow        term, df sorted by term (memory-mapped); metadata n_docs. Lowercase ``\\w+`` tokens
+                          of title + " " + text, no stemming or stopwords (older indexes: corpus_stats.parquet)
+    df_terrier.arrow      the same for the terms Terrier's default English indexing stores (the seed's
+                          NQC lexicon; raypipe.retrieval.terrier)
 
 Readers (stable names)::
 
     idx = load_index_dir(path)            # IndexDir: .manifest, .docs, .stats, .vectors(rows)
     idx.docs.get([row, ...])              # DocStore -> [Passage(doc_id, title, text)]
     idx.docs.row_of(doc_id)               # FAISS row id of a passage
-    idx.stats.df(term), idx.stats.idf(term)   # CorpusStats; idf = log(N/df), None for unseen terms
+    idx.stats.df(term, lexicon="plain")   # CorpusStats; lexicon "plain" or "terrier"
+    idx.stats.idf(term)                   # log(N/df) in the plain lexicon, None for unseen terms
     idx.stats.max_idf(text)               # max IDF over the text's tokens (0.0 if none is known)
-    tokenize(text)                        # the statistics' tokenisation
+    tokenize(text)                        # the plain lexicon's tokenisation
     index_dir_for(config)                 # where the configured index lives
     encoder_spec(config.retrieval).load() # the query/passage encoder (encode_queries/encode_passages)
 

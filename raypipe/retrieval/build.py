@@ -7,9 +7,9 @@ The build is streamed so that no process holds the corpus and driver memory does
    directory (``.<index>.build/plan.json``).
 2. The blocks not yet written are read, counted (document frequencies), encoded (longest passage first
    inside each block) and written to ``blocks/`` as they arrive: ``NNNNNN.docs.arrow`` (the block's
-   doc-store rows), ``NNNNNN.df.arrow`` (its document frequencies) and ``NNNNNN.npy`` (its embeddings,
-   renamed into place last: a block is complete when its ``.npy`` exists). The encode function does
-   this (:func:`local_encode_blocks` in this process; the index job passes a Ray Data pipeline,
+   doc-store rows), ``NNNNNN.df.arrow`` (its document frequencies in both lexicons) and ``NNNNNN.npy``
+   (its embeddings, renamed into place last: a block is complete when its ``.npy`` exists). The encode
+   function does this (:func:`local_encode_blocks` in this process; the index job passes a Ray Data pipeline,
    :mod:`raypipe.stages.index`). A rerun after an interruption keeps every complete block and encodes
    only the rest; a plan made for another corpus or other settings is discarded.
 3. :func:`assemble_index` builds FAISS from the blocks chunk by chunk (IVF/PQ: trained on a sample
@@ -45,7 +45,6 @@ from raypipe.retrieval.index import (
     DOCSTORE_ARROW,
     FAISS_FILE,
     MANIFEST,
-    STATS_FILE,
     IndexMismatchError,
     IndexSettings,
     SearchParams,
@@ -53,17 +52,21 @@ from raypipe.retrieval.index import (
     default_index_dir,
     file_sha256,
     finish_index_dir,
+    load_index_dir,
     manifest_differences,
     read_manifest,
 )
 from raypipe.retrieval.store import (
     DOCSTORE_SCHEMA,
+    LEXICON_FILES,
+    TOKENISATION,
     FrequencyMerger,
     check_unique_ids,
     doc_id_hashes,
     document_frequencies,
     passages_table,
     sorted_doc_rows,
+    table_passages,
 )
 
 log = logging.getLogger(__name__)
@@ -112,7 +115,8 @@ def index_dir_for(config: RunConfig, corpus_sha256: str | None = None) -> Path:
 
 
 def up_to_date(target: Path, expected: dict, force: bool) -> bool:
-    """True if ``target`` holds this exact build; raises if it holds something else (unless ``force``)."""
+    """True if ``target`` holds this exact build; raises if it holds something else (unless ``force``).
+    An index of this build written before the mapped lexicon tables gets them (:func:`add_missing_lexicons`)."""
     if not target.exists():
         return False
     if (target / MANIFEST).exists():
@@ -121,11 +125,35 @@ def up_to_date(target: Path, expected: dict, force: bool) -> bool:
         problems = manifest_differences(read_manifest(target), expected)
         if problems:
             raise IndexMismatchError(f"index {target} was built differently: {'; '.join(problems)} (rebuild with --force)")
-        log.info("index %s is up to date (corpus %s), nothing to do", target, expected["corpus_sha256"][:12])
+        log.info("index %s is up to date (corpus %s), nothing to encode", target, expected["corpus_sha256"][:12])
+        add_missing_lexicons(target)
         return True
     if any(target.iterdir()):
         raise IndexMismatchError(f"{target} exists and is not an index directory; refusing to overwrite it")
     return False
+
+
+def add_missing_lexicons(target: Path, chunk_rows: int = 10_000) -> None:
+    """Write the lexicon tables (``df_plain.arrow``, ``df_terrier.arrow``) an index written before them
+    lacks, counted from its doc store ``chunk_rows`` passages at a time; nothing is re-encoded.
+
+    Two jobs doing it at once write the same bytes (each file is renamed into place). An index directory
+    that cannot be written is left as it is, with a warning: the features' seed NQC then names this fix."""
+    missing = [lexicon for lexicon, name in LEXICON_FILES.items() if not (target / name).exists()]
+    if not missing:
+        return
+    start = time.perf_counter()
+    docs = load_index_dir(target).docs.table
+    log.info("index %s: counting the %s document frequencies from its %d passages", target, " and ".join(missing), docs.num_rows)
+    merger = FrequencyMerger()
+    for batch in docs.to_batches(max_chunksize=chunk_rows):
+        merger.add(*document_frequencies(table_passages(batch)))
+    try:
+        terms = merger.write(target, missing)
+    except OSError as exc:
+        log.warning("index %s: could not add the lexicon tables (%s)", target, exc)
+        return
+    log.info("index %s: added the lexicon tables (terms: %s) in %.1f s", target, terms, time.perf_counter() - start)
 
 
 # ---------------------------------------------------------------------------------------------- blocks
@@ -297,6 +325,14 @@ class BuildDir:
     def table(self, block: Block, kind: str) -> pa.Table:
         return pa.ipc.open_file(pa.memory_map(str(self.file(block, kind)))).read_all()
 
+    def frequencies(self, block: Block) -> pa.Table:
+        """The block's (lexicon, term, df); a block written before the Terrier lexicon existed (no
+        ``lexicon`` column) is counted again from its doc-store rows."""
+        table = self.table(block, "df.arrow")
+        if "lexicon" in table.schema.names:
+            return table
+        return document_frequencies(table_passages(self.table(block, "docs.arrow")))[0]
+
 
 def _write_ipc(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
@@ -369,10 +405,10 @@ def assemble_index(work_path: Path, blocks: list[Block], target: Path, manifest:
     faiss_s = time.perf_counter() - start
     merger = FrequencyMerger()
     for b in blocks:
-        merger.add(work.table(b, "df.arrow"), b.n_rows)
-    terms = merger.write(tmp / STATS_FILE)
+        merger.add(work.frequencies(b), b.n_rows)
+    terms = merger.write(tmp)
     write_doc_store((work.table(b, "docs.arrow") for b in blocks), n, tmp)
-    log.info("assembled %d passages (%d terms) in %.1f s", n, terms, time.perf_counter() - start)
+    log.info("assembled %d passages (terms: %s) in %.1f s", n, terms, time.perf_counter() - start)
     full = {
         **manifest,
         "build": {**manifest.get("build", {}), "faiss_seconds": round(faiss_s, 2), "blocks": len(blocks)},
@@ -381,7 +417,7 @@ def assemble_index(work_path: Path, blocks: list[Block], target: Path, manifest:
         "factory": factory,
         "n_docs": merger.n_docs,
         "docstore": DOCSTORE_ARROW,
-        "tokenisation": "lowercase \\w+ over title + ' ' + text",
+        "tokenisation": TOKENISATION,
     }
     finish_index_dir(tmp, target, full)
     shutil.rmtree(work.path, ignore_errors=True)

@@ -5,8 +5,8 @@ line i of ``wiki-18.jsonl``, e5-base-v2 with mean pooling and the ``passage: `` 
 is for: :func:`import_faiss` checks that the index's row count equals the corpus's passage count and
 its dimension the encoder's, re-encodes a random sample of passages with the named encoder and requires
 each to match its stored row (cosine at least ``min_cosine``; a wrong encoder, prefix or pooling fails,
-naming the rows), then writes the doc store and statistics from the corpus and links (or copies) the
-FAISS file in. The manifest records the import: the source file's path, size and sha256, and the
+naming the rows), then writes the doc store and statistics (both lexicons) from the corpus and links
+(or copies) the FAISS file in. The manifest records the import: the source file's path, size and sha256, and the
 verification's result.
 """
 
@@ -27,7 +27,6 @@ from raypipe.retrieval.build import Block, encode_docs, plan_blocks, read_block,
 from raypipe.retrieval.encoders import EncoderSpec
 from raypipe.retrieval.index import (
     FAISS_FILE,
-    STATS_FILE,
     IndexMismatchError,
     IndexSettings,
     expected_manifest,
@@ -35,7 +34,7 @@ from raypipe.retrieval.index import (
     finish_index_dir,
     read_faiss,
 )
-from raypipe.retrieval.store import FrequencyMerger
+from raypipe.retrieval.store import TOKENISATION, FrequencyMerger
 
 log = logging.getLogger(__name__)
 VERIFY_SAMPLE = 64
@@ -140,7 +139,7 @@ def import_faiss(index_file: Path, corpus: Path, spec: EncoderSpec, target: Path
                 yield docs
 
         write_doc_store(tables(), n, tmp)
-        merger.write(tmp / STATS_FILE)
+        merger.write(tmp)
         link_or_copy(index_file, tmp / FAISS_FILE)
         manifest = {
             **expected_manifest(spec, settings, corpus, file_sha256(corpus)),
@@ -148,7 +147,7 @@ def import_faiss(index_file: Path, corpus: Path, spec: EncoderSpec, target: Path
             "factory": factory,
             "n_docs": n,
             "docstore": "docs.arrow",
-            "tokenisation": "lowercase \\w+ over title + ' ' + text",
+            "tokenisation": TOKENISATION,
             "import": {
                 "source": str(index_file.resolve()),
                 "source_bytes": index_file.stat().st_size,

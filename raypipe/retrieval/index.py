@@ -9,7 +9,10 @@ Layout of an index directory (written to a temporary sibling and renamed into pl
     docs.arrow           doc store: doc_id, title, text (Arrow IPC, memory-mapped; ``docs.parquet`` in
                          indexes written before; the manifest's ``docstore`` names the file)
     doc_rows.npy         sorted (passage id hash, row) pairs: the doc store's id lookup (optional)
-    corpus_stats.parquet term, df (document frequency); metadata n_docs (see raypipe.retrieval.store)
+    df_plain.arrow       term, df (document frequency) sorted by term, memory-mapped; metadata n_docs,
+    df_terrier.arrow     tokenisation: the plain and Terrier lexicons (see raypipe.retrieval.store);
+                         indexes written before them hold corpus_stats.parquet (plain) until
+                         ``raypipe index`` adds them (raypipe.retrieval.build.add_missing_lexicons)
 
 A replica serving on the CPU maps the doc store and, for flat indexes (``Flat``/``SQfp16``), the FAISS
 index from disk (``faiss.IO_FLAG_MMAP_IFC``) instead of copying them into its heap, so replicas and
@@ -36,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from raypipe.retrieval.encoders import EncoderSpec
-from raypipe.retrieval.store import CorpusStats, DocStore
+from raypipe.retrieval.store import LEGACY_STATS_FILE, LEXICON_FILES, CorpusStats, DocStore
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +49,7 @@ FAISS_FILE = "index.faiss"
 DOCSTORE_FILE = "docs.parquet"  # the doc store of indexes written before docs.arrow
 DOCSTORE_ARROW = "docs.arrow"
 DOC_ROWS_FILE = "doc_rows.npy"
-STATS_FILE = "corpus_stats.parquet"
-INDEX_FILES = (MANIFEST, FAISS_FILE, STATS_FILE)  # plus the manifest's doc store file
+INDEX_FILES = (MANIFEST, FAISS_FILE)  # plus the manifest's doc store file and the plain statistics
 TRAIN_SAMPLE_CAP = 1_000_000  # most vectors an IVF/PQ index is trained on (evenly spaced over the corpus)
 TRAIN_POINTS_PER_CENTROID = 64
 MIN_POINTS_PER_CENTROID = 39  # FAISS's own warning threshold for k-means training
@@ -185,6 +187,8 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
             raise IndexMismatchError(f"{path / MANIFEST}: not valid JSON ({exc.msg})") from None
         if not (path / manifest.get("docstore", DOCSTORE_FILE)).exists():
             missing.append(manifest.get("docstore", DOCSTORE_FILE))
+    if not any((path / name).exists() for name in (LEXICON_FILES["plain"], LEGACY_STATS_FILE)):
+        missing.append(LEXICON_FILES["plain"])
     if missing:
         raise IndexNotFoundError(f"index directory {path} is incomplete: missing {', '.join(missing)} (rebuild with `raypipe index --force`)")
     size = (path / FAISS_FILE).stat().st_size
@@ -290,7 +294,7 @@ class IndexDir:
 
     @cached_property
     def stats(self) -> CorpusStats:
-        return CorpusStats.read(self.path / STATS_FILE)
+        return CorpusStats.read(self.path)
 
     def faiss_index(self, params: SearchParams | None = None):
         """Read the FAISS index and apply search parameters (and the GPU option)."""

@@ -1,9 +1,17 @@
 """The document store (row id -> doc_id, title, text) and corpus statistics for QPP.
 
-Tokenisation for the statistics (documented, so features compute the same thing): lowercase the
-passage's title + " " + text and take Unicode word tokens (``\\w+``); no stemming, no stopword list.
+The statistics are document frequencies in two lexicons, each over the passage's title + " " + text:
+
+- ``plain``: lowercase Unicode word tokens (``\\w+``), no stemming, no stopword list (``features.nqc_idf=true``
+  looks query tokens up here, tokenised by :func:`tokenize`);
+- ``terrier``: the terms Terrier's default English indexing stores (:mod:`raypipe.retrieval.terrier`:
+  ASCII alphanumeric tokens, lowercased, Terrier's stopwords removed, Porter stems): the seed's lexicon,
+  where its NQC looks Porter stems of whitespace tokens up (``features.nqc_idf=seed``).
+
 ``df(term)`` is the number of passages containing the term at least once and ``N`` the passage count;
-``idf(term) = log(N / df)``.
+``idf(term) = log(N / df)``. A built index keeps one sorted, memory-mapped table per lexicon
+(``df_plain.arrow``, ``df_terrier.arrow``; :mod:`raypipe.retrieval.termtable`); indexes written before
+them have only ``corpus_stats.parquet`` (plain, read into memory) until ``raypipe index`` adds them.
 
 A built index keeps its doc store as an Arrow IPC file (``docs.arrow``, one record batch per build
 block), which :meth:`DocStore.read` maps from disk without copying, so replicas and stages on one node
@@ -17,28 +25,42 @@ import hashlib
 import math
 import re
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raypipe.data.loaders import DataError, Passage, iter_corpus
+from raypipe.retrieval import terrier
+from raypipe.retrieval.termtable import TermTable, write_terms
 
 _TOKEN = re.compile(r"\w+")
 
 DOCSTORE_SCHEMA = pa.schema([("doc_id", pa.string()), ("title", pa.string()), ("text", pa.string())])
-STATS_SCHEMA = pa.schema([("term", pa.string()), ("df", pa.int64())])
+LEXICONS = ("plain", "terrier")
+LEXICON_FILES = {lexicon: f"df_{lexicon}.arrow" for lexicon in LEXICONS}
+LEGACY_STATS_FILE = "corpus_stats.parquet"  # the plain lexicon of indexes written before LEXICON_FILES
+TOKENISATION = {
+    "plain": "lowercase \\w+ over title + ' ' + text",
+    "terrier": "Terrier EnglishTokeniser + stopword-list.txt + PorterStemmer over title + ' ' + text",
+}
+BLOCK_DF_SCHEMA = pa.schema([("lexicon", pa.string()), ("term", pa.string()), ("df", pa.int64())])
 
 
 def tokenize(text: str) -> list[str]:
-    """Lowercase word tokens, the tokenisation of the corpus statistics."""
+    """Lowercase word tokens, the tokenisation of the ``plain`` lexicon."""
     return _TOKEN.findall(text.lower())
 
 
-def passage_terms(title: str, text: str) -> set[str]:
-    return set(tokenize(f"{title} {text}"))
+_LEXICON_TERMS = {"plain": lambda text: set(tokenize(text)), "terrier": terrier.index_terms}
+
+
+def passage_terms(title: str, text: str, lexicon: str = "plain") -> set[str]:
+    """The distinct terms of a passage in ``lexicon``."""
+    return _LEXICON_TERMS[lexicon](f"{title} {text}")
 
 
 def doc_id_hashes(doc_ids: Sequence[str]) -> np.ndarray:
@@ -89,13 +111,7 @@ class DocStore:
         """Passages for FAISS row ids, in the given order."""
         if not len(ids):
             return []
-        taken = self.table.take(pa.array(ids, type=pa.int64()))
-        return [
-            Passage(doc_id=d, title=t, text=x)
-            for d, t, x in zip(
-                taken.column("doc_id").to_pylist(), taken.column("title").to_pylist(), taken.column("text").to_pylist()
-            )
-        ]
+        return table_passages(self.table.take(pa.array(ids, type=pa.int64())))
 
     def row_of(self, doc_id: str) -> int:
         """The FAISS row id of a passage id (KeyError if unknown)."""
@@ -139,6 +155,12 @@ def passages_table(passages: Sequence[Passage]) -> pa.Table:
     )
 
 
+def table_passages(table: pa.Table | pa.RecordBatch) -> list[Passage]:
+    """The passages of doc-store rows, in order."""
+    columns = (table.column(name).to_pylist() for name in ("doc_id", "title", "text"))
+    return [Passage(doc_id=d, title=t, text=x) for d, t, x in zip(*columns)]
+
+
 def check_unique_ids(doc_rows: np.ndarray, doc_id_at) -> None:
     """Raise DataError naming a passage id that occurs twice (``doc_id_at(row)`` -> id)."""
     hashes = doc_rows[:, 0]
@@ -161,15 +183,25 @@ def corpus_documents(path: str | Path, wanted: Collection[str] | None = None) ->
 
 
 def document_frequencies(passages: Iterable[Passage]) -> tuple[pa.Table, int]:
-    """(term, df) over some passages, and their count: one build block's share of the statistics."""
-    stats = CorpusStats.count(passages)
-    terms = list(stats.df_table)
-    return pa.table({"term": terms, "df": [stats.df_table[t] for t in terms]}, schema=STATS_SCHEMA), stats.n_docs
+    """(lexicon, term, df) over some passages in every lexicon, and their count: one build block's share
+    of the statistics."""
+    counts = {lexicon: Counter() for lexicon in LEXICONS}
+    n = 0
+    for p in passages:
+        for lexicon, counter in counts.items():
+            counter.update(passage_terms(p.title, p.text, lexicon))
+        n += 1
+    columns = {
+        "lexicon": [lexicon for lexicon, counter in counts.items() for _ in range(len(counter))],
+        "term": [term for counter in counts.values() for term in counter],
+        "df": [df for counter in counts.values() for df in counter.values()],
+    }
+    return pa.table(columns, schema=BLOCK_DF_SCHEMA), n
 
 
 class FrequencyMerger:
-    """Sums per-block (term, df) tables in Arrow, folding them together every ``fold_every`` blocks, so
-    memory holds the merged vocabulary plus a few blocks' terms (not a Python dict of every term)."""
+    """Sums per-block (lexicon, term, df) tables in Arrow, folding them together every ``fold_every``
+    blocks, so memory holds the merged vocabularies plus a few blocks' terms (not a dict of every term)."""
 
     def __init__(self, fold_every: int = 16):
         self.fold_every = fold_every
@@ -183,56 +215,84 @@ class FrequencyMerger:
             self._parts = [self._fold()]
 
     def _fold(self) -> pa.Table:
-        merged = pa.concat_tables(self._parts).group_by("term").aggregate([("df", "sum")])
-        return merged.rename_columns(["term", "df"]).cast(STATS_SCHEMA)
+        merged = pa.concat_tables(self._parts).group_by(["lexicon", "term"]).aggregate([("df", "sum")])
+        return merged.select(["lexicon", "term", "df_sum"]).rename_columns(BLOCK_DF_SCHEMA.names).cast(BLOCK_DF_SCHEMA)
 
-    def write(self, path: str | Path) -> int:
-        """Write the statistics file (sorted by term, as :meth:`CorpusStats.write`); returns the term count."""
-        table = self._fold().sort_by("term") if self._parts else STATS_SCHEMA.empty_table()
-        pq.write_table(table.replace_schema_metadata(_stats_metadata(self.n_docs)), path)
-        return table.num_rows
+    def tables(self, lexicons: Sequence[str] = LEXICONS) -> Iterator[tuple[str, pa.Table]]:
+        """Each lexicon's (term, df) table, sorted by term, with its metadata (n_docs, tokenisation)."""
+        merged = self._fold() if self._parts else BLOCK_DF_SCHEMA.empty_table()
+        for lexicon in lexicons:
+            table = merged.filter(pc.equal(merged.column("lexicon"), lexicon)).select(["term", "df"]).sort_by("term")
+            yield lexicon, table.replace_schema_metadata(_stats_metadata(lexicon, self.n_docs))
+
+    def write(self, directory: str | Path, lexicons: Sequence[str] = LEXICONS) -> dict[str, int]:
+        """Write each lexicon's table into ``directory`` (``LEXICON_FILES``); returns their term counts."""
+        sizes = {}
+        for lexicon, table in self.tables(lexicons):
+            write_terms(table, Path(directory) / LEXICON_FILES[lexicon])
+            sizes[lexicon] = table.num_rows
+        return sizes
 
 
-def _stats_metadata(n_docs: int) -> dict[str, str]:
-    return {"n_docs": str(n_docs), "tokenisation": "lowercase \\w+"}
+def _stats_metadata(lexicon: str, n_docs: int) -> dict[str, str]:
+    return {"n_docs": str(n_docs), "lexicon": lexicon, "tokenisation": TOKENISATION[lexicon]}
+
+
+class MissingLexiconError(LookupError):
+    """The index has no table for a lexicon (written before it existed)."""
 
 
 class CorpusStats:
-    """Document frequencies over the corpus (see the module docstring for the tokenisation)."""
+    """Document frequencies over the corpus in each lexicon (see the module docstring)."""
 
-    def __init__(self, df: dict[str, int], n_docs: int):
-        self.df_table = df
+    def __init__(self, tables: Mapping[str, TermTable], n_docs: int, where: str = "the corpus statistics"):
+        self.tables = dict(tables)
         self.n_docs = n_docs
+        self.where = where
 
     @classmethod
     def count(cls, passages: Iterable[Passage]) -> "CorpusStats":
-        counts: Counter[str] = Counter()
-        n = 0
-        for p in passages:
-            counts.update(passage_terms(p.title, p.text))
-            n += 1
-        return cls(dict(counts), n)
-
-    def write(self, path: str | Path) -> None:
-        terms = sorted(self.df_table)
-        table = pa.table({"term": terms, "df": [self.df_table[t] for t in terms]}, schema=STATS_SCHEMA)
-        pq.write_table(table.replace_schema_metadata(_stats_metadata(self.n_docs)), path)
+        """Both lexicons counted in memory (small corpora, tests)."""
+        merger = FrequencyMerger()
+        merger.add(*document_frequencies(passages))
+        return cls({lexicon: TermTable(table) for lexicon, table in merger.tables()}, merger.n_docs)
 
     @classmethod
-    def read(cls, path: str | Path) -> "CorpusStats":
-        table = pq.read_table(path)
-        meta = table.schema.metadata or {}
-        if b"n_docs" not in meta:
-            raise ValueError(f"{path}: corpus statistics without n_docs metadata")
-        df = dict(zip(table.column("term").to_pylist(), table.column("df").to_pylist()))
-        return cls(df, int(meta[b"n_docs"]))
+    def read(cls, directory: str | Path) -> "CorpusStats":
+        """Map the lexicons' tables of an index directory (``plain`` from ``corpus_stats.parquet`` in
+        indexes written before the mapped tables); a lexicon without a table raises on lookup."""
+        directory = Path(directory)
+        tables: dict[str, TermTable] = {}
+        for lexicon, name in LEXICON_FILES.items():
+            if (directory / name).exists():
+                tables[lexicon] = TermTable.read(directory / name)
+            elif lexicon == "plain" and (directory / LEGACY_STATS_FILE).exists():
+                tables[lexicon] = TermTable(pq.read_table(directory / LEGACY_STATS_FILE))  # written sorted by term
+        n_docs = {table.metadata.get("n_docs") for table in tables.values()}
+        if not tables or None in n_docs or len(n_docs) > 1:
+            raise ValueError(f"{directory}: corpus statistics missing or without one n_docs ({sorted(map(str, n_docs))})")
+        return cls(tables, int(n_docs.pop()), str(directory))
 
-    def df(self, term: str) -> int:
-        """Passages containing ``term`` (already lowercased/tokenised); 0 if unseen."""
-        return self.df_table.get(term, 0)
+    def df(self, term: str, lexicon: str = "plain") -> int:
+        """Passages containing ``term`` (already normalised for ``lexicon``: "plain" or "terrier"); 0 if
+        unseen. MissingLexiconError if this index has no table for the lexicon."""
+        table = self.tables.get(lexicon)
+        if table is None:
+            if lexicon not in LEXICONS:
+                raise ValueError(f"unknown lexicon {lexicon!r}; use one of {LEXICONS}")
+            raise MissingLexiconError(
+                f"{self.where} has no {lexicon!r} document frequencies ({LEXICON_FILES[lexicon]}): the index "
+                "was built before they were written. Run `raypipe index` with this run's configuration to add "
+                "them from its doc store (nothing is re-encoded)"
+            )
+        return table.get(term)
+
+    def document_frequencies(self, terms: Sequence[str], lexicon: str = "plain") -> list[int]:
+        """:meth:`df` of each term, in order."""
+        return [self.df(t, lexicon) for t in terms]
 
     def idf(self, term: str) -> float | None:
-        """log(N / df); None for a term that occurs in no passage (callers skip it, as Terrier does)."""
+        """log(N / df) in the plain lexicon; None for a term that occurs in no passage (callers skip it)."""
         df = self.df(term)
         return math.log(self.n_docs / df) if df else None
 

@@ -139,7 +139,9 @@ def ray_encode_blocks(spec: EncoderSpec, corpus: Path, blocks: list[Block], cfg:
         fn_constructor_kwargs={"spec": spec, "call_rows": cfg.encode_batch_size, "actors_per_node": cfg.encode_actors},
         batch_size=1,
         batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=min(cfg.encode_actors, len(blocks))),
+        # one block per actor at a time: a block queued behind a busy actor would wait there while
+        # another actor idles (Ray Data's default of 4 in flight ran the bundled corpus on one actor)
+        compute=ray.data.ActorPoolStrategy(size=min(cfg.encode_actors, len(blocks)), max_tasks_in_flight_per_actor=1),
         num_cpus=cfg.encode_num_cpus,
         num_gpus=cfg.encode_num_gpus,
     )

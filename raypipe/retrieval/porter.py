@@ -1,4 +1,5 @@
-"""The Porter stemmer as Terrier runs it (the seed paper's NQC looks query terms up with it).
+"""The Porter stemmer as Terrier runs it (the seed paper's NQC looks query terms up with it, and
+Terrier's indexing stems the lexicon's terms with it, :mod:`raypipe.retrieval.terrier`).
 
 Martin Porter's reference implementation of his 1980 algorithm, as Terrier ships it
 (terrier-core ``modules/core/src/main/java/org/terrier/terms/PorterStemmer.java``): the two
