@@ -66,6 +66,17 @@ def test_retrieval_replica_killed_during_a_search(ray_local, index_config, tmp_p
     assert passed(cases.retrieval_replica_killed_in_flight(tmp_path, index_config, kind))
 
 
+@pytest.fixture(scope="module")
+def retrieval_reference(ray_local, index_config, tmp_path_factory):
+    return cases.retrieval_reference(tmp_path_factory.mktemp("retrieval-reference"), index_config)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(cases.POISON_SEARCHES))
+def test_a_query_that_kills_its_replica_every_time_ends_retrieval_error(index_config, retrieval_reference, tmp_path, kind):
+    assert passed(cases.poison_retrieval_query(tmp_path, index_config, retrieval_reference, kind))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_driver_interrupted_and_rerun_equals_an_uninterrupted_run(reference, tmp_path, sig):

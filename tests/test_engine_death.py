@@ -1,6 +1,6 @@
 """Faults with the real vLLM engine (issue 22): SIGKILL of the EngineCore mid-batch, a question that kills
-its engine every time, SIGINT of jobs/probe.py during generation. Each test starts 2-3 engines (about 50 s
-each on 2 cores)."""
+its engine every time (both cases of raypipe/testing/chaos.py, also rows of ``benchmarks/chaos.py``), SIGINT
+of jobs/probe.py during generation. Each test starts 2-3 engines (about 50 s each on 2 cores)."""
 
 import os
 import signal
@@ -12,21 +12,21 @@ from pathlib import Path
 import psutil
 import pytest
 
-from raypipe.core.config import load_config
 from raypipe.core.rundir import RunDir
 from raypipe.data.loaders import load_questions
 from raypipe.llm.base import EngineDiedError
 from raypipe.llm.vllm_engine import VLLMEngine
-from raypipe.stages.probe import run_probe
-from raypipe.testing.chaos import check_run, same_results
-from raypipe.testing.faults import KillEngineCore
+from raypipe.testing import chaos as cases
+from raypipe.testing.chaos import LOGPROB_ATOL, check_run, same_results
 
-N = 4  # two batches of two
+N = cases.VLLM_QUESTIONS  # two batches of two
 ROOT = Path(__file__).resolve().parents[1]
-# bfloat16: a probe prefilled from the prefix cache or in another batch moved a log-probability by 0.0018
-LOGPROB_ATOL = 0.01
-SETTINGS = ["agent.max_turns=2", "agent.max_new_tokens=48", "agent.probe_max_tokens=16", "agent.enforcement=none",
-            "generation.batch_size=2", "generation.batches_per_actor=1", "ray.num_cpus=2"]
+SETTINGS = cases.VLLM_SETTINGS
+
+
+def passed(outcome: cases.Outcome) -> bool:
+    print(outcome)  # shown by pytest when the test fails
+    return outcome.passed
 
 
 def test_the_vllm_engine_tells_a_dead_engine_from_a_failed_request():
@@ -52,61 +52,34 @@ def test_the_vllm_engine_tells_a_dead_engine_from_a_failed_request():
 
 
 @pytest.fixture(scope="module")
-def setup(paragraph_corpus):
+def setup(tmp_path_factory):
     """The embedded config over the paragraphs of the first N + 1 HotpotQA questions, short turns."""
     import ray
 
-    corpus = paragraph_corpus(("hotpotqa",), N + 1)
-    config = load_config("embedded", [*SETTINGS, f"data.corpus={corpus}"])
-    yield config, load_questions("hotpotqa", limit=N + 1)
+    corpus = cases.paragraph_corpus(tmp_path_factory.mktemp("corpus") / "corpus.jsonl", ("hotpotqa",), N + 1)
+    yield cases.vllm_setup(corpus)
     ray.shutdown()
 
 
 @pytest.fixture(scope="module")
 def killed_once(setup, tmp_path_factory):
     """A run of N questions whose EngineCore is SIGKILLed when the third question's first turn is sent."""
-    config, questions = setup
-    work = tmp_path_factory.mktemp("killed-once")
-    qs, marker = questions[:N], work / "killed"
-    run = RunDir(work / "run")
-    written = run_probe(config, run, qs, engine_factory=KillEngineCore(qs[2].question, marker))
-    return run, qs, marker, written
+    return cases.engine_core_killed(tmp_path_factory.mktemp("killed-once"), *setup)
 
 
 @pytest.mark.slow
 def test_sigkill_of_the_engine_core_mid_batch_reruns_the_batch(killed_once):
-    run, qs, marker, written = killed_once
-    assert marker.exists(), "the EngineCore was never killed"
-    killed = [int(pid) for pid in marker.read_text().split()]
-    assert killed and not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                              for pid in killed)
-    assert written == N
-    # every question has its normal row (no engine_error, no engine_crash), none twice
-    normal = {r["qid"]: r["stop_reason"] for r in run.read("trajectories").to_pylist()}
-    out = check_run("EngineCore killed", run, qs, 0.0, expect=normal)
-    assert out.passed, out
-    assert not set(normal.values()) & {"engine_error", "engine_crash"}, normal
-    errors = [e for e in run.read("trajectories").column("error").to_pylist() if e]  # no_valid_action has one
-    assert not [e for e in errors if "EngineDead" in e or "engine is gone" in e], errors
+    # every question has its normal row (no engine_error, no engine_crash), none twice; the process is gone
+    outcome, _ = killed_once
+    assert passed(outcome)
 
 
 @pytest.mark.slow
 def test_a_question_that_kills_its_engine_every_time_ends_engine_crash(setup, killed_once, tmp_path):
-    config, questions = setup
-    config = config.model_copy(deep=True)
-    config.generation.max_question_crashes = 1  # one death with company, one alone: three engine starts
-    reference, *_ = killed_once
-    qs, poison = questions, questions[N]  # the poison question last: the others' batches are as in the reference
-    run = RunDir(tmp_path / "run")
-    assert run_probe(config, run, qs, engine_factory=KillEngineCore(poison.question)) == N + 1
-    row = next(r for r in run.read("trajectories").to_pylist() if r["qid"] == poison.qid)
-    assert row["stop_reason"] == "engine_crash"
-    assert "in flight at 2 engine or actor deaths" in row["error"] and "the vLLM engine is gone" in row["error"]
-    others = {r["qid"]: r["stop_reason"] for r in reference.read("trajectories").to_pylist()}
-    out = check_run("poison question", run, qs, 0.0, expect={**others, poison.qid: "engine_crash"})
-    assert out.passed, out
-    # the others equal a run without it: the same text and tokens, log-probabilities within LOGPROB_ATOL
-    assert same_results(run, reference, exclude={poison.qid}, logprob_atol=LOGPROB_ATOL) == []
+    # one death with company, one alone (max_question_crashes=1): three engine starts; the others equal
+    # the killed-once run (the same text and tokens, log-probabilities within LOGPROB_ATOL)
+    _, reference = killed_once
+    assert passed(cases.question_kills_its_vllm_engine(tmp_path, *setup, reference))
 
 
 def cmdline(process: psutil.Process) -> str:
@@ -122,7 +95,7 @@ def test_sigint_during_generation_stops_the_job_within_5_s_and_the_rerun_resumes
 
     ray.shutdown()  # the job starts its own local Ray
     config, _ = setup
-    reference, *_ = killed_once
+    _, reference = killed_once
     out = tmp_path / "run"
     # 3N questions in batches of two: the job is still generating when its first part lands
     cmd = [sys.executable, str(ROOT / "jobs" / "probe.py"), "--dataset", "hotpotqa", "--limit", str(3 * N), "--out", str(out),

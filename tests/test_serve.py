@@ -168,6 +168,104 @@ def test_every_path_returns_the_in_job_ids_and_scores(config, local, service):
     assert health["passages"] == N_PASSAGES and health["batches"] >= 2
 
 
+@pytest.mark.slow
+def test_corpus_calls_answer_as_the_in_job_actors(config, local, service):
+    """The features' corpus calls over the actors, the Serve handle and HTTP (in chunks) give the replica's answers."""
+    import urllib.error
+
+    import numpy as np
+
+    from raypipe.retrieval.store import tokenize
+    from raypipe.runtime.corpus_service import CorpusAnswers, HttpTransport, ReplicaTransport, ServeTransport
+    from raypipe.runtime.retrieval import launch_replicas
+    from raypipe.runtime.serve import ServeRetriever
+
+    docs = local.docs.get(range(0, N_PASSAGES, 3))
+    ids = [d.doc_id for d in docs][::-1]
+    terms = [*dict.fromkeys(tokenize(f"{docs[0].title} {docs[0].text} {docs[1].title}")), "zzzunseen"]
+    texts = [f"Who is {d.title}?" for d in docs[:6]]
+    mine = CorpusAnswers(local)
+    expected = (mine.corpus_info(), mine.doc_vectors(ids), mine.document_frequencies(terms), mine.encode_queries(texts))
+    assert expected[2] == [local.index_dir.stats.df(t) for t in terms] and expected[2][-1] == 0
+    actors = launch_replicas(config, local.index_dir.path)
+    try:
+        transports = {"actors": ReplicaTransport(actors), "serve": ServeTransport(ServeRetriever(config.retrieval.deployment)),
+                      "http": HttpTransport(HttpRetriever(service), chunk=4)}  # fmt: skip
+        got = {name: (t.corpus_info(), t.doc_vectors(ids), t.document_frequencies(terms, "plain"), t.encode_queries(texts))
+               for name, t in transports.items()}  # fmt: skip
+    finally:
+        actors.shutdown()
+    for name, (info, vectors, dfs, queries) in got.items():
+        assert info == expected[0] and info["n_docs"] == N_PASSAGES, name
+        assert vectors.dtype == np.float32 and np.array_equal(vectors, expected[1]), name  # exactly, JSON included
+        assert dfs == expected[2], name
+        np.testing.assert_allclose(queries, expected[3], rtol=0, atol=1e-6, err_msg=name)
+
+    # what an outside client sees: JSON lists of floats, and a clear 400 for an unknown passage
+    raw = get_json(f"{service}/raypipe/doc_vectors", {"doc_ids": ids[:2]})
+    assert raw["dimension"] == expected[1].shape[1] and raw["vectors"] == expected[1][:2].tolist()
+    assert get_json(f"{service}/raypipe/document_frequencies", {"terms": terms[:3]})["df"] == expected[2][:3]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        get_json(f"{service}/raypipe/doc_vectors", {"doc_ids": ["no-such-passage"]})
+    assert refused.value.code == 400 and "no-such-passage" in refused.value.read().decode()
+    assert get_json(f"{service}/health")["corpus_endpoints"] == "/raypipe"
+
+
+def features_run(path: Path, local: LocalRetriever) -> RunDir:
+    """A small run over the tiny index: 4 questions, each with a probe-only iteration and 2 searches."""
+    from raypipe.core.schema import STOP_ANSWER, conform
+
+    run = RunDir(path)
+    docs = local.docs.get(range(0, N_PASSAGES, 4))
+    iterations, trajectories = [], []
+    for q in range(4):
+        first, second = docs[q], docs[q + 4]
+        queries = [f"{first.title} {second.title}", f"what about {second.text[:40]}"]
+        rows = [{"qid": f"q{q}", "dataset": "toy", "iteration": 0, "query": None, "doc_ids": [], "doc_scores": [],
+                 "reasoning": f"I should look up {first.title}.", "probe_token_logprobs": [-0.1 * (q + 1)] * 5,
+                 "probe_f1": 0.0, "utility": None}]  # fmt: skip
+        for i, result in enumerate(local.search_batch(queries, 10), start=1):
+            rows.append({"qid": f"q{q}", "dataset": "toy", "iteration": i, "query": result.query,
+                         "doc_ids": [h.doc_id for h in result.hits], "doc_scores": [h.score for h in result.hits],
+                         "reasoning": f"Step {i}: {result.hits[0].title} is mentioned.",
+                         "probe_token_logprobs": [-0.3 / i] * 4, "probe_f1": 0.5 * i, "utility": 0.5})  # fmt: skip
+        for row in rows:
+            row.update(probe_answer="x", tokens_generated=5, probe_tokens=4)
+        iterations += rows
+        trajectories.append({"qid": f"q{q}", "dataset": "toy", "question": f"Who links {first.title} and {second.title}?",
+                             "golden_answers": ["x"], "final_answer": "x", "final_f1": 1.0, "n_iterations": 2,
+                             "stop_reason": STOP_ANSWER, "error": None, "tokens_generated": 15, "probe_tokens": 12,
+                             "wall_s": 1.0, "transcript": ""})  # fmt: skip
+    run.write_part("iterations", conform(iterations, "iterations"), "part-0")
+    run.write_part("trajectories", conform(trajectories, "trajectories"), "part-0")
+    return run
+
+
+@pytest.mark.slow
+def test_features_stage_through_the_deployment_equals_the_in_job_service(config, local, service, tmp_path):
+    """jobs/features.py's stage with its corpus and searches from the deployment, by name and by URL."""
+    from raypipe.core.schema import FEATURE_COLUMNS
+    from raypipe.features.synthetic import HashEncoder
+    from raypipe.stages.features import run_features
+
+    run = features_run(tmp_path / "run", local)
+    tables = {}
+    for backend in ("actors", "serve", "http"):
+        job = config.model_copy(update={"retrieval": config.retrieval.model_copy(update={"backend": backend, "url": service})})
+        assert run_features(run, job, sentence_factory=HashEncoder) == 12
+        tables[backend] = {(r["qid"], r["iteration"]): r for r in run.read("features").to_pylist()}
+    assert len(tables["actors"]) == 12
+    searched = [r for r in tables["actors"].values() if r["iteration"] > 0]
+    for name in ("nqc_seed", "a_pair_ratio", "dense_qpp", "rbo_question_3"):
+        assert all(r[name] is not None for r in searched), name
+    for backend in ("serve", "http"):
+        assert tables[backend].keys() == tables["actors"].keys()
+        for key, row in tables["actors"].items():
+            for name in FEATURE_COLUMNS:
+                expected = row[name] if row[name] is None else pytest.approx(row[name], rel=1e-6, abs=1e-9)
+                assert tables[backend][key][name] == expected, (backend, key, name)
+
+
 def titles_engine(config):
     """Each question searches for its own text once, then answers."""
 

@@ -101,7 +101,13 @@ class RetrievalConfig(StrictModel):
     max_wait_ms: float = Field(default=5.0, ge=0, description="How long a retrieval actor waits to fill a batch.")
     max_restarts: int = Field(default=-1, ge=-1, description="Ray restarts of a retrieval actor whose process died; -1: unlimited.")
     max_task_retries: int = Field(
-        default=3, ge=-1, description="Ray retries of a search whose actor died (searches are idempotent); -1: unlimited."
+        default=3, ge=-1, description="Retries of a search whose actor died (searches are idempotent); -1: unlimited."
+    )
+    max_query_crashes: int = Field(
+        default=2,
+        ge=1,
+        description="Replica deaths a query may be in flight for before it is searched alone; if it kills its "
+        "replica alone too, its search fails (retrieval_error) and it is not sent again (docs/reliability.md).",
     )
     encode_actors: int = Field(
         default=2, ge=1, description="Actor pool size for corpus encoding (2 x 1 thread beats 1 x 2 threads on 2 cores: docs/retrieval.md)."

@@ -1,8 +1,18 @@
-"""Coalescing concurrent searches into batched calls: what a retrieval replica runs in front of FAISS."""
+"""Coalescing concurrent searches into batched calls: what a retrieval replica runs in front of FAISS.
+
+A :class:`QueryBatcher` can also be *claimed* for one search alone (:meth:`QueryBatcher.claim`, then
+:meth:`QueryBatcher.search_alone`): the retrieval client sends a query that was in flight at several replica
+deaths that way (``retrieval.max_query_crashes``, :mod:`raypipe.runtime.retrieval`), so that if the replica
+dies again, nothing but that query ran on it. While a claim holds the batcher, ``search(...,
+refuse_when_claimed=True)`` (the client's path) raises :class:`ReplicaBusy` at once and a plain ``search``
+waits for the claim to end; the claim itself first waits for the batches already queued or running.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -10,6 +20,14 @@ from dataclasses import dataclass, field
 from raypipe.retrieval.types import SearchResult
 
 SearchFn = Callable[[list[str], int], list[SearchResult]]
+
+
+class ReplicaBusy(RuntimeError):
+    """The replica refused a search: it is held for a search alone. Nothing ran; send it elsewhere or later."""
+
+
+class ClaimLost(RuntimeError):
+    """A search alone came with a claim this replica does not hold (it restarted, or the claim lapsed)."""
 
 
 @dataclass
@@ -27,20 +45,38 @@ class QueryBatcher:
     not split) until the queue is empty; requests that arrive during a search form the next batch.
     Requests with different ``k`` are searched separately. ``search_fn`` runs on one worker thread,
     so the event loop keeps accepting requests meanwhile.
+
+    ``claim_hold_s``: how long a granted claim waits for its :meth:`search_alone` before it lapses (a
+    client that died after claiming does not hold the replica longer).
     """
 
-    def __init__(self, search_fn: SearchFn, max_batch_size: int = 64, max_wait_s: float = 0.005):
+    def __init__(self, search_fn: SearchFn, max_batch_size: int = 64, max_wait_s: float = 0.005,
+                 claim_hold_s: float = 10.0):
         self.search_fn = search_fn
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
+        self.claim_hold_s = claim_hold_s
         self._pending: list[_Request] = []
         self._queued = 0
         self._full: asyncio.Event | None = None
         self._drainer: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="search")
-        self.batches = 0  # search_fn calls made (for tests and stats)
+        self._claim: str | None = None  # the claim holding the batcher for a search alone
+        self._claim_ends = 0.0  # when it lapses (monotonic; inf while it waits for the batches before it)
+        self._claim_lock: asyncio.Lock | None = None  # claims are granted one at a time, in order
+        self._released: asyncio.Event | None = None  # set while no claim holds the batcher
+        self.batches = 0  # search_fn calls made for coalesced requests (for tests and stats)
+        self.alone = 0  # searches run alone under a claim
+        self.refused = 0  # requests refused while claimed
 
-    async def search(self, queries: Sequence[str], k: int) -> list[SearchResult]:
+    async def search(self, queries: Sequence[str], k: int, refuse_when_claimed: bool = False) -> list[SearchResult]:
+        """The results of ``queries``, searched with whatever other requests are waiting. While a claim holds
+        the batcher: raise :class:`ReplicaBusy` (``refuse_when_claimed``), else wait until it ends."""
+        while self.claimed:
+            if refuse_when_claimed:
+                self.refused += 1
+                raise ReplicaBusy("the retrieval replica is held for a search alone")
+            await self._wait_released()
         loop = asyncio.get_running_loop()
         if self._full is None:
             self._full = asyncio.Event()
@@ -52,6 +88,64 @@ class QueryBatcher:
         if self._drainer is None:
             self._drainer = asyncio.create_task(self._drain())
         return await request.future
+
+    @property
+    def claimed(self) -> bool:
+        return self._claim is not None and time.monotonic() < self._claim_ends
+
+    async def claim(self) -> str:
+        """Hold the batcher for one :meth:`search_alone`; returns its claim once nothing else runs.
+
+        Waits for an earlier claim to end, then refuses or holds back new requests and waits until the
+        batches already queued or running are done."""
+        if self._claim_lock is None:
+            self._claim_lock = asyncio.Lock()
+        async with self._claim_lock:
+            while self.claimed:
+                await self._wait_released()
+            self._claim, self._claim_ends = uuid.uuid4().hex, float("inf")
+            self._released_event().clear()
+            try:
+                while self._drainer is not None:
+                    await asyncio.wait([self._drainer])
+            except BaseException:  # cancelled while waiting: hold nothing
+                self._release()
+                raise
+            self._claim_ends = time.monotonic() + self.claim_hold_s
+            return self._claim
+
+    async def search_alone(self, claim: str, queries: Sequence[str], k: int) -> list[SearchResult]:
+        """Search ``queries`` by themselves under ``claim`` (from :meth:`claim`), then release it."""
+        if claim != self._claim or not self.claimed:
+            raise ClaimLost("this retrieval replica holds no such claim (it restarted, or the claim lapsed)")
+        self._claim_ends = float("inf")  # no lapse while it runs
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self._executor, self.search_fn, list(queries), k)
+        finally:
+            self._release()
+        self.alone += 1
+        return results
+
+    def _release(self) -> None:
+        self._claim = None
+        self._released_event().set()
+
+    def _released_event(self) -> asyncio.Event:
+        if self._released is None:
+            self._released = asyncio.Event()
+            self._released.set()
+        return self._released
+
+    async def _wait_released(self) -> None:
+        """Until the claim ends (its search is done, or it lapsed)."""
+        left = self._claim_ends - time.monotonic()
+        if left == float("inf"):
+            await self._released_event().wait()
+        elif left > 0:
+            try:
+                await asyncio.wait_for(self._released_event().wait(), left)
+            except asyncio.TimeoutError:
+                pass
 
     async def _drain(self) -> None:
         try:

@@ -6,32 +6,65 @@ exists (the probe job builds or reuses it with :func:`raypipe.stages.index.ensur
 until they have loaded, and returns a :class:`RetrievalClient`. The client is picklable (it holds actor
 handles), so it can be passed into generation actors and Ray tasks; its ``await search(queries, k)``
 goes to the replicas round robin. Each actor queues the requests it receives and runs them as one
-batch every ``max_wait_ms`` or as soon as ``max_batch_size`` queries are waiting. A replica whose process
-dies is restarted by Ray (``retrieval.max_restarts``) and the searches it was serving are sent again
-(``retrieval.max_task_retries``; a search has no side effects), so callers only see the delay.
+batch every ``max_wait_ms`` or as soon as ``max_batch_size`` queries are waiting.
+
+Replica deaths. A replica whose process dies is restarted by Ray (``retrieval.max_restarts``), and the
+client sends the searches it was serving again, up to ``retrieval.max_task_retries`` times each (a search
+has no side effects), so callers only see the delay. The client makes those retries itself, not Ray: it
+sends each search once (``try_search``, with Ray's retries off: one call when nothing dies), so that
+it sees every death. A query that kills the replica process (a crash in the encoder or
+FAISS on that input) would otherwise take down, retry after retry, every query coalesced with it, so:
+
+- Each :class:`RetrievalClient` counts, per query text, the replica deaths the query was in flight for
+  (every query of a send that failed with a Ray actor error), since it last succeeded. The count lives in
+  the client, and so in the process that sends the query (the generation actor whose trajectory asked
+  for it): it sees every death of its own sends, and nothing else needs one. A generation actor that
+  restarts starts with a new client and new counts; each query is still bounded, as below.
+- A query whose count reaches ``retrieval.max_query_crashes`` (default 2) is searched *alone*: the client
+  claims a replica (``claim``: the replica waits until its queued and running batches are done, and from
+  then on refuses every other request with ``ReplicaBusy``, which the client sends to the next replica or
+  again a moment later, uncharged), then sends that one query under the claim (``search_alone``), which
+  releases it. A death during ``search_alone`` is that query's alone; a death during ``claim`` is
+  nobody's (the claim is asked again). A claim whose search does not come within ``claim_hold_s`` lapses.
+- A query that kills its replica while alone fails that search with :class:`QueryCrashError` ("in flight
+  at 3 retrieval replica deaths, the last one alone ..."), which the agent loop writes as
+  ``retrieval_error``; the client never sends it again. The other queries of its batches were charged
+  the same deaths, so some run alone once and succeed: their results are the same as without it.
+- So a query that kills every replica it reaches costs ``max_query_crashes`` + 1 replica restarts, and an
+  innocent one coalesced with it ``max_query_crashes`` failed sends at most (then it runs alone). ``retrieval.max_task_retries``
+  still caps the failed sends of one search (deaths, claims lost); with ``max_task_retries=0`` (retries
+  off) a search is sent once and fails with Ray's error at the first death, and so does every query
+  coalesced with it (no isolation). ``-1``: no cap but isolation and ``UNLIMITED_RETRIES``.
+
+The corpus-side methods (:class:`~raypipe.runtime.corpus_service.CorpusMethods`, the features stage's) and
+the plain ``search`` (``ReplicaTransport``) keep Ray's retries (``retrieval.max_task_retries``) and are not
+counted; a plain ``search`` waits while the replica is claimed, and corpus calls are not held back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
-from functools import cached_property
 from pathlib import Path
 
-import numpy as np
-
 from raypipe.core.config import RunConfig
-from raypipe.retrieval.batcher import QueryBatcher
+from raypipe.retrieval.batcher import ClaimLost, QueryBatcher, ReplicaBusy
 from raypipe.retrieval.build import encoder_spec, search_params
 from raypipe.retrieval.encoders import EncoderSpec
 from raypipe.retrieval.http_client import HttpRetriever
 from raypipe.retrieval.index import IndexDir, SearchParams
-from raypipe.retrieval.searcher import LocalRetriever, StoredVectors
-from raypipe.retrieval.store import tokenize
+from raypipe.retrieval.searcher import LocalRetriever
 from raypipe.retrieval.types import Retriever, SearchResult
 from raypipe.runtime.cluster import current_node_id, init_ray
+from raypipe.runtime.corpus_service import CorpusMethods
+from raypipe.runtime.corpus_service import ServiceCorpus as ServiceCorpus  # the features' corpus, re-exported
 
 log = logging.getLogger(__name__)
+
+UNLIMITED_RETRIES = 100  # retrieval.max_task_retries=-1: failed sends of one search before it fails (a backstop)
+BUSY_TIMEOUT_S = 300.0  # a search refused by every replica (held for searches alone) this long fails
 
 
 def open_replica(index_path: str, spec: EncoderSpec, params: SearchParams, threads: int | None = None) -> LocalRetriever:
@@ -44,64 +77,169 @@ def open_replica(index_path: str, spec: EncoderSpec, params: SearchParams, threa
     return LocalRetriever.open(index_path, spec, params)
 
 
-class RetrievalActor:
-    """One replica: index + query encoder + doc store behind a :class:`QueryBatcher` (async actor)."""
+class RetrievalActor(CorpusMethods):
+    """One replica: index + query encoder + doc store behind a :class:`QueryBatcher` (async actor); its
+    corpus methods (:class:`~raypipe.runtime.corpus_service.CorpusMethods`) serve the features stage."""
 
     def __init__(self, index_path: str, spec: EncoderSpec, params: SearchParams, max_batch_size: int,
-                 max_wait_ms: float, threads: int | None = None):
+                 max_wait_ms: float, threads: int | None = None,
+                 search_fault: Callable[[list[str]], None] | None = None):
         self.retriever = open_replica(index_path, spec, params, threads)
-        self.batcher = QueryBatcher(self.retriever.search_batch, max_batch_size, max_wait_ms / 1000)
+        search_fn = self.retriever.search_batch
+        if search_fault is not None:  # a test's fault hook (raypipe/testing/faults.py), in the replica's process
+
+            def search_fn(queries: list[str], k: int, search=self.retriever.search_batch) -> list[SearchResult]:
+                search_fault(queries)
+                return search(queries, k)
+
+        self.batcher = QueryBatcher(search_fn, max_batch_size, max_wait_ms / 1000)
 
     async def ready(self) -> dict:
         return {"count": self.retriever.index.ntotal, "encoder": self.retriever.encoder.name, "node_id": current_node_id()}
 
     async def search(self, queries: list[str], k: int) -> list[SearchResult]:
+        """Coalesced with the other waiting requests; waits while the replica is claimed (Ray retries it)."""
         return await self.batcher.search(queries, k)
 
+    async def try_search(self, queries: list[str], k: int) -> list[SearchResult]:
+        """:class:`RetrievalClient`'s search (sent once): coalesced, or ``ReplicaBusy`` while claimed."""
+        return await self.batcher.search(queries, k, refuse_when_claimed=True)
+
+    async def claim(self) -> str:
+        """Hold the replica for one :meth:`search_alone`, once nothing else runs on it."""
+        return await self.batcher.claim()
+
+    async def search_alone(self, claim: str, queries: list[str], k: int) -> list[SearchResult]:
+        return await self.batcher.search_alone(claim, queries, k)
+
     async def stats(self) -> dict:
-        return {"batches": self.batcher.batches}
+        """Search calls made for coalesced requests, searches run alone, requests refused while claimed."""
+        return {"batches": self.batcher.batches, "alone": self.batcher.alone, "refused": self.batcher.refused}
 
-    # What the features stage needs from the index, so that it loads no index of its own.
 
-    async def corpus_info(self) -> dict:
-        """``n_docs`` (the statistics' passage count) and the vector dimension."""
-        return {"n_docs": int(self.corpus_stats.n_docs), "dimension": int(self.retriever.index.d)}
+class QueryCrashError(RuntimeError):
+    """A query killed a retrieval replica even when it ran alone on it: its search fails, and the client
+    does not send it again."""
 
-    async def doc_vectors(self, doc_ids: list[str]):
-        """The stored vectors of passage ids, one float32 row per id, in order (KeyError if one is unknown)."""
-        return self.vector_reader.doc_vectors(doc_ids)
 
-    async def document_frequencies(self, terms: list[str]) -> list[int]:
-        """Passages containing each (already tokenised) term; 0 for an unknown term."""
-        return [self.corpus_stats.df(t) for t in terms]
+class _Attempts:
+    """What one search may still spend: failed sends (``retrieval.max_task_retries``) and refusals."""
 
-    async def encode_queries(self, texts: list[str]):
-        return self.retriever.encoder.encode_queries(list(texts))
+    def __init__(self, retries: int, replicas: int):
+        self.left = retries if retries >= 0 else UNLIMITED_RETRIES
+        self.replicas, self.refusals, self.busy_since = replicas, 0, 0.0
 
-    @cached_property
-    def corpus_stats(self):
-        return self.retriever.index_dir.stats
+    def failed(self, error: BaseException) -> None:
+        """A send failed (a replica death, a lost claim): raise ``error`` when no resend is left."""
+        self.left -= 1
+        if self.left < 0:
+            raise error
 
-    @cached_property
-    def vector_reader(self):
-        return StoredVectors(self.retriever)
+    async def refused(self) -> None:
+        """A replica refused (held for a search alone): after each round of the replicas, wait a little."""
+        self.refusals += 1
+        if self.refusals == 1:
+            self.busy_since = time.monotonic()
+        if self.refusals % self.replicas == 0:
+            if time.monotonic() - self.busy_since > BUSY_TIMEOUT_S:
+                raise ReplicaBusy(f"every retrieval replica refused this search for {BUSY_TIMEOUT_S:.0f} s")
+            await asyncio.sleep(min(0.2, 0.005 * 2 ** min(self.refusals // self.replicas, 6)))
 
 
 class RetrievalClient:
-    """Implements the ``Retriever`` protocol over replica actors (round robin). Picklable."""
+    """Implements the ``Retriever`` protocol over replica actors (round robin), resending a search whose
+    replica died and searching alone a query in flight at ``max_query_crashes`` deaths (module docstring).
+    Picklable; each copy keeps its own counts."""
 
-    def __init__(self, actors: Sequence, index_path: str | Path, node_ids: Sequence[str | None] = ()):
+    def __init__(self, actors: Sequence, index_path: str | Path, node_ids: Sequence[str | None] = (),
+                 max_task_retries: int = 3, max_query_crashes: int = 2):
         if not actors:
             raise ValueError("a retrieval client needs at least one actor")
         self.actors = list(actors)
         self.index_path = str(index_path)
         self.node_ids = list(node_ids)  # where each replica was placed
+        self.max_task_retries, self.max_query_crashes = max_task_retries, max_query_crashes
         self._next = 0
+        self._deaths: dict[str, int] = {}  # query -> replica deaths it was in flight for since it last succeeded
+        self._killers: dict[str, str] = {}  # query -> why it is not sent again (it killed a replica alone)
 
-    async def search(self, queries: Sequence[str], k: int) -> list[SearchResult]:
+    def _actor(self):
         actor = self.actors[self._next % len(self.actors)]
         self._next += 1
-        return await actor.search.remote(list(queries), k)
+        return actor
+
+    async def search(self, queries: Sequence[str], k: int) -> list[SearchResult]:
+        from ray.exceptions import RayActorError
+
+        queries = list(queries)
+        if self.max_task_retries == 0:  # retries off: one send, its failure is the search's
+            return await self._actor().try_search.options(max_task_retries=0).remote(queries, k)
+        failure = None
+        if not (self._deaths and any(q in self._deaths for q in queries)):
+            try:  # the normal path: one call, as many round trips as without any of this
+                return await self._actor().try_search.options(max_task_retries=0).remote(queries, k)
+            except (RayActorError, ReplicaBusy) as exc:
+                failure = exc
+        return await self._recover(queries, k, failure)
+
+    async def _recover(self, queries: list[str], k: int, failure: BaseException | None) -> list[SearchResult]:
+        """After a failed send (``failure``), or for queries charged with deaths before: send again, charging
+        each query of a failed send with a death; a query at ``max_query_crashes`` goes alone."""
+        from ray.exceptions import RayActorError
+
+        attempts = _Attempts(self.max_task_retries, len(self.actors))
+        results: dict[int, SearchResult] = {}
+        together = list(range(len(queries)))  # the queries still sent as one call
+        while True:
+            if isinstance(failure, ReplicaBusy):
+                await attempts.refused()
+            elif failure is not None:
+                for query in dict.fromkeys(queries[i] for i in together):
+                    self._deaths[query] = self._deaths.get(query, 0) + 1
+                attempts.failed(failure)
+            failure = None
+            alone = {i for i in together if self._deaths.get(queries[i], 0) >= self.max_query_crashes}
+            for i in sorted(alone):
+                results[i] = await self._search_alone(queries[i], k, attempts)
+            together = [i for i in together if i not in alone]
+            if not together:
+                break
+            try:
+                found = await self._actor().try_search.options(max_task_retries=0).remote([queries[i] for i in together], k)
+            except (RayActorError, ReplicaBusy) as exc:
+                failure = exc
+                continue
+            results.update(zip(together, found))
+            break
+        for query in queries:
+            self._deaths.pop(query, None)
+        return [results[i] for i in range(len(queries))]
+
+    async def _search_alone(self, query: str, k: int, attempts: _Attempts) -> SearchResult:
+        """``query`` by itself on a claimed replica; :class:`QueryCrashError` if the replica dies under it."""
+        from ray.exceptions import RayActorError
+
+        if query in self._killers:
+            raise QueryCrashError(self._killers[query])
+        while True:
+            actor = self._actor()
+            try:
+                claim = await actor.claim.options(max_task_retries=0).remote()
+            except RayActorError as exc:  # it died clearing the way: nothing of this query ran there
+                attempts.failed(exc)
+                continue
+            try:
+                return (await actor.search_alone.options(max_task_retries=0).remote(claim, [query], k))[0]
+            except ClaimLost as exc:
+                attempts.failed(exc)
+            except RayActorError as exc:
+                deaths = self._deaths[query] = self._deaths.get(query, 0) + 1
+                self._killers[query] = (
+                    f"in flight at {deaths} retrieval replica deaths, the last one alone "
+                    f"(retrieval.max_query_crashes={self.max_query_crashes}); last error: {type(exc).__name__}: {exc}"
+                )
+                log.warning("query %r killed its retrieval replica while searched alone: not sent again", query)
+                raise QueryCrashError(self._killers[query]) from exc
 
     def shutdown(self) -> None:
         import ray
@@ -110,52 +248,12 @@ class RetrievalClient:
             ray.kill(actor)
 
 
-class ServiceCorpus:
-    """The features' ``CorpusResources`` answered by the retrieval service's replicas (batched calls, round
-    robin), so a features actor holds no index: document vectors, document frequencies (fetched for a
-    whole batch's terms with :meth:`prefetch_terms`), the query encoder and the question's own list."""
+def launch_replicas(config: RunConfig, index_path: str | Path,
+                    search_fault: Callable[[list[str]], None] | None = None) -> RetrievalClient:
+    """Start the replica actors for an existing index and wait until each has loaded it.
 
-    def __init__(self, client: RetrievalClient):
-        import ray
-
-        self._ray = ray
-        self.client = client
-        self._next = 0
-        self.num_docs = int(self._call("corpus_info")["n_docs"])
-        self._df: dict[str, int] = {}
-
-    def _call(self, method: str, *args):
-        actor = self.client.actors[self._next % len(self.client.actors)]
-        self._next += 1
-        return self._ray.get(getattr(actor, method).remote(*args))
-
-    def terms(self, text: str) -> list[str]:
-        return tokenize(text)
-
-    def prefetch_terms(self, terms: Sequence[str]) -> None:
-        """Fetch the document frequencies of ``terms`` (those not fetched before) in one call."""
-        wanted = list(dict.fromkeys(t for t in terms if t not in self._df))
-        if wanted:
-            self._df.update(zip(wanted, self._call("document_frequencies", wanted)))
-
-    def document_frequency(self, term: str) -> int:
-        if term not in self._df:
-            self._df[term] = self._call("document_frequencies", [term])[0]
-        return self._df[term]
-
-    def doc_vectors(self, doc_ids: Sequence[str]) -> np.ndarray:
-        return np.asarray(self._call("doc_vectors", list(doc_ids)), dtype=np.float32)
-
-    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return np.asarray(self._call("encode_queries", list(texts)), dtype=np.float32)
-
-    def search(self, texts: Sequence[str], k: int) -> list[list[str]]:
-        results = self._call("search", list(texts), k)
-        return [[hit.doc_id for hit in result.hits] for result in results]
-
-
-def launch_replicas(config: RunConfig, index_path: str | Path) -> RetrievalClient:
-    """Start the replica actors for an existing index and wait until each has loaded it."""
+    ``search_fault`` (tests only): a picklable callable each replica calls, in its own process, with the
+    queries of every search it runs (``raypipe.testing.faults.PoisonQuery``)."""
     import ray
 
     cfg = config.retrieval
@@ -167,19 +265,21 @@ def launch_replicas(config: RunConfig, index_path: str | Path) -> RetrievalClien
     )
     actors = [
         actor_cls.remote(str(index_path), spec, search_params(cfg), cfg.max_batch_size, cfg.max_wait_ms,
-                         cfg.search_threads)
+                         cfg.search_threads, search_fault)
         for _ in range(cfg.replicas)
     ]
     info = ray.get([a.ready.remote() for a in actors])
     log.info("retrieval service: %d replica(s) over %d passages (%s)", len(actors), info[0]["count"],
              info[0]["encoder"])
-    return RetrievalClient(actors, index_path, [i["node_id"] for i in info])
+    return RetrievalClient(actors, index_path, [i["node_id"] for i in info], cfg.max_task_retries,
+                           cfg.max_query_crashes)
 
 
-def start_retrieval_service(config: RunConfig, index_path: str | Path) -> RetrievalClient:
+def start_retrieval_service(config: RunConfig, index_path: str | Path,
+                            search_fault: Callable[[list[str]], None] | None = None) -> RetrievalClient:
     """Join or start Ray, launch the replicas over the index at ``index_path``, and return their client."""
     init_ray(config)
-    return launch_replicas(config, index_path)
+    return launch_replicas(config, index_path, search_fault)
 
 
 def open_retrieval(config: RunConfig, ensure_index: Callable[[RunConfig], Path]) -> Retriever:

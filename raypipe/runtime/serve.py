@@ -9,6 +9,9 @@ HTTP proxy at ``http://HOST:PORT``:
 - ``POST /retrieve``: Search-R1's request and response (``raypipe.retrieval.http_client``); a missing or
   zero ``topk`` falls back to ``retrieval.top_k`` or 3, as Search-R1's server falls back to its ``--topk``.
 - ``GET /health``: status, passages, encoder, index path, and the replica's batch count.
+- raypipe's own corpus endpoints under ``/raypipe`` (:mod:`raypipe.runtime.corpus_service`: passage
+  vectors, document frequencies per lexicon, query vectors, the corpus size), which the features stage
+  needs besides searches; the same calls as handle methods. Search-R1's API has no such calls.
 
 Concurrent requests (HTTP or handle) are coalesced by Serve's request batching (``@serve.batch``): up to
 ``retrieval.max_batch_size`` requests, waiting at most ``retrieval.max_wait_ms``, become one search call
@@ -24,7 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ray import serve
 from ray.serve.exceptions import RayServeException
@@ -35,6 +39,7 @@ from raypipe.retrieval.encoders import EncoderSpec
 from raypipe.retrieval.http_client import RetrievalServerError, retrieve_response
 from raypipe.retrieval.index import IndexDir, SearchParams
 from raypipe.retrieval.types import SearchResult
+from raypipe.runtime.corpus_service import PREFIX, CorpusMethods
 from raypipe.runtime.retrieval import open_replica
 
 DEFAULT_TOPK = 3  # Search-R1's retrieval_server.py --topk default, used when neither the request nor retrieval.top_k sets it
@@ -50,10 +55,31 @@ class QueryRequest(BaseModel):
     return_scores: bool = False
 
 
+class DocVectorsRequest(BaseModel):
+    doc_ids: list[str]
+
+
+class FrequenciesRequest(BaseModel):
+    terms: list[str]
+    lexicon: str = "plain"
+
+
+class EncodeRequest(BaseModel):
+    texts: list[str]
+
+
+def vectors_response(vectors) -> JSONResponse:
+    """Float32 rows as JSON lists of floats (exact: a float32 is a double, and JSON keeps doubles), built
+    directly rather than through FastAPI's per-element encoder."""
+    return JSONResponse({"vectors": vectors.tolist(), "dimension": int(vectors.shape[1])})
+
+
 @serve.deployment
 @serve.ingress(api)
-class RetrievalDeployment:
-    """One replica: the searcher of an in-job retrieval actor, fed by Serve's request batching."""
+class RetrievalDeployment(CorpusMethods):
+    """One replica: the searcher of an in-job retrieval actor, fed by Serve's request batching, and its
+    corpus methods (handle calls ``corpus_info``, ``doc_vectors``, ``document_frequencies``,
+    ``encode_queries``; HTTP under ``/raypipe``)."""
 
     def __init__(self, index_path: str, spec: EncoderSpec, params: SearchParams, threads: int | None,
                  max_batch_size: int, max_wait_ms: float, default_topk: int):
@@ -78,7 +104,30 @@ class RetrievalDeployment:
             "index": self.index_path,
             "replica": serve.get_replica_context().replica_id.unique_id,
             "batches": self.batches,
+            "corpus_endpoints": PREFIX,
         }
+
+    @api.get(f"{PREFIX}/corpus_info")
+    async def corpus_info_endpoint(self) -> dict[str, Any]:
+        return await self.corpus_info()
+
+    @api.post(f"{PREFIX}/doc_vectors")
+    async def doc_vectors_endpoint(self, request: DocVectorsRequest) -> JSONResponse:
+        try:
+            return vectors_response(await self.doc_vectors(request.doc_ids))
+        except KeyError as exc:
+            raise HTTPException(status_code=400, detail=f"unknown passage id: {exc}") from None
+
+    @api.post(f"{PREFIX}/document_frequencies")
+    async def document_frequencies_endpoint(self, request: FrequenciesRequest) -> dict[str, Any]:
+        try:
+            return {"df": await self.document_frequencies(request.terms, request.lexicon)}
+        except (LookupError, ValueError, NotImplementedError) as exc:  # an unknown lexicon, or one this index lacks
+            raise HTTPException(status_code=400, detail=f"{type(exc).__name__}: {exc}") from None
+
+    @api.post(f"{PREFIX}/encode_queries")
+    async def encode_queries_endpoint(self, request: EncodeRequest) -> JSONResponse:
+        return vectors_response(await self.encode_queries(request.texts))
 
     async def search(self, queries: Sequence[str], k: int) -> list[SearchResult]:
         """The ``Retriever`` call for Serve handles (:class:`ServeRetriever`)."""

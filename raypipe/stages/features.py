@@ -5,8 +5,11 @@ Two steps, so that a trajectory never straddles two calls however the input file
 one row, then ``map_batches(FeatureStage)`` on an actor pool (each actor holding the sentence encoder,
 :mod:`raypipe.features.resources`) computes a batch of trajectories with one encoder call per kind
 (:func:`raypipe.features.extract.extract_many`, the pure core). Document vectors, document frequencies,
-query vectors and the question's own list come from the retrieval service's replicas in batched calls
-(:class:`raypipe.runtime.retrieval.ServiceCorpus`): no features actor loads an index.
+query vectors and the question's own list come from the retrieval service in batched calls
+(:class:`raypipe.runtime.corpus_service.ServiceCorpus`): no features actor loads an index. The service is
+``retrieval.backend``'s: replicas started for the job over the run's index (``actors``), or the
+``raypipe serve-retrieval`` deployment by name (``serve``) or by URL (``http``); a plain Search-R1
+server cannot give vectors or frequencies, and the stage then stops at start saying so.
 """
 
 from __future__ import annotations
@@ -20,18 +23,19 @@ from functools import partial
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raypipe.core.config import FeaturesConfig, RunConfig
+from raypipe.core.config import ConfigError, FeaturesConfig, RunConfig
 from raypipe.core.jobargs import job_parser, run_config_from_args, setup_logging
 from raypipe.core.progress import Progress
 from raypipe.core.rundir import RunDir, RunDirError
 from raypipe.core.schema import FEATURES, ITERATIONS, conform
 from raypipe.features.correlation import correlation_table, format_table, write_csv
-from raypipe.features.extract import extract_many
-from raypipe.features.qpp import seed_query_terms
+from raypipe.features.extract import extract_many, idf_lookup
 from raypipe.features.resources import CorpusResources, SbertEncoder, SentenceEncoder
 from raypipe.retrieval.build import index_dir_for
+from raypipe.retrieval.http_client import RetrievalServerError
 from raypipe.runtime.cluster import init_ray, route_ray_data_logs
-from raypipe.runtime.retrieval import ServiceCorpus, launch_replicas
+from raypipe.runtime.corpus_service import ServiceCorpus, corpus_transport
+from raypipe.runtime.retrieval import open_retrieval
 
 log = logging.getLogger(__name__)
 
@@ -72,18 +76,18 @@ class FeatureStage:
         trajectories = batch.column("rows").to_pylist()
         prefetch = getattr(self.corpus, "prefetch_terms", None)  # a remote corpus: one call for the batch's terms
         if prefetch is not None:
-            prefetch([t for rows in trajectories for row in rows for t in self._query_terms(row["query"] or "")])
+            settings = self.settings or FeaturesConfig()
+            by_lexicon: dict[str, list[str]] = {}
+            for query in dict.fromkeys(row["query"] or "" for rows in trajectories for row in rows):
+                terms, lexicon = idf_lookup(query, self.corpus, settings)  # what the extractor will look up
+                by_lexicon.setdefault(lexicon, []).extend(terms)
+            for lexicon, terms in by_lexicon.items():
+                prefetch(terms, lexicon)
         pairs = [(rows, self.questions.get(rows[0]["qid"])) for rows in trajectories]
         out = [row for rows in extract_many(pairs, self.corpus, self.sentences, self.settings) for row in rows]
         self.rows += len(out)
         self.progress.advance(len(trajectories), f"{self.rows} rows, {self.progress.rate(self.rows):.1f} rows/s")
         return conform(out, "features")
-
-
-    def _query_terms(self, query: str) -> list[str]:
-        """The terms the extractor looks up for a query's IDF (as :func:`raypipe.features.extract._qpp`)."""
-        seed = (self.settings or FeaturesConfig()).nqc_idf == "seed"
-        return seed_query_terms(query) if seed else self.corpus.terms(query)
 
 
 def run_features(
@@ -94,19 +98,40 @@ def run_features(
 ) -> int:
     """Compute RUN_DIR/features/ from RUN_DIR/iterations/ (replacing an earlier features table); returns rows.
 
-    ``corpus_factory`` defaults to the retrieval service over the run's index (``retrieval.replicas``
-    actors, started here and stopped at the end), ``sentence_factory`` to the configured sentence model;
-    tests pass fakes. Needs a running Ray.
+    ``corpus_factory`` defaults to ``retrieval.backend``'s service (:func:`open_corpus_service`),
+    ``sentence_factory`` to the configured sentence model; tests pass fakes. Needs a running Ray.
     """
     service = None
     if corpus_factory is None:
-        service = launch_replicas(config, index_dir_for(config))
-        corpus_factory = partial(ServiceCorpus, service)
+        service, corpus_factory = open_corpus_service(config)
     try:
         return _run_features(run, config, corpus_factory, sentence_factory)
     finally:
         if service is not None:
             service.shutdown()
+
+
+def open_corpus_service(config: RunConfig):
+    """The retrieval service for ``retrieval.backend`` (replicas started here over the run's existing
+    index, or the shared deployment by name or URL) and a factory of :class:`ServiceCorpus` over it.
+
+    The service is asked for its corpus here, in the driver, so that one without the corpus calls (a
+    plain Search-R1 server) or without the lexicon the IDF needs stops the stage before any actor
+    starts, with the reason and what to do.
+    """
+    service = open_retrieval(config, index_dir_for)
+    try:
+        transport = corpus_transport(service)
+        corpus = ServiceCorpus(transport)
+        corpus.prefetch_terms(["the"], idf_lookup("the", corpus, config.features)[1])  # the IDF's lexicon is there
+        info = corpus.info
+        shared = hasattr(service, "describe")  # a deployment: where, and what it reports
+        where = service.describe() if shared else {"backend": "actors", "index": service.index_path}
+        log.info("features: retrieval service %s; corpus %s", where, info)
+    except BaseException:
+        service.shutdown()
+        raise
+    return service, partial(ServiceCorpus, transport)
 
 
 def _run_features(run: RunDir, config: RunConfig, corpus_factory: Callable[[], CorpusResources],
@@ -172,7 +197,9 @@ DESCRIPTION = """Trajectory signals (QPP, RBO, SBERT similarity, probe confidenc
 
 Reads RUN_DIR/iterations/ and RUN_DIR/trajectories/, groups the iterations by trajectory and runs the
 signal extractor on a Ray Data actor pool (each actor holds the sentence encoder; the index's vectors,
-statistics and searches come from retrieval service replicas started for the job). Writes
+statistics and searches come from the retrieval service of retrieval.backend: replicas started for the
+job over the run's index (actors), or a running `raypipe serve-retrieval` deployment by name (serve) or
+URL (http; a plain Search-R1 server lacks the vectors and statistics and is refused)). Writes
 RUN_DIR/features/ (one row per qid x iteration; columns: raypipe.core.schema.FEATURES), then prints each signal's Pearson r with P_i and U_i and saves that table as RUN_DIR/feature_correlations.csv.
 The run's own config.yaml is the base configuration (its retrieval index) unless --config names another.
 """
@@ -192,7 +219,7 @@ def main() -> None:
     route_ray_data_logs(run.path / "logs")
     try:
         rows = run_features(run, config)
-    except RunDirError as exc:
+    except (RunDirError, RetrievalServerError, ConfigError) as exc:
         raise SystemExit(f"error: {exc}") from None
     finally:
         ray.shutdown()

@@ -1,8 +1,8 @@
 """The serve-retrieval job: the retrieval index as a shared Ray Serve deployment speaking Search-R1's HTTP API,
 up until SIGINT/SIGTERM (``raypipe serve-retrieval``, ``python jobs/serve.py``).
 
-The deployment is :mod:`raypipe.runtime.serve`; jobs reach it by URL (``retrieval.backend: http``) or, on
-the same Ray cluster, by name (``retrieval.backend: serve``).
+The deployment is :mod:`raypipe.runtime.serve`; jobs (the probe and the features stages) reach it by URL
+(``retrieval.backend: http``) or, on the same Ray cluster, by name (``retrieval.backend: serve``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ retrieval.deployment with retrieval.replicas replicas (retrieval.num_cpus / num_
 FAISS as retrieval.faiss_gpu says; Serve's request batching up to retrieval.max_batch_size requests,
 retrieval.max_wait_ms), prints the URL once every replica is ready, and serves until SIGINT or SIGTERM,
 then deletes the deployment. Point jobs at it with --set retrieval.backend=http --set retrieval.url=URL,
-or on the same Ray cluster (ray.address) with --set retrieval.backend=serve.
+or on the same Ray cluster (ray.address) with --set retrieval.backend=serve. Besides Search-R1's API it
+answers raypipe's corpus calls under /raypipe/ (passage vectors, document frequencies, query vectors),
+which `raypipe features` needs and a plain Search-R1 server lacks.
 """
 
 log = logging.getLogger(__name__)

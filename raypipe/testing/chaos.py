@@ -27,7 +27,7 @@ from raypipe.core.config import RunConfig, StopRagConfig, TrainConfig, load_conf
 from raypipe.core.models import ModelNotFoundError
 from raypipe.core.rundir import PARTIAL_SUFFIX, RunDir
 from raypipe.core.schema import SCHEDULING_COLUMNS, STOP_ENGINE_CRASH, STOP_RETRIEVAL_ERROR
-from raypipe.data.loaders import BUNDLED_CORPUS, DataError, Question
+from raypipe.data.loaders import BUNDLED_CORPUS, DataError, Question, load_questions
 from raypipe.retrieval import IndexMismatchError
 from raypipe.runtime.retrieval import start_retrieval_service
 from raypipe.stages.index import ensure_index
@@ -35,7 +35,14 @@ from raypipe.stages.probe import run_probe
 from raypipe.testing import fakes as agent_fakes
 from raypipe.testing import faults
 from raypipe.testing.fakes import FakeRetriever
-from raypipe.testing.faults import FailTrainingOnce, KillReplicaInFlight, KillReplicaOnce, ScriptedAgents
+from raypipe.testing.faults import (
+    FailTrainingOnce,
+    KillEngineCore,
+    KillReplicaInFlight,
+    KillReplicaOnce,
+    PoisonQuery,
+    ScriptedAgents,
+)
 
 JOB_MODULE = "raypipe.testing.chaos_job"  # the driver-interrupt case runs it with python -m
 N_QUESTIONS = 12
@@ -184,6 +191,82 @@ def question_kills_every_time(work: Path, reference: RunDir, how: str) -> Outcom
     return out
 
 
+# ---------------------------------------------------------------- the real vLLM engine (tests/test_engine_death.py)
+
+VLLM_QUESTIONS = 4  # two batches of two
+VLLM_SETTINGS = ["agent.max_turns=2", "agent.max_new_tokens=48", "agent.probe_max_tokens=16", "agent.enforcement=none",
+                 "generation.batch_size=2", "generation.batches_per_actor=1", "ray.num_cpus=2"]
+# bfloat16: a probe prefilled from the prefix cache or in another batch moved a log-probability by 0.0018
+LOGPROB_ATOL = 0.01
+
+
+def paragraph_corpus(path: Path, datasets: tuple[str, ...], limit: int) -> Path:
+    """A corpus of just the paragraphs of those questions (indexed in seconds), written to ``path``."""
+    wanted = {pid for d in datasets for q in load_questions(d, limit=limit) for pid in q.extra["paragraph_ids"]}
+    with BUNDLED_CORPUS.open() as src, path.open("w") as dst:
+        dst.writelines(line for line in src if json.loads(line)["id"] in wanted)
+    return path
+
+
+def vllm_setup(corpus: Path) -> tuple[RunConfig, list[Question]]:
+    """The embedded config (real vLLM) over ``corpus`` with short turns, and the first VLLM_QUESTIONS + 1
+    HotpotQA questions (the last one is the poison question's)."""
+    return load_config("embedded", [*VLLM_SETTINGS, f"data.corpus={corpus}"]), load_questions("hotpotqa", limit=VLLM_QUESTIONS + 1)
+
+
+def engine_core_killed(work: Path, config: RunConfig, qs: list[Question]) -> tuple[Outcome, RunDir]:
+    """The real EngineCore process SIGKILLed when the third question's first turn is sent (as an OOM kill
+    would): the generation actor exits, Ray restarts it, and the batch reruns. Every question has its
+    normal row (no ``engine_error``, no ``engine_crash``), none twice. Returns the run too: the reference
+    of :func:`question_kills_its_vllm_engine`."""
+    import psutil
+
+    started, qs, marker = time.monotonic(), qs[:VLLM_QUESTIONS], work / "killed"
+    run = RunDir(work / "run")
+    written = run_probe(config, run, qs, engine_factory=KillEngineCore(qs[2].question, marker))
+    normal = {r["qid"]: r["stop_reason"] for r in run.read("trajectories").to_pylist()} if run.has("trajectories") else {}
+    out = check_run("engine SIGKILL mid-batch (vLLM)", run, qs, started, expect=normal)
+    if not marker.exists():
+        return _fired(out, marker), run
+    killed = [int(pid) for pid in marker.read_text().split()]
+    alive = [pid for pid in killed if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    if not killed or alive:
+        out.problems.append(f"EngineCore processes killed {killed}, still running {alive}")
+    if written != len(qs):
+        out.problems.append(f"{written} rows written, expected {len(qs)}")
+    if set(normal.values()) & {"engine_error", STOP_ENGINE_CRASH}:
+        out.problems.append(f"rows marked as engine failures: {normal}")
+    errors = [e for e in run.read("trajectories").column("error").to_pylist() if e]  # no_valid_action has one
+    if [e for e in errors if "EngineDead" in e or "engine is gone" in e]:
+        out.problems.append(f"a row carries the engine's death: {errors}")
+    out.note = f"EngineCore {' '.join(map(str, killed))} killed; its batch rerun on a new engine"
+    return out, run
+
+
+def question_kills_its_vllm_engine(work: Path, config: RunConfig, qs: list[Question], reference: RunDir) -> Outcome:
+    """A question whose every run SIGKILLs its real EngineCore, after the others (so their batches are as in
+    ``reference``, :func:`engine_core_killed`'s run): with ``generation.max_question_crashes=1`` it dies
+    once with company and once alone (three engine starts), then is written ``engine_crash``; the others
+    equal the reference (the same text and tokens, log-probabilities within LOGPROB_ATOL)."""
+    started = time.monotonic()
+    config = config.model_copy(deep=True)
+    config.generation.max_question_crashes = 1
+    poison = qs[VLLM_QUESTIONS]
+    run = RunDir(work / "run")
+    written = run_probe(config, run, qs, engine_factory=KillEngineCore(poison.question))
+    others = {r["qid"]: r["stop_reason"] for r in reference.read("trajectories").to_pylist()}
+    out = check_run("question kills its engine every time (vLLM)", run, qs, started,
+                    expect={**others, poison.qid: STOP_ENGINE_CRASH})
+    if written != len(qs):
+        out.problems.append(f"{written} rows written, expected {len(qs)}")
+    error = next((r["error"] for r in run.read("trajectories").to_pylist() if r["qid"] == poison.qid), None) or ""
+    if "in flight at 2 engine or actor deaths" not in error or "the vLLM engine is gone" not in error:
+        out.problems.append(f"engine_crash error {error!r}")
+    out.problems += same_results(run, reference, exclude={poison.qid}, logprob_atol=LOGPROB_ATOL)
+    out.note = f"2 engine deaths, then {poison.qid} written {STOP_ENGINE_CRASH}; the others equal the reference"
+    return out
+
+
 def index_config(work: Path) -> RunConfig:
     """CONFIG over a tiny corpus (the bundled corpus's first passages) with its index built in ``work``."""
     corpus = work / "corpus.jsonl"
@@ -210,20 +293,19 @@ def retrieval_actor_killed(work: Path, config: RunConfig) -> Outcome:
 
 
 RESTARTING = "The actor is restarting"  # Ray's ActorUnavailableError for a call to a replica being restarted
-REPLICA_KILLS = {  # name: (kill once (else at every search of the question), retrieval.max_task_retries, its row)
-    "retried": (True, 3, "answer"),
-    "retries off": (True, 0, STOP_RETRIEVAL_ERROR),
-    "every time": (False, 3, STOP_RETRIEVAL_ERROR),
+REPLICA_KILLS = {  # name: (retrieval.max_task_retries, the row of the question whose search was in flight)
+    "retried": (3, "answer"),
+    "retries off": (0, STOP_RETRIEVAL_ERROR),
 }
 
 
 def retrieval_replica_killed_in_flight(work: Path, config: RunConfig, kind: str) -> Outcome:
-    """The replica is SIGKILLed while a search waits in it (its batcher holds it ``max_wait_ms``). Ray
-    restarts the replica; the search is sent again up to ``retrieval.max_task_retries`` times, so it
-    succeeds (``retried``), or its row ends ``retrieval_error`` (``retries off``; ``every time``: a query
-    that kills every replica it reaches costs 1 + max_task_retries restarts). One question at a time, so
-    no other search is in flight at a kill."""
-    once, retries, reason = REPLICA_KILLS[kind]
+    """The replica is SIGKILLed once while a search waits in it (its batcher holds it ``max_wait_ms``). Ray
+    restarts the replica; the client sends the search again (``retried``), or with
+    ``retrieval.max_task_retries=0`` its row ends ``retrieval_error`` (``retries off``). One question at a
+    time, so no other search is in flight at the kill. A query that kills every replica it reaches is
+    :func:`poison_retrieval_query`."""
+    retries, reason = REPLICA_KILLS[kind]
     started, qs, marker = time.monotonic(), questions(6), work / "retrieval.fired"
     config = config.model_copy(deep=True)
     config.retrieval.max_wait_ms, config.retrieval.max_task_retries = 400.0, retries
@@ -231,7 +313,7 @@ def retrieval_replica_killed_in_flight(work: Path, config: RunConfig, kind: str)
     run = RunDir(work / "run")
     client = start_retrieval_service(config, ensure_index(config, use_ray=False))
     try:
-        killer = KillReplicaInFlight(client, qs[3].question, marker if once else None)
+        killer = KillReplicaInFlight(client, qs[3].question, marker)
         run_probe(config, run, qs, retriever=killer, engine_factory=ScriptedAgents())
     finally:
         client.shutdown()
@@ -245,7 +327,77 @@ def retrieval_replica_killed_in_flight(work: Path, config: RunConfig, kind: str)
         error = next(r["error"] for r in run.read("trajectories").to_pylist() if r["qid"] == qs[3].qid) or ""
         if "Actor" not in error:  # ActorDiedError / ActorUnavailableError: what Ray says of a dead replica
             out.problems.append(f"retrieval_error row without the replica's death: {error!r}")
-    return _fired(out, marker) if once else out
+    return _fired(out, marker)
+
+
+POISON_QUESTIONS = 6
+POISON_SEARCHES = {  # name: (retrieval.replicas, retrieval.max_task_retries)
+    "1 replica": (1, 3),
+    "2 replicas": (2, 3),
+    "retries off": (2, 0),
+}
+
+
+def poison_config(config: RunConfig) -> RunConfig:
+    """``config`` (:func:`index_config`'s) with the six questions in one batch, all six trajectories at once,
+    and searches held 300 ms in the replica's batcher: their first searches coalesce."""
+    config = config.model_copy(deep=True)
+    config.generation.batch_size = config.generation.max_concurrent_trajectories = POISON_QUESTIONS
+    config.retrieval.max_wait_ms = 300.0
+    return config
+
+
+def retrieval_run(out: Path, config: RunConfig, qs: list[Question], search_fault=None) -> RunDir:
+    """A probe job on scripted agents over the real retrieval service (its replicas with ``search_fault``)."""
+    run = RunDir(out)
+    client = start_retrieval_service(config, ensure_index(config, use_ray=False), search_fault)
+    try:
+        run_probe(config, run, qs, retriever=client, engine_factory=ScriptedAgents())
+    finally:
+        client.shutdown()
+    return run
+
+
+def retrieval_reference(work: Path, config: RunConfig) -> RunDir:
+    """What :func:`poison_retrieval_query`'s runs must equal, their failed rows aside: no fault."""
+    return retrieval_run(work / "run", poison_config(config), questions(POISON_QUESTIONS))
+
+
+def poison_retrieval_query(work: Path, config: RunConfig, reference: RunDir, kind: str) -> Outcome:
+    """One question's query makes every replica process that searches it exit (``PoisonQuery``, inside the
+    replica), among five normal ones sent at the same time. After ``retrieval.max_query_crashes`` deaths
+    it is searched alone, kills that replica too, and its row ends ``retrieval_error`` naming the deaths;
+    the queries coalesced with it are sent again (some alone) and every other row equals a run without
+    the fault. With ``retrieval.max_task_retries=0`` (``retries off``) the first death fails its whole
+    batch: those rows end ``retrieval_error``, the others (on the other replica) equal the run without it."""
+    replicas, retries = POISON_SEARCHES[kind]
+    started, qs = time.monotonic(), questions(POISON_QUESTIONS)
+    poison = qs[3]
+    config = poison_config(config)
+    config.retrieval.replicas, config.retrieval.max_task_retries = replicas, retries
+    fault = PoisonQuery(poison.question, work / "searches.jsonl")
+    run = retrieval_run(work / "run", config, qs, fault)
+    killing = [call["queries"] for call in fault.calls() if call["killed"]]
+    qid_of = {q.question: q.qid for q in qs}
+    failed = {qid_of[q] for q in killing[0]} if retries == 0 and killing else {poison.qid}
+    out = check_run(f"poison retrieval query ({kind})", run, qs, started, expect=dict.fromkeys(failed, STOP_RETRIEVAL_ERROR))
+    deaths = 1 if retries == 0 else config.retrieval.max_query_crashes + 1
+    if len(killing) != deaths:
+        out.problems.append(f"{len(killing)} replica deaths, expected {deaths}")
+    if not killing or len(killing[0]) < 2:
+        out.problems.append(f"the poison shared no batch with other queries ({killing[:1]}): nothing was isolated")
+    if retries and killing and killing[-1] != [poison.question]:
+        out.problems.append(f"its last search was not alone: {killing[-1]}")
+    error = next(r["error"] for r in run.read("trajectories").to_pylist() if r["qid"] == poison.qid) or ""
+    want = (f"QueryCrashError: in flight at {deaths} retrieval replica deaths, the last one alone" if retries
+            else "Actor")  # retries off: Ray's ActorDiedError / ActorUnavailableError, as it came
+    if want not in error:
+        out.problems.append(f"the poison's error {error!r} lacks {want!r}")
+    out.problems += same_results(run, reference, exclude=failed)
+    shared = len(killing[0]) - 1 if killing else 0
+    out.note = (f"{len(killing)} replica deaths, {len(failed)} row(s) retrieval_error; {shared} other queries in "
+                f"its first batch, {len(qs) - len(failed)} rows equal a run without it")
+    return out
 
 
 def _fired(out: Outcome, marker: Path) -> Outcome:

@@ -1,7 +1,9 @@
 """Fault injection for the reliability tests (tests/test_chaos.py) and ``benchmarks/chaos.py``.
 
-Every fault fires once: the first time its trigger is seen it creates a marker file, and a retry (a
-restarted actor, a resumed training run) finds the marker and goes on. The classes are picklable, so
+A fault with a marker file fires once: the first time its trigger is seen it creates the file, and a
+retry (a restarted actor, a resumed training run) finds it and goes on. Those that stand for an input
+that crashes its process every time (``ScriptedAgents`` and ``KillEngineCore`` without a marker,
+``PoisonQuery`` inside a retrieval replica) fire whenever they see it. The classes are picklable, so
 they travel to Ray actors and workers (register this module with ``cloudpickle.register_pickle_by_value``
 when Ray's workers cannot import ``tests``).
 """
@@ -134,40 +136,54 @@ class KillReplicaOnce:
 
 
 class KillReplicaInFlight:
-    """A ``Retriever`` around a retrieval client with one replica: sends a search whose queries contain
-    ``trigger``, SIGKILLs the replica ``after_s`` later while the search waits in its batcher (run the
-    service with ``retrieval.max_wait_ms`` well above ``after_s``), then awaits the answer. With a
-    ``marker`` file this happens once in the job; without one, the restarted replica is killed again
-    each time Ray resends the search, until it fails (a query that kills every replica it reaches)."""
+    """A ``Retriever`` around a retrieval client with one replica: the first time a search's queries contain
+    ``trigger`` (once in the job: ``marker``), sends it, SIGKILLs the replica ``after_s`` later while the
+    search waits in its batcher (run the service with ``retrieval.max_wait_ms`` well above ``after_s``),
+    then awaits the answer. A query that kills every replica it reaches is :class:`PoisonQuery`."""
 
-    def __init__(self, client, trigger: str, marker: str | Path | None = None, after_s: float = 0.1):
+    def __init__(self, client, trigger: str, marker: str | Path, after_s: float = 0.1):
         if len(client.actors) != 1:
             raise ValueError("KillReplicaInFlight needs a service with one replica")
         self.client, self.trigger, self.marker, self.after_s = client, trigger, marker, after_s
 
     async def search(self, queries, k: int) -> list[SearchResult]:
-        if not any(self.trigger in q for q in queries) or (self.marker is not None and not fire_once(self.marker)):
+        if not any(self.trigger in q for q in queries) or not fire_once(self.marker):
             return await self.client.search(queries, k)
         replica = self.client.actors[0]
         pid = await replica.__ray_call__.remote(_pid)
         pending = asyncio.ensure_future(self.client.search(queries, k))
-        kills = 0
-        while True:
-            await asyncio.sleep(self.after_s)
-            if pending.done():
-                if not kills:
-                    raise RuntimeError("the search finished before the replica was killed: raise retrieval.max_wait_ms")
-                break
-            os.kill(pid, signal.SIGKILL)
-            kills += 1
-            if self.marker is not None:
-                break
-            pid = await replica.__ray_call__.remote(_pid)  # answered once Ray has restarted the replica
+        await asyncio.sleep(self.after_s)
+        if pending.done():
+            raise RuntimeError("the search finished before the replica was killed: raise retrieval.max_wait_ms")
+        os.kill(pid, signal.SIGKILL)
         return await pending
 
 
 def _pid(_actor: Any) -> int:
     return os.getpid()
+
+
+class PoisonQuery:
+    """A retrieval replica's search fault (picklable; ``start_retrieval_service(..., search_fault=...)``):
+    the replica's process exits (``os._exit``, as a crash in the encoder or FAISS would) whenever a search
+    it runs holds the query ``poison`` (exact text), every time. Each search call the replicas make is
+    logged to ``log`` (JSON lines: ``pid``, ``queries``, ``killed``) before it runs, so a test can see which
+    queries shared a batch with the poison and that it ran alone at the end."""
+
+    def __init__(self, poison: str, log: str | Path):
+        self.poison, self.log = poison, str(log)
+
+    def __call__(self, queries: list[str]) -> None:
+        killed = self.poison in queries
+        with open(self.log, "a") as fh:  # one short write a line (O_APPEND): whole lines across processes
+            fh.write(json.dumps({"pid": os.getpid(), "queries": list(queries), "killed": killed}) + "\n")
+        if killed:
+            os._exit(1)
+
+    def calls(self) -> list[dict]:
+        """Every search call logged so far, in order."""
+        path = Path(self.log)
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 class FailTrainingOnce:
