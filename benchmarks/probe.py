@@ -234,6 +234,22 @@ def differing(a: Result, b: Result) -> int:
     return sum(ta[q] != tb.get(q) for q in ta)
 
 
+def lockstep_fill(result: Result) -> float:
+    """What a turn barrier leaves of the engine's decode slots on these trajectories: per turn, the mean
+    generated tokens of the live trajectories over the longest one's (the barrier holds every trajectory
+    until the longest turn ends), weighted by turn length. 1.0: equal turns, a barrier costs nothing;
+    the async loops' largest possible gain over lock-step is about 1 / fill (when decode steps cost the
+    same whatever their batch, as on a GPU; on CPU a step's cost grows with its batch, so less)."""
+    by_turn: dict[int, list[int]] = {}
+    for output in result.outputs:
+        turns = [row["tokens_generated"] or 0 for row in output.iterations if row["iteration"] > 0]
+        last = (output.trajectory["tokens_generated"] or 0) - sum(turns)  # the turn that searched no more
+        for turn, tokens in enumerate([*turns, last] if last > 0 else turns):
+            by_turn.setdefault(turn, []).append(tokens)
+    held = sum(max(lengths) * len(lengths) for lengths in by_turn.values())
+    return sum(map(sum, by_turn.values())) / held if held else 1.0
+
+
 def print_report(results: list[Result], config: RunConfig, engine_start_s: float) -> None:
     by_name: dict[str, list[Result]] = {}
     for r in results:
@@ -274,6 +290,11 @@ def print_report(results: list[Result], config: RunConfig, engine_start_s: float
         print(f"{label}: {_median(values):.2f}x (repeats {_spread(values, '.2f')})   ({target})")
 
     ratio("probe", "turn-sync", "trajectories/min of the stage over the turn-synchronous baseline", "target >= 1.25x")
+    if "turn-sync" in by_name:
+        fills = [lockstep_fill(r) for r in by_name["turn-sync"]]
+        print(f"turn-sync: decode slots the barrier leaves filled (mean / longest turn's tokens): {_median(fills):.0%} "
+              f"(repeats {_spread([f * 100 for f in fills], '.0f')} %); the stage's gain from dropping the barrier is "
+              f"at most about {1 / _median(fills):.2f}x where a decode step costs the same at any batch (a GPU)")
     ratio("probe-subset", "sequential", "trajectories/min of the stage over the sequential baseline (same questions)",
           "target >= 5x")  # fmt: skip
     ratio("probe", "no-probe", "probing overhead (wall with probing / without)", "target <= 1.10x", invert=True)
