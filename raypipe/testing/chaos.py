@@ -287,13 +287,7 @@ def index_config(work: Path) -> RunConfig:
 def retrieval_actor_killed(work: Path, config: RunConfig) -> Outcome:
     """The retrieval replica is SIGKILLed before a search: Ray restarts it and retries the search."""
     started, qs, marker = time.monotonic(), questions(), work / "retrieval.fired"
-    run = RunDir(work / "run")
-    client = start_retrieval_service(config, ensure_index(config, use_ray=False))
-    try:
-        killer = KillReplicaOnce(client, qs[5].question, marker)
-        run_probe(config, run, qs, retriever=killer, engine_factory=ScriptedAgents())
-    finally:
-        client.shutdown()
+    run = retrieval_run(work / "run", config, qs, wrap=lambda client: KillReplicaOnce(client, qs[5].question, marker))
     out = check_run("retrieval actor killed", run, qs, started)
     return _fired(out, marker)
 
@@ -316,13 +310,7 @@ def retrieval_replica_killed_in_flight(work: Path, config: RunConfig, kind: str)
     config = config.model_copy(deep=True)
     config.retrieval.max_wait_ms, config.retrieval.max_task_retries = 400.0, retries
     config.generation.batch_size = config.generation.max_concurrent_trajectories = 1
-    run = RunDir(work / "run")
-    client = start_retrieval_service(config, ensure_index(config, use_ray=False))
-    try:
-        killer = KillReplicaInFlight(client, qs[3].question, marker)
-        run_probe(config, run, qs, retriever=killer, engine_factory=ScriptedAgents())
-    finally:
-        client.shutdown()
+    run = retrieval_run(work / "run", config, qs, wrap=lambda client: KillReplicaInFlight(client, qs[3].question, marker))
     expect = {qs[3].qid: reason}
     if retries == 0:  # without retries, a search sent while the replica restarts fails too (Ray: "restarting")
         expect.update({r["qid"]: STOP_RETRIEVAL_ERROR for r in run.read("trajectories").to_pylist()
@@ -353,12 +341,13 @@ def poison_config(config: RunConfig) -> RunConfig:
     return config
 
 
-def retrieval_run(out: Path, config: RunConfig, qs: list[Question], search_fault=None) -> RunDir:
-    """A probe job on scripted agents over the real retrieval service (its replicas with ``search_fault``)."""
+def retrieval_run(out: Path, config: RunConfig, qs: list[Question], search_fault=None, wrap=None) -> RunDir:
+    """A probe job on scripted agents over the real retrieval service (its replicas with ``search_fault``),
+    the agents searching through ``wrap(client)`` when given (a fault from outside the replicas)."""
     run = RunDir(out)
     client = start_retrieval_service(config, ensure_index(config, use_ray=False), search_fault)
     try:
-        run_probe(config, run, qs, retriever=client, engine_factory=ScriptedAgents())
+        run_probe(config, run, qs, retriever=wrap(client) if wrap else client, engine_factory=ScriptedAgents())
     finally:
         client.shutdown()
     return run
