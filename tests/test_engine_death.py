@@ -43,6 +43,17 @@ def test_the_vllm_engine_tells_a_dead_engine_from_a_failed_request():
     wrapped.__cause__ = EngineDeadError()
     with pytest.raises(EngineDiedError, match="request failed"):
         engine._check_alive(wrapped)
+    # the core process exited but vLLM's monitor thread has not marked the engine yet: still its death
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    processes = [SimpleNamespace(pid=os.getpid()), SimpleNamespace(pid=exited.pid)]
+    engine._llm.engine_core = SimpleNamespace(resources=SimpleNamespace(engine_manager=SimpleNamespace(processes=processes)))
+    assert engine.core_pids() == [os.getpid()]
+    with pytest.raises(EngineDiedError, match=r"EngineCore errored\): RuntimeError: socket closed"):
+        engine._check_alive(RuntimeError("socket closed"))
+    processes.pop()  # every listed core runs: a failed request is the request's failure
+    engine._check_alive(ValueError("bad request"))
+    del engine._llm.engine_core
     engine._llm.errored = True  # vLLM's monitor thread saw the EngineCore process exit
     with pytest.raises(EngineDiedError, match="EngineCore not running"):
         engine._check_alive()

@@ -123,6 +123,16 @@ def request_timings(stats: Any) -> dict[str, float | None]:
     return {"queue_s": max(stats.scheduled_ts - queued, 0.0), "engine_s": max(stats.last_token_ts - stats.scheduled_ts, 0.0)}
 
 
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has exited)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class VLLMEngine:
     """The :class:`~raypipe.llm.base.Engine` over vLLM's ``AsyncLLM``. The constructor blocks while
     the engine starts (about 50 s on 2 CPU cores with the compile cache warm, about a minute more
@@ -197,31 +207,32 @@ class VLLMEngine:
         return to_generation(final, request.logprobs)
 
     def _check_alive(self, error: BaseException | None = None) -> None:
-        """Raise :class:`EngineDiedError` when the engine is gone: its EngineCore process died (vLLM's
-        monitor thread then marks it dead and fails every request with ``EngineDeadError``), it hit a
-        fatal error, or it was closed."""
+        """Raise :class:`EngineDiedError` when the engine is gone: an EngineCore process exited (vLLM's
+        monitor thread then marks the engine dead and fails every request with ``EngineDeadError``; until
+        it does, a request cut short by the death fails with some other error, so the processes are asked
+        too), the engine hit a fatal error, or it was closed."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
         llm = self._llm
         dead = llm is None or llm.errored or isinstance(error, EngineDeadError) or isinstance(
             getattr(error, "__cause__", None), EngineDeadError)
-        if dead:
+        if dead or self._core_exited():
             state = "closed" if llm is None else "EngineCore errored" if self.core_pids() else "EngineCore not running"
             cause = f": {type(error).__name__}: {error}" if error is not None else ""
             raise EngineDiedError(f"the vLLM engine is gone ({state}){cause}")
 
-    def core_pids(self) -> list[int]:
-        """Process ids of the live EngineCore processes this engine started (children of this process)."""
-        import psutil
+    def _core_processes(self) -> list[Any]:
+        """This engine's EngineCore processes as vLLM's own process manager lists them (the ones its
+        monitor thread watches); none for a closed engine or one whose core runs in this process."""
+        resources = getattr(getattr(self._llm, "engine_core", None), "resources", None)
+        return list(getattr(getattr(resources, "engine_manager", None), "processes", None) or [])
 
-        found = []
-        for child in psutil.Process().children(recursive=True):
-            try:
-                if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
-                    found.append(child.pid)
-            except psutil.Error:  # exited meanwhile
-                continue
-        return found
+    def core_pids(self) -> list[int]:
+        """Process ids of this engine's live EngineCore processes (one that exited, reaped or not, is not live)."""
+        return [process.pid for process in self._core_processes() if process_running(process.pid)]
+
+    def _core_exited(self) -> bool:
+        return any(not process_running(process.pid) for process in self._core_processes())
 
     def _engine_input(self, prompt_ids: list[int]):
         """Token ids rendered for the engine (vLLM 0.32 deprecates passing raw prompts to ``generate``)."""

@@ -28,6 +28,7 @@ from raypipe.core.models import ModelNotFoundError
 from raypipe.core.rundir import PARTIAL_SUFFIX, RunDir
 from raypipe.core.schema import SCHEDULING_COLUMNS, STOP_ENGINE_CRASH, STOP_RETRIEVAL_ERROR
 from raypipe.data.loaders import BUNDLED_CORPUS, DataError, Question, load_questions
+from raypipe.llm.vllm_engine import process_running
 from raypipe.retrieval import IndexMismatchError
 from raypipe.runtime.retrieval import start_retrieval_service
 from raypipe.stages.index import ensure_index
@@ -225,8 +226,6 @@ def engine_core_killed(work: Path, config: RunConfig, qs: list[Question]) -> tup
     would): the generation actor exits, Ray restarts it, and the batch reruns. Every question has its
     normal row (no ``engine_error``, no ``engine_crash``), none twice. Returns the run too: the reference
     of :func:`question_kills_its_vllm_engine`."""
-    import psutil
-
     started, qs, marker = time.monotonic(), qs[:VLLM_QUESTIONS], work / "killed"
     run = RunDir(work / "run")
     written = run_probe(config, run, qs, engine_factory=KillEngineCore(qs[2].question, marker))
@@ -235,7 +234,7 @@ def engine_core_killed(work: Path, config: RunConfig, qs: list[Question]) -> tup
     if not marker.exists():
         return _fired(out, marker), run
     killed = [int(pid) for pid in marker.read_text().split()]
-    alive = [pid for pid in killed if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    alive = [pid for pid in killed if process_running(pid)]
     if not killed or alive:
         out.problems.append(f"EngineCore processes killed {killed}, still running {alive}")
     if written != len(qs):

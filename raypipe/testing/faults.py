@@ -22,7 +22,7 @@ from typing import Any
 
 from raypipe.core.config import EngineConfig
 from raypipe.llm.base import EngineDiedError, EngineError, Generation, GenerationRequest
-from raypipe.llm.vllm_engine import VLLMEngine
+from raypipe.llm.vllm_engine import VLLMEngine, process_running
 from raypipe.retrieval.types import SearchResult
 from raypipe.testing.fakes import FakeEngine
 
@@ -92,7 +92,8 @@ class KillEngineCore:
     """Engine factory (picklable): the real vLLM engine, whose EngineCore process is SIGKILLed (as the
     kernel's out-of-memory killer would) just before a prompt containing ``trigger`` is sent to it. With
     a ``marker`` file the kill happens once in the whole job; without one, every time (a question that
-    kills its engine whenever it runs)."""
+    kills its engine whenever it runs). An engine whose core is already dead gets the request as it is,
+    and reports its own death."""
 
     def __init__(self, trigger: str, marker: str | Path | None = None):
         self.trigger, self.marker = trigger, marker
@@ -110,10 +111,10 @@ class _CoreKillingVLLMEngine(VLLMEngine):
         fault = self.fault
         if fault.trigger in request.prompt and (fault.marker is None or fire_once(fault.marker)):
             pids = self.core_pids()
-            if not pids:
-                raise RuntimeError("no EngineCore process to kill")
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
+            while any(process_running(pid) for pid in pids):  # gone before the request is sent
+                await asyncio.sleep(0.01)
             if fault.marker is not None:  # which process was killed, for the test to check
                 Path(fault.marker).write_text(" ".join(map(str, pids)))
         return await super().generate(request)
