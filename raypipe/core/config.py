@@ -120,6 +120,12 @@ class RetrievalConfig(StrictModel):
         default=10_000, ge=1, description="Passages per index-build block: the unit read, encoded, written and kept on a resumed build."
     )
     read_num_cpus: float = Field(default=0.25, ge=0, description="Per Ray task reading a corpus block during the index build.")
+    shipped_vectors: bool = Field(
+        default=True,
+        description="Index builds of the bundled corpus take its passage vectors from the package (raypipe/data/mhqa/vectors/, "
+        "the index job's own, float16) after re-encoding a sample to check them, instead of encoding 13,844 passages "
+        "(docs/retrieval.md, 'Shipped vectors'); false: encode.",
+    )
     mmap: bool = Field(
         default=True, description="CPU serving: map the doc store and flat FAISS indexes from disk (pages shared by replicas) instead of copying them."
     )

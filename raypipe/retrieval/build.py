@@ -342,11 +342,12 @@ def _write_ipc(table: pa.Table, path: Path) -> None:
 
 
 def build_index(config: RunConfig, target: Path, manifest: dict, encode: EncodeBlocks | None = None,
-                assemble: Callable[..., Path] | None = None) -> Path:
+                assemble: Callable[..., Path] | None = None, vectors: dict | None = None) -> Path:
     """Write the index of ``manifest``'s corpus to ``target``, resuming an interrupted build.
 
     ``encode`` defaults to :func:`local_encode_blocks`; ``assemble`` (``assemble_index``'s signature)
-    to :func:`assemble_index` in this process (the index job runs it as a Ray task, off the driver)."""
+    to :func:`assemble_index` in this process (the index job runs it as a Ray task, off the driver).
+    ``vectors``: where the vectors came from, for the manifest (default: encoded by ``encode``)."""
     cfg = config.retrieval
     corpus = Path(manifest["corpus"])
     start = time.perf_counter()
@@ -367,11 +368,14 @@ def build_index(config: RunConfig, target: Path, manifest: dict, encode: EncodeB
     missing = work.pending()
     if missing:
         raise RuntimeError(f"{len(missing)} blocks were not encoded (first: block {missing[0].index})")
-    log.info("encoded %d passages in %d blocks with %s in %.1f s (%.0f passages/s; %d blocks kept from before)",
-             todo, len(pending), spec.name, encode_s, todo / max(encode_s, 1e-9), len(work.blocks) - len(pending))
+    vectors = vectors or {"source": "encoded"}
+    log.info("%s %d passages in %d blocks with %s in %.1f s (%.0f passages/s; %d blocks kept from before)",
+             "encoded" if vectors["source"] == "encoded" else f"took {vectors['source']} vectors of", todo, len(pending),
+             spec.name, encode_s, todo / max(encode_s, 1e-9), len(work.blocks) - len(pending))
     # encode_cpu_seconds: the encoders' CPU time (Ray: the actors'), steadier than wall on a shared machine
     timing = {"prepare_seconds": round(prepare_s, 2), "encode_seconds": round(encode_s, 2),
-              "encode_cpu_seconds": round(cpu_s, 2), "passages_encoded": todo}
+              "encode_cpu_seconds": round(cpu_s, 2), "passages_encoded": todo if vectors["source"] == "encoded" else 0,
+              "vectors": vectors}
     return (assemble or assemble_index)(work.path, work.blocks, target, {**manifest, "build": timing}, index_settings(cfg))
 
 

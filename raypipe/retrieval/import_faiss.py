@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +59,14 @@ def imported_settings(index) -> tuple[IndexSettings, str]:
     raise IndexMismatchError(f"cannot import a {type(index).__name__}: only flat inner-product indexes (IndexFlatIP, SQfp16)")
 
 
-def verify_sample(index, corpus: Path, blocks: list[Block], spec: EncoderSpec, size: int = VERIFY_SAMPLE,
-                  min_cosine: float = VERIFY_MIN_COSINE, seed: int = 0) -> dict[str, Any]:
-    """Re-encode ``size`` random passages and compare them with their stored rows (cosine)."""
+def verify_sample(stored: Callable[[np.ndarray], np.ndarray], corpus: Path, blocks: list[Block], spec: EncoderSpec,
+                  size: int = VERIFY_SAMPLE, min_cosine: float = VERIFY_MIN_COSINE, seed: int = 0) -> dict[str, Any]:
+    """Re-encode ``size`` random passages and compare them with their stored rows (cosine); ``stored``
+    gives the stored vectors of corpus rows (ascending row numbers)."""
     n = sum(b.n_rows for b in blocks)
     rows = np.sort(np.random.default_rng(seed).choice(n, size=min(size, n), replace=False))
     encoder = spec.load()
-    stored, fresh, ids = [], [], []
+    kept, fresh, ids = [], [], []
     for block in blocks:
         inside = rows[(rows >= block.start) & (rows < block.start + block.n_rows)]
         if not len(inside):
@@ -73,9 +75,9 @@ def verify_sample(index, corpus: Path, blocks: list[Block], spec: EncoderSpec, s
         taken = docs.take(inside - block.start)
         vectors, _ = encode_docs(encoder, taken, 64)
         fresh.append(vectors)
-        stored.append(np.stack([index.reconstruct(int(r)) for r in inside]))
+        kept.append(np.asarray(stored(inside), dtype=np.float32))
         ids += taken.column("doc_id").to_pylist()
-    stored_m, fresh_m = np.concatenate(stored), np.concatenate(fresh)
+    stored_m, fresh_m = np.concatenate(kept), np.concatenate(fresh)
     cosines = (stored_m * fresh_m).sum(1) / np.maximum(
         np.linalg.norm(stored_m, axis=1) * np.linalg.norm(fresh_m, axis=1), 1e-12)
     result = {
@@ -92,10 +94,15 @@ def verify_sample(index, corpus: Path, blocks: list[Block], spec: EncoderSpec, s
         raise ImportVerificationError(
             f"{len(bad)} of {len(rows)} sampled passages re-encoded with {spec.name} (query/passage prefixes "
             f"{spec.prompts()!r}, max_length {spec.max_length}) do not match their stored vectors (cosine < "
-            f"{min_cosine}): {'; '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}. The index was built with "
-            "another encoder, prefix or pooling, or its rows are not the corpus's lines in order"
+            f"{min_cosine}): {'; '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}. The vectors were made with "
+            "another encoder, prefix or pooling, or their rows are not the corpus's lines in order"
         )
     return result
+
+
+def faiss_rows(index) -> Callable[[np.ndarray], np.ndarray]:
+    """Stored vectors of a FAISS index's rows (what :func:`verify_sample` compares)."""
+    return lambda rows: np.stack([index.reconstruct(int(r)) for r in rows])
 
 
 def import_faiss(index_file: Path, corpus: Path, spec: EncoderSpec, target: Path, verify: bool = True,
@@ -119,7 +126,7 @@ def import_faiss(index_file: Path, corpus: Path, spec: EncoderSpec, target: Path
             "index must be line i of the corpus"
         )
     log.info("import: %d rows of dimension %d, corpus %s (%.1f s)", n, dim, corpus, time.perf_counter() - start)
-    verification = (verify_sample(index, corpus, blocks, spec, sample, min_cosine) if verify
+    verification = (verify_sample(faiss_rows(index), corpus, blocks, spec, sample, min_cosine) if verify
                     else {"verified": False, "skipped": True})
     if verify:
         log.info("import: %d sampled passages match their stored rows (cosine min %.5f, mean %.5f)",

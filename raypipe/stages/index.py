@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -27,6 +28,7 @@ from raypipe.core.config import RetrievalConfig, RunConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.retrieval.build import (
     Block,
+    EncodeBlocks,
     EncodedBlock,
     assemble_index,
     build_index,
@@ -35,12 +37,14 @@ from raypipe.retrieval.build import (
     encoder_spec,
     index_dir_for,
     index_settings,
+    plan_blocks,
     read_block,
     up_to_date,
 )
 from raypipe.retrieval.encoders import EncoderSpec
 from raypipe.retrieval.import_faiss import VERIFY_MIN_COSINE, VERIFY_SAMPLE, import_faiss
 from raypipe.retrieval.index import RetrievalIndexError, expected_manifest, file_sha256, load_index_dir
+from raypipe.retrieval.shipped import export_vectors, find_shipped
 from raypipe.runtime.cluster import init_ray
 
 DESCRIPTION = """Build the retrieval index (encoder + FAISS + doc store + corpus statistics) for the configured corpus.
@@ -55,6 +59,11 @@ corpus with the same settings does nothing; --force rebuilds. Prints the index d
 --import-faiss INDEX_FILE --corpus CORPUS.jsonl --encoder ENCODER --out INDEX_DIR turns an existing
 FAISS index whose row i is line i of the corpus (e.g. Search-R1's e5_Flat.index over wiki-18.jsonl)
 into an index directory without re-encoding, after checking a re-encoded sample (unless --no-verify).
+
+The bundled corpus's vectors ship with the package (retrieval.shipped_vectors): its build checks a
+re-encoded sample against them and encodes nothing. --export-vectors DIR writes an index's vectors in
+that format; `raypipe index --set retrieval.shipped_vectors=false --force --export-vectors DIR`
+reproduces the shipped file from an encoding.
 """
 
 
@@ -83,11 +92,30 @@ def ensure_index(config: RunConfig, force: bool = False, use_ray: bool = True) -
         fcntl.flock(lock, fcntl.LOCK_EX)  # another job may be building the same index
         if up_to_date(target, expected, force):
             return target
-        if use_ray:
-            build_index(config, target, expected, encode=partial(ray_encode_blocks, cfg=cfg), assemble=ray_assemble)
-        else:
-            build_index(config, target, expected)
+        encode, vectors = shipped_encoding(config, corpus, sha)
+        if encode is None and use_ray:
+            encode = partial(ray_encode_blocks, cfg=cfg)
+        build_index(config, target, expected, encode=encode, assemble=ray_assemble if use_ray else None, vectors=vectors)
     return target
+
+
+def shipped_encoding(config: RunConfig, corpus: Path, sha: str) -> tuple[EncodeBlocks | None, dict | None]:
+    """The shipped vectors' ``EncodeBlocks`` and their manifest entry when ``retrieval.shipped_vectors`` is on, the
+    package ships vectors of this corpus for this encoder and a re-encoded sample matches them; else (None, None).
+    Reading them takes seconds, so it runs in this process whatever ``use_ray``."""
+    if not config.retrieval.shipped_vectors:
+        return None, None
+    spec = encoder_spec(config.retrieval)
+    shipped = find_shipped(spec, sha)
+    if shipped is None:
+        return None, None
+    spec.prepare()
+    check = shipped.verify(corpus, plan_blocks(corpus, config.retrieval.build_block_rows), spec)
+    if check is None:
+        return None, None
+    log.info("using the shipped vectors %s: %d re-encoded passages match (cosine min %.5f)",
+             shipped.path, check["sample_rows"], check["cosine_min"])
+    return shipped.encode_blocks, {"source": "shipped", "file": shipped.path.name, "made_by": shipped.meta.get("made_by"), **check}
 
 
 def read_blocks(batch: pa.Table, corpus: str) -> pa.Table:
@@ -175,6 +203,9 @@ def _from_ipc(data: bytes) -> pa.Table:
 def main() -> None:
     parser = job_parser(DESCRIPTION)
     parser.add_argument("--force", action="store_true", help="rebuild even if an identical index exists")
+    parser.add_argument("--export-vectors", metavar="DIR",
+                        help="then write the (flat) index's vectors as DIR/<encoder>.npy (float16) and .json: the format of "
+                        "the vectors shipped for the bundled corpus (raypipe/data/mhqa/vectors/)")
     imports = parser.add_argument_group("import an existing FAISS index (no re-encoding)")
     imports.add_argument("--import-faiss", metavar="INDEX_FILE", help="a flat inner-product FAISS index; row i = line i of --corpus")
     imports.add_argument("--corpus", metavar="CORPUS.jsonl", help="the corpus of the index (sets data.corpus)")
@@ -209,6 +240,13 @@ def main() -> None:
             raise SystemExit(f"error: {exc}") from None
         finally:
             ray.shutdown()
+    if args.export_vectors:
+        command = "raypipe index " + " ".join(sys.argv[1:])
+        try:
+            exported = export_vectors(path, encoder_spec(config.retrieval), Path(args.export_vectors), command)
+        except RetrievalIndexError as exc:
+            raise SystemExit(f"error: {exc}") from None
+        print(f"vectors: {exported} and {exported.with_suffix('.json').name}")
     print_summary(path, time.perf_counter() - start)
 
 
@@ -223,5 +261,9 @@ def print_summary(path: Path, elapsed: float) -> None:
         check = (f"verified on {imported['sample_rows']} passages (cosine min {imported['cosine_min']})"
                  if imported.get("verified") else "not verified (--no-verify)")
         print(f"  {'imported':<10} {imported['source']} ({imported['source_bytes'] / 1e6:.1f} MB), {check}")
+    vectors = manifest.get("build", {}).get("vectors", {})
+    if vectors.get("source") == "shipped":
+        print(f"  {'vectors':<10} shipped {vectors['file']}, verified on {vectors['sample_rows']} re-encoded passages "
+              f"(cosine min {vectors['cosine_min']})")
     print(f"  {'size':<10} {size / 1e6:.1f} MB on disk")
     print(f"  {'elapsed':<10} {elapsed:.1f} s")
