@@ -51,6 +51,7 @@ def test_the_vllm_engine_tells_a_dead_engine_from_a_failed_request():
     assert engine.core_pids() == [os.getpid()]
     with pytest.raises(EngineDiedError, match=r"EngineCore errored\): RuntimeError: socket closed"):
         engine._check_alive(RuntimeError("socket closed"))
+    engine._check_alive(ask_processes=False)  # before a request only vLLM's own flag counts (a hot path)
     processes.pop()  # every listed core runs: a failed request is the request's failure
     engine._check_alive(ValueError("bad request"))
     del engine._llm.engine_core

@@ -188,7 +188,7 @@ class VLLMEngine:
 
     async def _generate(self, prompt_ids: list[int], request: GenerationRequest, max_tokens: int) -> Generation:
         final = None
-        self._check_alive()
+        self._check_alive(ask_processes=False)  # a hot path: vLLM itself refuses requests once it marked the engine dead
         try:
             params = sampling_params(request, max_tokens)
             stream = self._llm.generate(self._engine_input(prompt_ids), params, uuid.uuid4().hex)
@@ -206,17 +206,17 @@ class VLLMEngine:
             raise EngineError("vLLM returned no output")
         return to_generation(final, request.logprobs)
 
-    def _check_alive(self, error: BaseException | None = None) -> None:
+    def _check_alive(self, error: BaseException | None = None, ask_processes: bool = True) -> None:
         """Raise :class:`EngineDiedError` when the engine is gone: an EngineCore process exited (vLLM's
         monitor thread then marks the engine dead and fails every request with ``EngineDeadError``; until
-        it does, a request cut short by the death fails with some other error, so the processes are asked
-        too), the engine hit a fatal error, or it was closed."""
+        it does, a request cut short by the death fails with some other error, so after a failure the
+        processes are asked too: ``ask_processes``), the engine hit a fatal error, or it was closed."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
         llm = self._llm
         dead = llm is None or llm.errored or isinstance(error, EngineDeadError) or isinstance(
             getattr(error, "__cause__", None), EngineDeadError)
-        if dead or self._core_exited():
+        if dead or (ask_processes and self._core_exited()):
             state = "closed" if llm is None else "EngineCore errored" if self.core_pids() else "EngineCore not running"
             cause = f": {type(error).__name__}: {error}" if error is not None else ""
             raise EngineDiedError(f"the vLLM engine is gone ({state}){cause}")
