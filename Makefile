@@ -5,6 +5,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.raypipe-installed
+# The MLflow UI (full mlflow caps pyarrow below the stack's): its own environment, for the UI test.
+MLFLOW_UI_VENV ?= .venv-mlflow-ui
+MLFLOW_UI := $(MLFLOW_UI_VENV)/bin/mlflow
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 PYTEST_ARGS ?=
@@ -19,8 +22,12 @@ $(STAMP): pyproject.toml scripts/install.sh
 run: $(STAMP)
 	$(PY) jobs/probe.py
 
-test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+$(MLFLOW_UI):
+	python3 -m venv $(MLFLOW_UI_VENV)
+	$(MLFLOW_UI_VENV)/bin/python -m pip install -q --disable-pip-version-check "mlflow==3.17.2"
+
+test: $(STAMP) $(MLFLOW_UI)
+	RAYPIPE_MLFLOW_UI=$(abspath $(MLFLOW_UI)) $(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -21,9 +21,9 @@ from raypipe.core.config import load_config
 from raypipe.core.rundir import RunDir
 from raypipe.features.extract import extract_trajectory
 from raypipe.features.resources import IndexCorpus, SbertEncoder
-from raypipe.features.synthetic import HashEncoder, synthetic_corpus, write_synthetic_run
 from raypipe.runtime.cluster import init_ray
 from raypipe.stages.features import run_features
+from raypipe.testing.synthetic import HashEncoder, synthetic_corpus, write_synthetic_run
 
 
 def pure_rate(run: RunDir, corpus, encoder, settings) -> tuple[int, float]:

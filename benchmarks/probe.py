@@ -4,8 +4,8 @@ Every variant runs on the same questions, the same engine (started once; its pre
 before each run, so no run inherits another's) and the same retriever (in process, behind the batcher
 a retrieval replica runs), ``--repeats`` times in alternating order (forward, backward, ...):
 
-* ``probe``: the stage (raypipe.stages.probe.GenerateStage): per-trajectory asynchronous loops on one
-  engine, a turn's search beside its probe, prefix caching, probing on;
+* ``probe``: the stage (raypipe.runtime.generation.TrajectoryGenerator, a generation actor's body):
+  per-trajectory asynchronous loops on one engine, a turn's search beside its probe, prefix caching, probing on;
 * ``no-probe``: the same with probing off -> probing overhead = wall(probe) / wall(no-probe);
 * ``turn-sync``: the peers' schedule (pyterrier-rag's agents, Search-R1's ``generation.py``) on raypipe's
   own engine and retriever (raypipe.agents.barrier.TurnBarrier): per turn one batch of generations for
@@ -19,8 +19,10 @@ It prints one row per variant (median over repeats, and the spread): trajectorie
 prompt tokens served from the prefix cache and those prefilled, retrieval and engine seconds (from the
 cost columns of iterations/, raypipe.core.schema.ITERATION_COSTS); the ratios with their per-repeat
 range; how many agent transcripts differ between variants (probing must not change the agent's own
-turns; batch numerics may); checks that the cost columns add up; the peak memory (PSS, and summed
-RSS) of the whole process tree. ``--job`` also runs ``jobs/probe.py`` and reports its wall and memory.
+turns; batch numerics may); per variant, the rows against the engine's own counters (vLLM's Prometheus
+totals of prompt, cached and generated tokens and finished requests over the run: counted by its scheduler,
+not derived from the rows); the peak memory (PSS, and summed RSS) of the whole process tree. ``--job`` also
+runs ``jobs/probe.py`` and reports its wall and memory.
 
     python benchmarks/probe.py [--config PRESET] [--set KEY=VALUE ...] [--limit N] [--repeats 3] [--job]
 """
@@ -36,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +134,7 @@ class Result:
     wall_s: float
     outputs: list[TrajectoryOutput]
     engine: SharedEngine
+    counters: dict[str, float] | None = None  # the engine's own totals over the run (engine_counters), if it keeps any
 
     @property
     def questions(self) -> int:
@@ -169,7 +173,7 @@ def run_variant(name: str, repeat: int, config: RunConfig, questions, engine, in
     from raypipe.agents import build_loop
     from raypipe.agents.barrier import TurnBarrier
     from raypipe.retrieval import QueryBatcher
-    from raypipe.stages.probe import GenerateStage
+    from raypipe.runtime.generation import TrajectoryGenerator
 
     config = variant_config(name, config)
     retriever = QueryBatcher(index.search_batch, config.retrieval.max_batch_size, config.retrieval.max_wait_ms / 1000)
@@ -181,14 +185,19 @@ def run_variant(name: str, repeat: int, config: RunConfig, questions, engine, in
             loop = build_loop(config, shared, retriever, barrier=TurnBarrier(len(questions)))
             return list(await asyncio.gather(*(loop.run(q) for q in questions)))
 
+        before = settled_counters()
         started = time.perf_counter()
         outputs = asyncio.run(lock_step())
     else:
-        stage = GenerateStage(config, retriever, engine_factory=lambda _: shared)
+        stage = TrajectoryGenerator(config, retriever, engine_factory=lambda _: shared)
+        before = settled_counters()  # after the stage's engine warm-up, whose requests have no rows
         started = time.perf_counter()
         outputs = stage.run(questions)
         stage.close()
     result = Result(name, repeat, time.perf_counter() - started, outputs, shared)
+    after = settled_counters()
+    if before is not None and after is not None:
+        result.counters = {key: after[key] - before[key] for key in after}
     log.info("%s (repeat %d): %d trajectories in %.1f s (%.1f/min)", name, repeat, len(outputs), result.wall_s, result.per_min)
     return result
 
@@ -205,19 +214,62 @@ def quality(outputs: list[TrajectoryOutput]) -> dict[str, float]:
     }
 
 
-def cost_problems(result: Result) -> list[str]:
-    """Where the cost columns do not add up (empty when they do)."""
-    problems = []
-    for o in result.outputs:
-        t, rows = o.trajectory, o.iterations
-        if t["cached_tokens"] is not None and t["prompt_tokens"] != t["prefilled_tokens"] + t["cached_tokens"]:
-            problems.append(f"{t['qid']}: prompt {t['prompt_tokens']} != prefilled + cached")
-        for column in ("prompt_tokens", "cached_tokens", "probe_prompt_tokens", "tokens_generated", "probe_tokens"):
-            if (t[column] or 0) != sum(r[column] or 0 for r in rows):
-                problems.append(f"{t['qid']}: trajectory {column} != the sum of its iterations")
-    for column in ("prompt_tokens", "cached_tokens", "tokens_generated", "probe_tokens"):
-        if result.total(column) != result.iteration_total(column):
-            problems.append(f"{result.name}: total {column} of trajectories != total of iterations")
+# vLLM's Prometheus counters (raypipe's key -> metric): kept by its scheduler and output processor in this
+# process while it records stats (engine.request_timings, the default), whatever raypipe writes in its rows.
+VLLM_COUNTERS = {
+    "prompt": "vllm:prompt_tokens",
+    "cached": "vllm:prompt_tokens_cached",
+    "generated": "vllm:generation_tokens",
+    "requests": "vllm:request_success",
+}
+
+
+def engine_counters(registry=None) -> dict[str, float] | None:
+    """The engine's own running totals (:data:`VLLM_COUNTERS`, summed over their labels); None where it keeps
+    none (another backend, or vLLM with its stats off)."""
+    from prometheus_client import REGISTRY
+
+    totals = {}
+    for metric in (registry or REGISTRY).collect():
+        for key, name in VLLM_COUNTERS.items():
+            if metric.name == name:
+                totals[key] = sum(s.value for s in metric.samples if s.name == f"{name}_total")
+    return totals if totals.keys() == VLLM_COUNTERS.keys() else None
+
+
+def settled_counters(registry=None, wait_s: float = 0.2, limit_s: float = 5.0) -> dict[str, float] | None:
+    """:func:`engine_counters` once two reads ``wait_s`` apart agree (vLLM records a step's stats just after it
+    hands the step's outputs to the requests, so the last step of a run may not be counted yet)."""
+    last, deadline = engine_counters(registry), time.monotonic() + limit_s
+    while last is not None and time.monotonic() < deadline:
+        time.sleep(wait_s)
+        now = engine_counters(registry)
+        if now == last:
+            break
+        last = now
+    return last
+
+
+def counter_problems(result: Result) -> list[str] | None:
+    """Where the rows disagree with the engine's own counters over the run (empty: they agree; None: the
+    engine keeps no counters). Prompt and cached tokens and requests must be equal; the rows' generated
+    tokens (turns and probes) may not exceed the engine's (it may decode past a stop string before the
+    request ends, tokens no row holds)."""
+    engine = result.counters
+    if engine is None:
+        return None
+    rows = {
+        "prompt": result.iteration_total("prompt_tokens"),
+        "cached": result.iteration_total("cached_tokens"),
+        "generated": result.iteration_total("tokens_generated") + result.iteration_total("probe_tokens"),
+        "requests": result.engine.requests,  # generate calls the run made
+    }
+    where = f"{result.name} (repeat {result.repeat})"
+    problems = [f"{where}: {key} {rows[key]:,.0f} in the rows, {engine[key]:,.0f} by the engine"
+                for key in ("prompt", "cached", "requests") if rows[key] != engine[key]]  # fmt: skip
+    if rows["generated"] > engine["generated"]:
+        problems.append(f"{where}: generated {rows['generated']:,.0f} in the rows, more than the engine's "
+                        f"{engine['generated']:,.0f}")
     return problems
 
 
@@ -234,20 +286,24 @@ def differing(a: Result, b: Result) -> int:
     return sum(ta[q] != tb.get(q) for q in ta)
 
 
-def lockstep_fill(result: Result) -> float:
-    """What a turn barrier leaves of the engine's decode slots on these trajectories: per turn, the mean
-    generated tokens of the live trajectories over the longest one's (the barrier holds every trajectory
-    until the longest turn ends), weighted by turn length. 1.0: equal turns, a barrier costs nothing;
-    the async loops' largest possible gain over lock-step is about 1 / fill (when decode steps cost the
-    same whatever their batch, as on a GPU; on CPU a step's cost grows with its batch, so less)."""
-    by_turn: dict[int, list[int]] = {}
-    for output in result.outputs:
-        turns = [row["tokens_generated"] or 0 for row in output.iterations if row["iteration"] > 0]
-        last = (output.trajectory["tokens_generated"] or 0) - sum(turns)  # the turn that searched no more
-        for turn, tokens in enumerate([*turns, last] if last > 0 else turns):
-            by_turn.setdefault(turn, []).append(tokens)
-    held = sum(max(lengths) * len(lengths) for lengths in by_turn.values())
-    return sum(map(sum, by_turn.values())) / held if held else 1.0
+def lockstep_fill(rows: Iterable[dict]) -> float:
+    """What a turn barrier leaves filled of the engine's decode slots on these trajectories' iteration rows.
+
+    The barrier keeps every live trajectory at the same turn and phase: turn t's generations (row ``iteration``
+    t, ``tokens_generated``), then its probes (``probe_tokens``). In each phase every trajectory in it holds a
+    slot until the longest generation of the phase ends, so the phase fills sum(tokens) of max(tokens) x
+    trajectories; the fill is the sum over phases of the one over the sum of the other. A row that generated
+    nothing in a phase (a turn without a probe, a forced answer's turn) holds no slot in it. 1.0: equal
+    generations, a barrier costs nothing. The async loops' largest possible gain over lock-step is about
+    1 / fill (when decode steps cost the same whatever their batch, as on a GPU; on CPU a step's cost grows
+    with its batch, so less)."""
+    phases: dict[tuple[int, str], list[int]] = {}
+    for row in rows:
+        for column in ("tokens_generated", "probe_tokens"):
+            if row[column]:
+                phases.setdefault((row["iteration"], column), []).append(row[column])
+    held = sum(max(tokens) * len(tokens) for tokens in phases.values())
+    return sum(map(sum, phases.values())) / held if held else 1.0
 
 
 def print_report(results: list[Result], config: RunConfig, engine_start_s: float) -> None:
@@ -291,8 +347,9 @@ def print_report(results: list[Result], config: RunConfig, engine_start_s: float
 
     ratio("probe", "turn-sync", "trajectories/min of the stage over the turn-synchronous baseline", "target >= 1.25x")
     if "turn-sync" in by_name:
-        fills = [lockstep_fill(r) for r in by_name["turn-sync"]]
-        print(f"turn-sync: decode slots the barrier leaves filled (mean / longest turn's tokens): {_median(fills):.0%} "
+        fills = [lockstep_fill(row for o in r.outputs for row in o.iterations) for r in by_name["turn-sync"]]
+        print(f"turn-sync: decode slots the barrier leaves filled (tokens / longest x trajectories, per turn and "
+              f"phase): {_median(fills):.0%} "
               f"(repeats {_spread([f * 100 for f in fills], '.0f')} %); the stage's gain from dropping the barrier is "
               f"at most about {1 / _median(fills):.2f}x where a decode step costs the same at any batch (a GPU)")
     ratio("probe-subset", "sequential", "trajectories/min of the stage over the sequential baseline (same questions)",
@@ -306,11 +363,18 @@ def print_report(results: list[Result], config: RunConfig, engine_start_s: float
         runs = by_name["probe"]
         counts = [differing(runs[0], r) for r in runs[1:]]
         print(f"agent transcripts that differ between repeats of probe (batch numerics): {', '.join(map(str, counts))}")
-    problems = [p for r in results for p in cost_problems(r)]
-    print("cost columns add up (prompt = prefilled + cached per trajectory; trajectories = sums of iterations; "
-          f"totals = sums of rows): {'yes' if not problems else 'NO: ' + '; '.join(problems[:5])}")
-    unrecorded = [r for r in results if r.engine.prompt != r.total("prompt_tokens")]
-    print(f"prompt tokens the engine reported = those in the rows: {'yes' if not unrecorded else 'no (failed turns have no row)'}")
+    unrecorded = [r for r in results if r.engine.prompt != r.iteration_total("prompt_tokens")]
+    print("prompt tokens of the engine's answers = those in the rows: "
+          f"{'yes' if not unrecorded else 'no (failed turns have no row)'}")
+    for name, runs in by_name.items():
+        checks = [counter_problems(r) for r in runs]
+        if any(c is None for c in checks):
+            print(f"rows against the engine's own counters, {name}: not checked "
+                  f"({config.engine.backend} keeps none here)")
+            continue
+        problems = [p for c in checks for p in c]
+        print(f"rows against the engine's own counters (prompt, cached, requests equal; generated at most), {name}: "
+              f"{'yes' if not problems else 'NO: ' + '; '.join(problems[:3])}")
     print(f"quality of {results[0].name}, repeat 0:")
     for key, value in quality(results[0].outputs).items():
         print(f"{key}: {value:.2f}" if "F1" in key or "mean" in key else f"{key}: {value:.0%}")

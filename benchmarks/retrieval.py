@@ -36,7 +36,7 @@ from raypipe.retrieval.evaluate import dataset_recall
 from raypipe.retrieval.index import DOCSTORE_FILE, load_index_dir
 from raypipe.retrieval.searcher import LocalRetriever
 from raypipe.runtime.cluster import init_ray
-from raypipe.runtime.retrieval import launch_replicas
+from raypipe.runtime.retrieval import start_retrieval_service
 from raypipe.stages.index import ensure_index
 
 log = logging.getLogger("benchmarks.retrieval")
@@ -60,7 +60,7 @@ def search_rate(retriever: LocalRetriever, queries: list[str], batch: int, k: in
 
 
 def service_rate(config: RunConfig, index_path, queries: list[str], k: int, callers: int = 64) -> float:
-    client = launch_replicas(config, index_path)
+    client = start_retrieval_service(config, index_path)
     try:
         async def burst(qs):
             return await asyncio.gather(*(client.search([q], k) for q in qs))
@@ -120,7 +120,7 @@ def bench_service_paths(config: RunConfig, args) -> list[dict]:
     def measure(name: str, search) -> dict:
         return asyncio.run(measure_all(name, search))
 
-    actors = launch_replicas(config, path)
+    actors = start_retrieval_service(config, path)
     try:
         rows = [measure("in-job actor service", lambda c, qs, k: actors.search(qs, k))]
     finally:

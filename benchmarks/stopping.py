@@ -48,10 +48,10 @@ def unseen_questions(config: RunConfig, run: RunDir, limit: int):
 
 
 def run_once(name: str, config: RunConfig, questions, retriever, controller) -> dict:
-    from raypipe.stages.probe import GenerateStage
+    from raypipe.runtime.generation import TrajectoryGenerator
 
     log.info("%s: starting an engine", name)
-    stage = GenerateStage(config, retriever, controller=controller)
+    stage = TrajectoryGenerator(config, retriever, controller=controller)
     started = time.perf_counter()
     outputs = stage.run(questions)
     wall = time.perf_counter() - started

@@ -13,7 +13,10 @@ import importlib.util
 import sys
 from pathlib import Path
 
-COMMANDS = {name: name for name in ("index", "probe", "features", "train", "sweep", "stoprag", "report")}
+COMMANDS = {
+    name: name
+    for name in ("index", "probe", "features", "train", "sweep", "stoprag", "report", "compare", "dashboard")
+}
 COMMANDS["serve-retrieval"] = "serve"
 JOBS = tuple(COMMANDS.values())  # the modules of raypipe.stages
 

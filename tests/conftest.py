@@ -1,3 +1,5 @@
+"""Fixtures shared by the test modules; the helpers they build on are in tests/helpers/."""
+
 import os
 from pathlib import Path
 
@@ -27,15 +29,29 @@ def write_jsonl(tmp_path):
 @pytest.fixture(scope="session")
 def paragraph_corpus(tmp_path_factory):
     """``make(datasets, limit)``: a corpus of just the paragraphs of those questions (indexes in seconds)."""
-    import json
-
-    from raypipe.data.loaders import BUNDLED_CORPUS, load_questions
+    from tests.helpers.corpora import paragraph_corpus as write_corpus
 
     def make(datasets: tuple[str, ...], limit: int) -> Path:
-        wanted = {pid for d in datasets for q in load_questions(d, limit=limit) for pid in q.extra["paragraph_ids"]}
-        path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
-        with BUNDLED_CORPUS.open() as src, path.open("w") as dst:
-            dst.writelines(line for line in src if json.loads(line)["id"] in wanted)
-        return path
+        return write_corpus(tmp_path_factory.mktemp("corpus") / "corpus.jsonl", datasets, limit)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local 2-CPU Ray for the module's tests (``tests.helpers.local_ray``), shut down after them."""
+    ray = pytest.importorskip("ray")
+    from tests.helpers.local_ray import init_local_ray
+
+    init_local_ray()
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory):
+    """A tiny BERT encoder with MiniLM's tokenizer (``tests.helpers.tiny_models.tiny_encoder``)."""
+    pytest.importorskip("torch")
+    from tests.helpers.tiny_models import tiny_encoder as save_tiny_encoder
+
+    return save_tiny_encoder(tmp_path_factory.mktemp("tiny_bert"))

@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
-from test_analysis_fixture import build_run_dir
 
 from raypipe.analysis.bootstrap import headline_intervals, ratio_ci
 from raypipe.analysis.report import ReportContext, RunMeta
 from raypipe.analysis.stats import trajectory_summary
 from raypipe.core.config import ReportConfig
+from tests.helpers.analysis_run import build_run_dir
 
 
 def test_same_seed_same_interval_other_seed_other_interval():

@@ -1,11 +1,11 @@
 import numpy as np
 import pandas as pd
 import pytest
-from test_analysis_fixture import build_run_dir
 
 from raypipe.analysis import stats
 from raypipe.analysis.report import ReportContext, RunMeta
 from raypipe.core.config import ReportConfig
+from tests.helpers.analysis_run import build_run_dir
 
 EPS = 1e-6
 

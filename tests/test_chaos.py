@@ -1,28 +1,15 @@
-"""Reliability under faults and bad input (issue 10): the cases of raypipe/testing/chaos.py, one test each.
+"""Reliability under faults and bad input (issue 10): the cases of tests/helpers/chaos.py, one test each.
 
-``python benchmarks/chaos.py`` runs the same cases and prints their table.
+``python benchmarks/chaos.py`` runs these tests and prints their outcomes as a table.
 """
 
 import signal
 
 import pytest
 
-from raypipe.testing import chaos as cases
-from raypipe.testing.tiny_models import tiny_bert
-
-
-def passed(outcome: cases.Outcome) -> bool:
-    print(outcome)  # shown by pytest when the test fails
-    return outcome.passed
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    cases.init_local_ray()
-    yield
-    ray.shutdown()
+from tests.helpers import chaos as cases
+from tests.helpers.chaos import passed
+from tests.helpers.tiny_models import tiny_bert
 
 
 @pytest.fixture(scope="module")

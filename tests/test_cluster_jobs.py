@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from raypipe.core.rundir import RunDir
-from raypipe.testing.chaos import comparable
-from raypipe.testing.cluster import LocalCluster
+from tests.helpers.chaos import comparable
+from tests.helpers.cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

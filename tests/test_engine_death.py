@@ -1,5 +1,5 @@
 """Faults with the real vLLM engine (issue 22): SIGKILL of the EngineCore mid-batch, a question that kills
-its engine every time (both cases of raypipe/testing/chaos.py, also rows of ``benchmarks/chaos.py``), SIGINT
+its engine every time (both cases of tests/helpers/chaos.py, also rows of ``benchmarks/chaos.py``), SIGINT
 of jobs/probe.py during generation. Each test starts 2-3 engines (about 50 s each on 2 cores)."""
 
 import os
@@ -16,17 +16,13 @@ from raypipe.core.rundir import RunDir
 from raypipe.data.loaders import load_questions
 from raypipe.llm.base import EngineDiedError
 from raypipe.llm.vllm_engine import VLLMEngine
-from raypipe.testing import chaos as cases
-from raypipe.testing.chaos import LOGPROB_ATOL, check_run, same_results
+from tests.helpers import chaos as cases
+from tests.helpers.chaos import LOGPROB_ATOL, check_run, passed, same_results
+from tests.helpers.local_ray import ship_tests_by_value
 
 N = cases.VLLM_QUESTIONS  # two batches of two
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = cases.VLLM_SETTINGS
-
-
-def passed(outcome: cases.Outcome) -> bool:
-    print(outcome)  # shown by pytest when the test fails
-    return outcome.passed
 
 
 def test_the_vllm_engine_tells_a_dead_engine_from_a_failed_request():
@@ -64,12 +60,13 @@ def test_the_vllm_engine_tells_a_dead_engine_from_a_failed_request():
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """The embedded config over the paragraphs of the first N + 1 HotpotQA questions, short turns."""
+def setup(paragraph_corpus):
+    """The embedded config over the paragraphs of the first N + 1 HotpotQA questions, short turns; the
+    probe job starts Ray, which gets the faults by value."""
     import ray
 
-    corpus = cases.paragraph_corpus(tmp_path_factory.mktemp("corpus") / "corpus.jsonl", ("hotpotqa",), N + 1)
-    yield cases.vllm_setup(corpus)
+    ship_tests_by_value()
+    yield cases.vllm_setup(paragraph_corpus(("hotpotqa",), N + 1))
     ray.shutdown()
 
 

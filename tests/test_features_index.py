@@ -8,7 +8,7 @@ import pytest
 from raypipe.core.config import load_config
 from raypipe.features.extract import extract_trajectory
 from raypipe.features.resources import IndexCorpus, SbertEncoder
-from raypipe.testing.index_checks import assert_rows_are_their_passages
+from tests.helpers.index_checks import assert_rows_are_their_passages
 
 PASSAGES = [
     ("p1", "Hamlet", "Hamlet is a tragedy written by William Shakespeare."),

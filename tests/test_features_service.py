@@ -8,14 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
-from test_retrieval_http import SearchR1Server
 
 from raypipe.core.config import load_config
 from raypipe.core.schema import FEATURES
-from raypipe.features.synthetic import HashEncoder, synthetic_corpus, write_synthetic_run
 from raypipe.retrieval.types import SearchHit, SearchResult
 from raypipe.runtime.corpus_service import CorpusServiceError, ServiceCorpus
 from raypipe.stages.features import FeatureStage, pack_trajectory, run_features
+from raypipe.testing.synthetic import HashEncoder, synthetic_corpus, write_synthetic_run
+from tests.helpers.search_r1_server import SearchR1Server
 
 
 class FakeTransport:

@@ -12,8 +12,8 @@ from raypipe.core.rundir import RunDir, RunDirError
 from raypipe.core.schema import FEATURE_COLUMNS, FEATURES
 from raypipe.features.extract import extract_trajectory
 from raypipe.features.resources import SbertEncoder
-from raypipe.features.synthetic import HashEncoder, synthetic_corpus, write_synthetic_run
 from raypipe.stages.features import FeatureStage, pack_trajectory, run_features
+from raypipe.testing.synthetic import HashEncoder, synthetic_corpus, write_synthetic_run
 
 
 def expected_rows(run, config):
@@ -32,8 +32,7 @@ def expected_rows(run, config):
 
 
 @pytest.mark.slow
-def test_ray_stage_matches_the_pure_extractor_across_file_boundaries(tmp_path):
-    ray = pytest.importorskip("ray")
+def test_ray_stage_matches_the_pure_extractor_across_file_boundaries(ray_local, tmp_path):
     run = write_synthetic_run(tmp_path / "run", n_questions=12, parts=2)
     files = sorted(run.table_dir("iterations").glob("*.parquet"))
     qids = [set(pq.read_table(p).column("qid").to_pylist()) for p in files]
@@ -43,11 +42,7 @@ def test_ray_stage_matches_the_pure_extractor_across_file_boundaries(tmp_path):
     pq.write_table(pa.table({"old": [1]}), stale / "old.parquet")
 
     config = load_config("embedded", ["features.actors=2"])
-    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False, log_to_driver=False)
-    try:
-        rows = run_features(run, config, corpus_factory=synthetic_corpus, sentence_factory=HashEncoder)
-    finally:
-        ray.shutdown()
+    rows = run_features(run, config, corpus_factory=synthetic_corpus, sentence_factory=HashEncoder)
 
     assert not (stale / "old.parquet").exists()  # a rerun replaces the table
     table = run.read("features")
@@ -96,15 +91,14 @@ def test_sbert_encoder_is_minilm():
 
 
 @pytest.mark.slow
-def test_features_through_the_retrieval_service_equal_an_in_process_index(tmp_path):
+def test_features_through_the_retrieval_service_equal_an_in_process_index(ray_local, tmp_path):
     """No features actor opens the index: vectors, frequencies and the question's list come from the
     service's replicas, and the features equal those over the same index opened in this process."""
     import json
 
-    ray = pytest.importorskip("ray")
     from raypipe.features.resources import IndexCorpus
-    from raypipe.features.synthetic import _doc_text
     from raypipe.stages.index import ensure_index
+    from raypipe.testing.synthetic import _doc_text
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": f"doc{j}", "contents": f'"T{j}"\n{_doc_text(j)}'}) + "\n"
@@ -113,11 +107,7 @@ def test_features_through_the_retrieval_service_equal_an_in_process_index(tmp_pa
                                       "retrieval.encoder=hash:32", "features.actors=1", "retrieval.replicas=2"])
     ensure_index(config, use_ray=False)
     run = write_synthetic_run(tmp_path / "run", n_questions=5, deep_k=20, n_docs=200, parts=2)
-    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False, log_to_driver=False)
-    try:
-        rows = run_features(run, config, sentence_factory=HashEncoder)
-    finally:
-        ray.shutdown()
+    rows = run_features(run, config, sentence_factory=HashEncoder)
     assert rows == run.read("iterations").num_rows
     local = IndexCorpus.open(config)
     trajectories = run.read("trajectories")

@@ -80,9 +80,9 @@ def test_build_equals_corpus_order_encoding(corpus, tmp_path):
 
 @pytest.mark.parametrize("quantization", ["none", "int8"])
 def test_minilm_build_equals_corpus_order_encoding(corpus, tmp_path, quantization):
-    """The embedded encoder, fp32 and the default int8: whatever the blocks (20 rows here, longest first
-    inside each), every row is its passage's vector encoded alone in corpus order; int8 bit for bit,
-    because the ONNX encoder runs one passage per call (its dynamic quantisation is per call)."""
+    """The embedded encoder, fp32 (the default) and int8: whatever the blocks (20 rows here, longest first
+    inside each), every row is its passage's vector encoded alone in corpus order, bit for bit, because the
+    ONNX encoder runs one passage per call (int8's dynamic quantisation is per call)."""
     config = load_config("embedded", [f"data.corpus={corpus}", f"retrieval.index_dir={tmp_path / 'idx'}",
                                       f"retrieval.encoder_quantization={quantization}", "retrieval.build_block_rows=20"])
     idx = load_index_dir(ensure_index(config, use_ray=False))
@@ -90,10 +90,7 @@ def test_minilm_build_equals_corpus_order_encoding(corpus, tmp_path, quantizatio
     texts = [passage_text(p.title, p.text) for p in passages]
     expected = EncoderSpec(quantization=quantization).load().encode_passages(texts)
     assert idx.docs.table.column("doc_id").to_pylist() == [p.doc_id for p in passages]
-    if quantization == "int8":
-        assert np.array_equal(idx.vectors(range(N)), expected)
-    else:
-        assert np.allclose(idx.vectors(range(N)), expected, atol=1e-5)
+    assert np.array_equal(idx.vectors(range(N)), expected)
 
 
 class Interrupted(Exception):

@@ -123,13 +123,9 @@ def search_then_answer(config):
 
 
 @pytest.mark.slow
-def test_probe_run_over_an_imported_index(published, tmp_path):
-    ray = pytest.importorskip("ray")
-    from ray import cloudpickle
-
+def test_probe_run_over_an_imported_index(published, ray_local, tmp_path):
     from raypipe.stages.probe import run_probe
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     corpus, index_file, _ = published
     out = import_faiss(index_file, corpus, e5_hash(), tmp_path / "imported")
     config = load_config("embedded", [f"data.corpus={corpus}", f"retrieval.encoder=hash:{DIM}",
@@ -137,12 +133,8 @@ def test_probe_run_over_an_imported_index(published, tmp_path):
                                       "generation.batch_size=2", "retrieval.deep_k=5"])
     questions = [Question(qid=f"q{i}", dataset="toy", question=f"what is passage {i}?", golden_answers=["done"])
                  for i in range(3)]
-    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False)
-    try:
-        run = RunDir(tmp_path / "run")
-        assert run_probe(config, run, questions, engine_factory=search_then_answer) == 3
-    finally:
-        ray.shutdown()
+    run = RunDir(tmp_path / "run")
+    assert run_probe(config, run, questions, engine_factory=search_then_answer) == 3
     iterations = run.read("iterations").to_pylist()
     searched = [r for r in iterations if r["doc_ids"]]
     assert searched and all(set(r["doc_ids"]) <= {str(i) for i in range(N)} for r in searched)

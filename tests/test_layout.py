@@ -16,7 +16,7 @@ JOBS = PACKAGE.parent / "jobs"
 # Lowest first. A module may import its own layer and the layers before it, never one after it.
 DOMAIN = ["core", "data", "llm", "retrieval", "agents", "features", "predict", "stopping", "stoprag", "analysis"]
 LAYERS = [*DOMAIN, "runtime", "stages", "cli", "testing"]
-STAGE_JOBS = {"index", "probe", "features", "train", "sweep", "stoprag", "report", "serve"}
+STAGE_JOBS = {"index", "probe", "features", "train", "sweep", "stoprag", "report", "serve", "compare", "dashboard"}
 
 
 def layer_of(module: str) -> str | None:
@@ -99,3 +99,57 @@ def test_job_entry_points_are_thin(job):
     imported = [n for n in code if isinstance(n, ast.ImportFrom)]
     assert [(n.module, [a.name for a in n.names]) for n in imported] == [(f"raypipe.stages.{job}", ["main"])]
     assert len(code) == 2, "an import and the __main__ guard, nothing else"
+
+
+STAGE_MAX_LINES = 300  # issue 26: a stage module is wiring (its Ray adapter, its driver, its main), well under this
+
+
+def test_stage_modules_stay_under_the_size_target():
+    over = [
+        f"{path.relative_to(PACKAGE.parent)}: {lines} lines"
+        for path in sorted((PACKAGE / "stages").glob("*.py"))
+        if (lines := len(path.read_text().splitlines())) >= STAGE_MAX_LINES
+    ]
+    assert not over, f"{STAGE_MAX_LINES} lines or more (move the domain code down):\n" + "\n".join(over)
+
+
+# getattr/hasattr on a value with one of these in its name, or asking for one of these attributes, probes an
+# engine, a retriever or a retrieval client for a capability its protocol should declare.
+PROBED_NAMES = ("engine", "retriever", "client", "service")
+PROBED_ATTRIBUTES = {"supports_regex", "warmup", "describe", "node_ids", "shutdown", "actors", "prefetch_terms"}
+
+
+def capability_probes(source: str) -> list[tuple[int, str]]:
+    """(line, call) for every getattr/hasattr in ``source`` that probes an engine, retriever or client."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2):  # fmt: skip
+            continue
+        target, attribute = node.args[0], node.args[1]
+        # the name the first argument ends in: engine, self.engine, self._retrieval_client
+        name = target.id if isinstance(target, ast.Name) else (target.attr if isinstance(target, ast.Attribute) else "")
+        asked = attribute.value if isinstance(attribute, ast.Constant) else None
+        if any(word in name.lower() for word in PROBED_NAMES) or asked in PROBED_ATTRIBUTES:
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_the_probe_check_finds_what_it_forbids():
+    source = "\n".join([
+        'getattr(engine, "supports_regex", True)', 'hasattr(self.client, "anything")',
+        'getattr(corpus, "prefetch_terms", None)', "getattr(self._retriever, name)",
+        'getattr(config, "model", None)', 'hasattr(loader.sampler, "set_epoch")',
+    ])  # fmt: skip
+    assert [line for line, _ in capability_probes(source)] == [1, 2, 3, 4]
+
+
+def test_no_getattr_or_hasattr_probes_an_engine_or_a_retriever():
+    """Capabilities are declared on the protocols (``Engine.supports_regex``, ``Engine.warmup``, the retrieval
+    client's ``describe``, ``node_ids``, ``shutdown``) and checked with ``isinstance``, never probed."""
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} {call}"
+        for path in package_modules()
+        for line, call in capability_probes(path.read_text())
+    ]
+    assert not offenders, "\n".join(offenders)

@@ -9,7 +9,7 @@ from raypipe.core.config import EngineConfig
 from raypipe.core.loopthread import LoopThread
 from raypipe.llm.base import ContextOverflowError, EngineError, GenerationRequest
 from raypipe.llm.common import check_request, find_stop, fit_max_tokens
-from raypipe.llm.factory import build_engine, engine_info
+from raypipe.llm.factory import build_engine
 
 
 @pytest.mark.parametrize(
@@ -160,12 +160,24 @@ def test_transformers_sampling_greedy_and_nucleus():
 def test_factory_builds_the_http_backend_and_describes_it():
     config = EngineConfig(backend="openai", base_url="http://127.0.0.1:9/v1", model="served-name")
     engine = build_engine(config)
-    info = engine_info(engine)
+    info = engine.describe()
     assert info["backend"] == "openai" and info["model"] == "served-name"
     assert info["supports_regex"] is True and info["base_url"] == "http://127.0.0.1:9/v1"
     assert info["model_path"] is None  # "served-name" is no local model: no tokenizer
     with pytest.raises(EngineError, match="no local tokenizer"):
         engine.count_tokens("x")
+    assert asyncio.run(engine.warmup(["a+"])) == {}  # nothing to prepare on the client side
+
+
+def test_every_backend_declares_its_capabilities():
+    from raypipe.llm.hf_engine import TransformersEngine
+    from raypipe.llm.openai_engine import OpenAIEngine
+    from raypipe.llm.vllm_engine import VLLMEngine
+
+    assert VLLMEngine.supports_regex is True  # structured outputs (recorded as such in the run's engine record)
+    assert TransformersEngine.supports_regex is False and OpenAIEngine.supports_regex is True
+    for backend in (VLLMEngine, TransformersEngine, OpenAIEngine):
+        assert callable(backend.warmup) and callable(backend.describe)
 
 
 def test_factory_rejects_an_http_backend_without_url():

@@ -9,7 +9,7 @@ import pytest
 from raypipe.core.config import EngineConfig
 from raypipe.data.loaders import load_questions
 from raypipe.llm.base import ContextOverflowError, EngineError, GenerationRequest
-from raypipe.llm.factory import build_engine, engine_info
+from raypipe.llm.factory import build_engine
 
 pytestmark = pytest.mark.slow
 
@@ -107,8 +107,9 @@ def test_vllm_prefix_cache_hits_when_a_prompt_extends_another(vllm_engine, quest
     gen = run(vllm_engine.generate(GenerationRequest(prompt=first, max_tokens=24, stop=STOPS)))
     probe = first + gen.text + "\n\n<answer>"
     hit = run(vllm_engine.generate(GenerationRequest(prompt=probe, max_tokens=8, stop=("</answer>",))))
-    block = engine_info(vllm_engine)["block_size"]
-    assert block == 32
+    record = vllm_engine.describe()
+    block = record["block_size"]
+    assert block == 32 and record["supports_regex"] is True
     assert hit.cached_prompt_tokens >= (gen.prompt_tokens // block) * block > 0
     assert hit.cached_prompt_tokens % block == 0
     assert hit.engine_s > 0 and hit.queue_s >= 0  # vLLM's request timestamps (engine.request_timings)

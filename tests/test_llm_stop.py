@@ -9,7 +9,7 @@ import hashlib
 
 import pytest
 
-from raypipe.llm.base import EngineError, Generation
+from raypipe.llm.base import EngineError
 from raypipe.stoprag.llm_stop import (
     SYSTEM_PROMPT,
     USER_INSTRUCTION,
@@ -21,6 +21,7 @@ from raypipe.stoprag.llm_stop import (
     parse_decision_tolerant,
 )
 from raypipe.stoprag.targets import Round
+from raypipe.testing.fakes import FakeEngine, replies
 
 # Each case as stop_decider.py l.49-77 decides it: the first line (after the output is stripped) that starts
 # with "Decision:" (any case) and whose rest contains STOP (checked first) or CONTINUE decides; otherwise
@@ -120,31 +121,6 @@ def test_user_message_is_the_reference_trace():
     assert "Document: X (film): X is a\n" in cut["content"]
 
 
-class FakeEngine:
-    max_model_len = 4096
-
-    def __init__(self, outputs):
-        self.outputs = list(outputs)
-        self.prompts, self.regexes = [], []
-
-    def apply_chat_template(self, messages, add_generation_prompt=True):
-        return "|".join(m["content"] for m in messages)
-
-    async def generate(self, request):
-        self.prompts.append(request.prompt)
-        self.regexes.append(request.regex)
-        out = self.outputs.pop(0)
-        if isinstance(out, Exception):
-            raise out
-        return Generation(text=out)
-
-    def count_tokens(self, text):
-        return len(text.split())
-
-    async def close(self):
-        pass
-
-
 def _history(n):
     rows = [{"iteration": 0, "query": None, "doc_ids": [], "doc_titles": [], "doc_texts": [], "probe_answer": "a0"}]
     for i in range(1, n + 1):
@@ -154,19 +130,19 @@ def _history(n):
 
 
 def test_controller_online():
-    engine = FakeEngine(["Decision: <CONTINUE>", "Analysis: ok\nDecision: <STOP>", EngineError("boom")])
+    engine = FakeEngine(replies(["Decision: <CONTINUE>", "Analysis: ok\nDecision: <STOP>", EngineError("boom")]))
     ctl = LLMStopController(engine, max_tokens=50)
     assert not asyncio.run(ctl.decide("Q", _history(0))).stop  # before any retrieval: no call
-    assert engine.prompts == []
+    assert engine.requests == []
     assert not asyncio.run(ctl.decide("Q", _history(1))).stop
     decision = asyncio.run(ctl.decide("Q", _history(2)))
     assert decision.stop and decision.answer_iteration is None and decision.reason == "llm_stop:decision_line"
-    assert "Follow up: q2" in engine.prompts[-1] and "Intermediate answer: a1" in engine.prompts[-1]
+    assert "Follow up: q2" in engine.requests[-1].prompt and "Intermediate answer: a1" in engine.requests[-1].prompt
     assert not asyncio.run(ctl.decide("Q", _history(3))).stop  # an engine error is the default verdict
 
 
 def test_judge_prefixes_keys_results():
-    engine = FakeEngine(["<STOP>", "<CONTINUE>"])
+    engine = FakeEngine(replies(["<STOP>", "<CONTINUE>"]))
     ctl = LLMStopController(engine)
     items = [("a", 1, "Q", ROUNDS[:1]), ("a", 2, "Q", ROUNDS)]
     out = asyncio.run(judge_prefixes(ctl, items, concurrency=1))
@@ -178,9 +154,9 @@ def test_enforced_format_is_parseable():
 
     from raypipe.stoprag.llm_stop import DECISION_REGEX
 
-    engine = FakeEngine(["Analysis: enough.\nDecision: <STOP>"])
+    engine = FakeEngine(replies(["Analysis: enough.\nDecision: <STOP>"]))
     ctl = LLMStopController(engine, enforce=True)
-    assert asyncio.run(ctl.decide("Q", _history(1))).stop and engine.regexes == [DECISION_REGEX]
+    assert asyncio.run(ctl.decide("Q", _history(1))).stop and [r.regex for r in engine.requests] == [DECISION_REGEX]
     for verdict in ("STOP", "CONTINUE"):
         text = f"Analysis: some reasoning, with commas.\nDecision: <{verdict}>"
         assert re.fullmatch(DECISION_REGEX, text)
@@ -190,8 +166,9 @@ def test_enforced_format_is_parseable():
 
 def test_controller_parser_choice():
     out = "We should stop here."
-    assert asyncio.run(LLMStopController(FakeEngine([out])).decide("Q", _history(1))).stop  # reference: "STOP" in text
-    assert not asyncio.run(LLMStopController(FakeEngine([out]), parser="tolerant").decide("Q", _history(1))).stop
+    engine = FakeEngine(replies([out, out]))
+    assert asyncio.run(LLMStopController(engine).decide("Q", _history(1))).stop  # reference: "STOP" in text
+    assert not asyncio.run(LLMStopController(engine, parser="tolerant").decide("Q", _history(1))).stop
     with pytest.raises(ValueError, match="unknown LLM-Stop parser"):
-        LLMStopController(FakeEngine([]), parser="strict")
-    assert LLMStopController(FakeEngine([])).regex is None  # the faithful default: free text
+        LLMStopController(FakeEngine(replies([])), parser="strict")
+    assert LLMStopController(FakeEngine(replies([]))).regex is None  # the faithful default: free text

@@ -5,7 +5,7 @@ import torch
 
 from raypipe.core.config import TrainConfig
 from raypipe.predict import crossencoder
-from raypipe.testing.tiny_models import tiny_bert
+from tests.helpers.tiny_models import tiny_bert
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,11 @@ import pytest
 from raypipe.core.config import TrainConfig
 from raypipe.core.models import resolve_sentence_model
 from raypipe.core.schema import PREDICTIONS
-from raypipe.predict import crossencoder, synthetic
+from raypipe.predict import crossencoder
 from raypipe.predict.bundle import PredictorBundle
 from raypipe.predict.window import build_window
 from raypipe.stages.train import run_train
+from tests.helpers import runs
 
 pytestmark = pytest.mark.slow  # about 1 min on 2 busy cores: a real MiniLM is loaded and run
 
@@ -35,7 +36,7 @@ def trained_run(tmp_path_factory, untrained):
         curve = pd.DataFrame({"epoch": [1], "step": [1], "loss": [0.5]})
         return {t.name: crossencoder.TrainedModel(shared, curve, 1.0, 16, len(t.texts)) for t in tasks}
 
-    run = synthetic.write_run(tmp_path_factory.mktemp("run"), n_questions=40)
+    run = runs.write_run(tmp_path_factory.mktemp("run"), n_questions=40)
     cfg = TrainConfig(
         relations=["intra_iteration"],
         folds=2,
@@ -44,7 +45,7 @@ def trained_run(tmp_path_factory, untrained):
         bootstrap_samples=20,
         groups=["prob", "unsup+sup+prob"],
     )
-    summary = run_train(run, cfg, synthetic.doc_lookup, trainer=fake_trainer)
+    summary = run_train(run, cfg, runs.doc_lookup, trainer=fake_trainer)
     return run, cfg, summary, calls
 
 
@@ -88,7 +89,7 @@ def test_tables_written(trained_run):
 
 def test_bundle_online_equals_offline(trained_run):
     run, cfg, _, _ = trained_run
-    bundle = PredictorBundle.load(run.path / "models", doc_lookup=synthetic.doc_lookup)
+    bundle = PredictorBundle.load(run.path / "models", doc_lookup=runs.doc_lookup)
     assert bundle.window == 2 and bundle.feature_group == "unsup+sup+prob"
     iterations = run.read("iterations").to_pandas()
     features = run.read("features").to_pandas()

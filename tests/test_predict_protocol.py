@@ -4,10 +4,11 @@ import pandas as pd
 import pytest
 
 from raypipe.core.config import TrainConfig
-from raypipe.predict import crossencoder, synthetic
+from raypipe.predict import crossencoder
 from raypipe.predict.splits import check_disjoint, protocol_note
 from raypipe.stages.train import run_train
-from raypipe.testing.tiny_models import tiny_bert
+from tests.helpers import runs
+from tests.helpers.tiny_models import tiny_bert
 
 
 def test_overlapping_runs_fail_naming_the_questions():
@@ -34,12 +35,12 @@ def trained(tmp_path_factory):
         curve = pd.DataFrame({"epoch": [1], "step": [1], "loss": [0.5]})
         return {t.name: crossencoder.TrainedModel(shared, curve, 1.0, 16, len(t.texts)) for t in tasks}
 
-    train_run = synthetic.write_run(tmp_path_factory.mktemp("train"), n_questions=40, seed=1, prefix="t")
-    target = synthetic.write_run(tmp_path_factory.mktemp("dev"), n_questions=20, seed=2, prefix="d")
+    train_run = runs.write_run(tmp_path_factory.mktemp("train"), n_questions=40, seed=1, prefix="t")
+    target = runs.write_run(tmp_path_factory.mktemp("dev"), n_questions=20, seed=2, prefix="d")
     cfg = TrainConfig(relations=["intra_iteration"], windows=[1, 2], chosen_window=2, bootstrap_samples=20,
                       groups=["prob", "unsup+sup+prob"], ablation_windows=[1], head_max_iter=100)  # fmt: skip
     types = {f"t{i}": ("bridge", "comparison")[i % 2] for i in range(40)} | {f"d{i}": "bridge" for i in range(20)}
-    summary = run_train(target, cfg, synthetic.doc_lookup, trainer=fake_trainer, train_run=train_run,
+    summary = run_train(target, cfg, runs.doc_lookup, trainer=fake_trainer, train_run=train_run,
                         question_types=types)  # fmt: skip
     return train_run, target, summary, calls
 
@@ -71,7 +72,7 @@ def test_evaluation_on_the_target_run_only(trained):
 
 
 def test_overlapping_training_run_is_refused(tmp_path):
-    a = synthetic.write_run(tmp_path / "a", n_questions=12, prefix="q")
-    b = synthetic.write_run(tmp_path / "b", n_questions=12, seed=3, prefix="q")
+    a = runs.write_run(tmp_path / "a", n_questions=12, prefix="q")
+    b = runs.write_run(tmp_path / "b", n_questions=12, seed=3, prefix="q")
     with pytest.raises(ValueError, match="12 questions are in both .* q0, q1, q10"):
-        run_train(b, TrainConfig(), synthetic.doc_lookup, trainer=lambda *a: {}, train_run=a)
+        run_train(b, TrainConfig(), runs.doc_lookup, trainer=lambda *a: {}, train_run=a)

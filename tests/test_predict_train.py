@@ -8,17 +8,9 @@ import pytest
 from raypipe.core.config import TrainConfig
 from raypipe.predict import crossencoder
 from raypipe.stages.train import train_crossencoders
-from raypipe.testing.tiny_models import tiny_bert
+from tests.helpers.tiny_models import tiny_bert
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

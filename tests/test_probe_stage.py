@@ -9,26 +9,18 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from raypipe.agents.probe_run import check_resumable, done_qids, resolve_config
+from raypipe.analysis.probe_summary import format_summary, summarize
 from raypipe.core.config import load_config
 from raypipe.core.rundir import PARTIAL_SUFFIX, RunDir
 from raypipe.core.schema import ITERATIONS, TRAJECTORIES
 from raypipe.data.loaders import Question
 from raypipe.llm.base import EngineDiedError, EngineError
+from raypipe.runtime import generation
 from raypipe.runtime.crashes import CrashLedger
+from raypipe.runtime.generation import question_items, split_output, write_batch
 from raypipe.stages import probe
-from raypipe.stages.probe import (
-    GenerateStage,
-    check_resumable,
-    done_qids,
-    format_summary,
-    question_items,
-    resolve_config,
-    run_probe,
-    split_output,
-    summarize,
-    write_batch,
-)
-from raypipe.testing import fakes as agent_fakes
+from raypipe.stages.probe import GenerateStage, run_probe
 from raypipe.testing.fakes import FakeEngine, FakeRetriever
 
 SEARCH = "<think> look it up </think>\n<search> {q} </search>"
@@ -57,6 +49,9 @@ def questions(n, bad=False):
 
 
 CONFIG = load_config("embedded", ["generation.batch_size=3", "generation.max_concurrent_trajectories=4"])
+NO_RETRY = load_config(
+    "embedded", ["generation.batch_size=3", "generation.max_concurrent_trajectories=4", "generation.retry_transient=false"]
+)
 
 
 def test_stage_turns_a_batch_into_both_tables():
@@ -76,18 +71,6 @@ def test_stage_turns_a_batch_into_both_tables():
     stage.close()
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-    from ray import cloudpickle
-
-    cloudpickle.register_pickle_by_value(agent_fakes)  # the fakes travel to the actors by value
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow
 def test_run_writes_parts_resumes_and_keeps_bad_rows(ray_local, tmp_path):
     run = RunDir(tmp_path / "run")
@@ -102,9 +85,16 @@ def test_run_writes_parts_resumes_and_keeps_bad_rows(ray_local, tmp_path):
     # a crash between the two writes leaves an orphan iterations part: the rerun removes it
     orphan = run.table_dir("iterations") / "part-crashed.parquet"
     orphan.write_bytes((run.table_dir("iterations") / sorted(p.name for p in run.table_dir("iterations").glob("*.parquet"))[0]).read_bytes())
-    assert run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=scripted_engine) == 0
+    assert run_probe(NO_RETRY, run, qs, retriever=FakeRetriever(), engine_factory=scripted_engine) == 0
     assert not orphan.exists()
     assert run.read("trajectories").sort_by("qid").equals(first_t.sort_by("qid"))
+    assert run.read("iterations").num_rows == first_i.num_rows
+
+    # by default a rerun runs the engine_error row again (an outage, as far as the job can tell): one row stays
+    assert run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=scripted_engine) == 1
+    again = run.read("trajectories")
+    assert sorted(again.column("qid").to_pylist()) == sorted(q.qid for q in qs)  # no duplicate
+    assert {t["qid"]: t["stop_reason"] for t in again.to_pylist()}["bad"] == "engine_error"
     assert run.read("iterations").num_rows == first_i.num_rows
 
     # more questions: only the new ones run
@@ -112,6 +102,25 @@ def test_run_writes_parts_resumes_and_keeps_bad_rows(ray_local, tmp_path):
     summary = summarize(run)
     assert [r["questions"] for r in summary] == [5, 5]
     assert "stop reasons" in format_summary(summary) and "P_1" in format_summary(summary)
+
+
+@pytest.mark.slow
+def test_a_rerun_after_a_retrieval_outage_replaces_the_failed_rows(ray_local, tmp_path):
+    run = RunDir(tmp_path / "run")
+    qs = questions(6)
+    down = FakeRetriever(fail_on=["q1", "q4"])  # the service fails these searches, as in an outage
+    assert run_probe(CONFIG, run, qs, retriever=down, engine_factory=scripted_engine) == 6
+    reasons = {t["qid"]: t["stop_reason"] for t in run.read("trajectories").to_pylist()}
+    assert reasons["id1"] == reasons["id4"] == "retrieval_error" and reasons["id0"] == "answer"
+
+    assert run_probe(NO_RETRY, run, qs, retriever=FakeRetriever(), engine_factory=scripted_engine) == 0  # --no-retry
+    assert run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=scripted_engine) == 2
+    trajectories = run.read("trajectories").to_pylist()
+    assert sorted(t["qid"] for t in trajectories) == sorted(q.qid for q in qs)  # exactly one row per question
+    assert all(t["stop_reason"] == "answer" and t["final_f1"] == 1.0 for t in trajectories)
+    iterations = run.read("iterations").to_pylist()
+    assert sorted((r["qid"], r["iteration"]) for r in iterations) == sorted((q.qid, i) for q in qs for i in (0, 1))
+    assert run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=scripted_engine) == 0  # nothing left
 
 
 def test_rerun_with_other_settings_is_refused(tmp_path):
@@ -131,7 +140,7 @@ def test_job_help_lists_its_flags():
     env = {**os.environ, "PYTHONPATH": str(root)}
     proc = subprocess.run([sys.executable, str(root / "jobs" / "probe.py"), "--help"], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0
-    for flag in ("--dataset", "--limit", "--out", "--config", "--set", "--no-probe"):
+    for flag in ("--dataset", "--limit", "--out", "--config", "--set", "--no-probe", "--no-retry"):
         assert flag in proc.stdout
 
 
@@ -147,9 +156,9 @@ def test_enforcement_on_an_engine_without_structured_outputs_is_refused():
 
 
 def test_actor_line_reports_finished_in_flight_and_rate(monkeypatch, caplog):
-    monkeypatch.setattr(probe, "ACTOR_LINE_EVERY_S", 0.0)  # a line per finished trajectory
+    monkeypatch.setattr(generation, "ACTOR_LINE_EVERY_S", 0.0)  # a line per finished trajectory
     stage = GenerateStage(CONFIG, FakeRetriever(), engine_factory=scripted_engine)
-    with caplog.at_level("INFO", logger=probe.__name__):
+    with caplog.at_level("INFO", logger=generation.__name__):
         outputs = stage.run(questions(3))
     stage.close()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("actor: ")]
@@ -162,7 +171,7 @@ def test_actor_line_reports_finished_in_flight_and_rate(monkeypatch, caplog):
 
 def test_without_a_factory_the_actor_builds_the_engine_with_the_one_builder(monkeypatch):
     built = []
-    monkeypatch.setattr(probe, "build_engine", lambda config: built.append(config) or scripted_engine(config))
+    monkeypatch.setattr(generation, "build_engine", lambda config: built.append(config) or scripted_engine(config))
     GenerateStage(CONFIG, FakeRetriever()).close()
     assert built == [CONFIG.engine]
 
@@ -237,7 +246,7 @@ def test_a_question_past_the_crash_limit_is_written_as_engine_crash_without_runn
     engine = DyingEngine(dies_on="q1")  # would kill the engine again
     stage = GenerateStage(CONFIG, FakeRetriever(), engine_factory=lambda c: engine,
                           crash_ledger=ledger_with({"id1": limit + 1}))
-    trajectories, iterations = split_output(probe.to_table(stage.run(questions(3))))
+    trajectories, iterations = split_output(generation.to_table(stage.run(questions(3))))
     stage.close()
     assert trajectories.schema == TRAJECTORIES and not engine.dead
     rows = {t["qid"]: t for t in trajectories.to_pylist()}

@@ -6,11 +6,11 @@ Skipped only outside CI when no Chromium is installed; with CI set it must run (
 import os
 
 import pytest
-from test_analysis_fixture import build_run_dir
 
 from raypipe.analysis.screenshot import assert_not_blank, find_browser, screenshot
 from raypipe.core.config import ReportConfig
 from raypipe.stages.report import build_report
+from tests.helpers.analysis_run import build_run_dir
 
 if find_browser() is None and not os.environ.get("CI"):
     pytest.skip("no chromium installed (apt-get install -y chromium); required when CI is set",

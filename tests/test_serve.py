@@ -41,9 +41,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get_json(url: str, body: dict | None = None) -> dict:
+def get_json(url: str, body: dict | None = None, token: str | None = None) -> dict:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    request = urllib.request.Request(url, data=data, headers=headers)
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
 
@@ -60,7 +61,8 @@ def config(tmp_path_factory):
         "embedded",
         [f"data.corpus={corpus}", f"retrieval.index_dir={tmp_path_factory.mktemp('idx') / 'tiny'}",
          "retrieval.max_wait_ms=10", "retrieval.deployment=raypipe-test-retrieval", "retrieval.num_cpus=0",
-         "ray.num_cpus=2", "generation.batch_size=4", "generation.actors=1", "generation.actor_num_cpus=0.5"],
+         "ray.num_cpus=2", "generation.batch_size=4", "generation.actors=1", "generation.actor_num_cpus=0.5",
+         "retrieval.serve_max_body_bytes=100000"],
     )  # fmt: skip
     ensure_index(config, use_ray=False)
     return config
@@ -75,12 +77,18 @@ def local(config):
 
 @pytest.mark.slow
 def test_command_prints_its_url_and_stops_cleanly_on_sigterm(config, tmp_path):
-    """Runs before the in-process deployment below (module fixtures live until the module ends)."""
-    port = free_port()
+    """Runs before the in-process deployment below (module fixtures live until the module ends). Started with a
+    token (from the environment, as docs/retrieval.md advises): every HTTP request must carry it."""
+    import urllib.error
+
+    from raypipe.retrieval.http_client import TOKEN_ENV
+
+    port, token = free_port(), "t0ken-for-the-test"
     settings = [f"data.corpus={config.data.corpus}", f"retrieval.index_dir={config.retrieval.index_dir}", "ray.num_cpus=1"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "raypipe", "serve-retrieval", "--port", str(port), *(a for s in settings for a in ("--set", s))],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), TOKEN_ENV: token},
     )  # fmt: skip
     lines = []
     try:
@@ -93,8 +101,14 @@ def test_command_prints_its_url_and_stops_cleanly_on_sigterm(config, tmp_path):
             if "retrieval service ready at" in line:
                 break
         assert f"ready at http://127.0.0.1:{port}" in "".join(lines), "".join(lines[-30:])
-        health = get_json(f"http://127.0.0.1:{port}/health")
-        assert health["status"] == "ok" and health["passages"] == N_PASSAGES
+        for wrong in (None, "not-the-token"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                get_json(f"http://127.0.0.1:{port}/retrieve", {"queries": ["Who is Ed Wood?"]}, token=wrong)
+            assert refused.value.code == 401 and "Bearer" in json.loads(refused.value.read())["detail"]
+        health = get_json(f"http://127.0.0.1:{port}/health", token=token)
+        assert health["status"] == "ok" and health["passages"] == N_PASSAGES and health["token"] is True
+        found = HttpRetriever(f"http://127.0.0.1:{port}", token=token).search_batch(["Who is Ed Wood?"], 3)
+        assert len(found[0].hits) == 3
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -103,28 +117,17 @@ def test_command_prints_its_url_and_stops_cleanly_on_sigterm(config, tmp_path):
     assert proc.returncode == 0, out[-3000:]
     assert "retrieval service stopped" in out
     with pytest.raises(OSError):
-        get_json(f"http://127.0.0.1:{port}/health")
+        get_json(f"http://127.0.0.1:{port}/health", token=token)
 
 
 @pytest.fixture(scope="module")
-def service(config):
-    """The deployment on a local Ray, at a free port, for the rest of the module."""
-    import ray
-    from ray import cloudpickle
-
+def service(config, ray_local):
+    """The deployment on the module's local Ray, at a free port, for the rest of the module."""
+    from raypipe.retrieval import index_dir_for
     from raypipe.runtime.serve import deploy_retrieval, undeploy_retrieval
-    from raypipe.testing import fakes
 
-    cloudpickle.register_pickle_by_value(fakes)  # the fake engine travels to the generation actors by value
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False)
-    try:
-        from raypipe.retrieval import index_dir_for
-
-        yield deploy_retrieval(config, index_dir_for(config), port=free_port())
-        undeploy_retrieval(config)
-    finally:
-        ray.shutdown()
+    yield deploy_retrieval(config, index_dir_for(config), port=free_port())
+    undeploy_retrieval(config)
 
 
 def queries_for(local: LocalRetriever) -> list[str]:
@@ -140,12 +143,12 @@ def ids_and_scores(results) -> list[list[tuple[str, float]]]:
 def test_every_path_returns_the_in_job_ids_and_scores(config, local, service):
     import asyncio
 
-    from raypipe.runtime.retrieval import launch_replicas
-    from raypipe.runtime.serve import ServeRetriever
+    from raypipe.runtime.retrieval import start_retrieval_service
+    from raypipe.runtime.serve_client import ServeRetriever
 
     queries, k = queries_for(local), 10
     expected = ids_and_scores(local.search_batch(queries, k))
-    actors = launch_replicas(config, local.index_dir.path)
+    actors = start_retrieval_service(config, local.index_dir.path)
     try:
         in_job = ids_and_scores(asyncio.run(actors.search(queries, k)))
     finally:
@@ -177,8 +180,8 @@ def test_corpus_calls_answer_as_the_in_job_actors(config, local, service):
 
     from raypipe.retrieval.store import tokenize
     from raypipe.runtime.corpus_service import CorpusAnswers, HttpTransport, ReplicaTransport, ServeTransport
-    from raypipe.runtime.retrieval import launch_replicas
-    from raypipe.runtime.serve import ServeRetriever
+    from raypipe.runtime.retrieval import start_retrieval_service
+    from raypipe.runtime.serve_client import ServeRetriever
 
     docs = local.docs.get(range(0, N_PASSAGES, 3))
     ids = [d.doc_id for d in docs][::-1]
@@ -187,7 +190,7 @@ def test_corpus_calls_answer_as_the_in_job_actors(config, local, service):
     mine = CorpusAnswers(local)
     expected = (mine.corpus_info(), mine.doc_vectors(ids), mine.document_frequencies(terms), mine.encode_queries(texts))
     assert expected[2] == [local.index_dir.stats.df(t) for t in terms] and expected[2][-1] == 0
-    actors = launch_replicas(config, local.index_dir.path)
+    actors = start_retrieval_service(config, local.index_dir.path)
     try:
         transports = {"actors": ReplicaTransport(actors), "serve": ServeTransport(ServeRetriever(config.retrieval.deployment)),
                       "http": HttpTransport(HttpRetriever(service), chunk=4)}  # fmt: skip
@@ -245,8 +248,8 @@ def features_run(path: Path, local: LocalRetriever) -> RunDir:
 def test_features_stage_through_the_deployment_equals_the_in_job_service(config, local, service, tmp_path):
     """jobs/features.py's stage with its corpus and searches from the deployment, by name and by URL."""
     from raypipe.core.schema import FEATURE_COLUMNS
-    from raypipe.features.synthetic import HashEncoder
     from raypipe.stages.features import run_features
+    from raypipe.testing.synthetic import HashEncoder
 
     run = features_run(tmp_path / "run", local)
     tables = {}
@@ -304,3 +307,45 @@ def test_probe_job_against_the_deployment(config, local, service, tmp_path, back
     assert [r["doc_ids"] for r in rows] == [[h.doc_id for h in e.hits] for e in expected]
     for row, e in zip(rows, expected):
         assert row["doc_scores"] == pytest.approx([h.score for h in e.hits], abs=1e-5)
+
+
+def refusal(url: str, body: dict | bytes) -> tuple[int, object]:
+    """The HTTP status and JSON ``detail`` of a request the service refuses."""
+    import urllib.error
+
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    return refused.value.code, json.loads(refused.value.read())["detail"]
+
+
+@pytest.mark.slow
+def test_one_request_takes_no_more_than_the_limits_allow(config, local, service):
+    """Each limit a 4xx whose JSON detail names its setting; topk above the corpus gets the corpus; /health
+    shows no file path; the replica serves on after every refusal."""
+    cfg = config.retrieval
+    too_many = ["Who is Ed Wood?"] * (cfg.serve_max_queries + 1)
+    cases = [
+        ("/retrieve", {"queries": too_many}, 413, "retrieval.serve_max_queries"),
+        ("/retrieve", {"queries": ["Who is Ed Wood?"], "topk": 10**12}, 422, "retrieval.serve_max_topk"),
+        ("/retrieve", {"queries": ["x" * cfg.serve_max_body_bytes]}, 413, "retrieval.serve_max_body_bytes"),
+        ("/raypipe/document_frequencies", {"terms": ["ed"] * (cfg.serve_max_items + 1)}, 413,
+         "retrieval.serve_max_items"),
+        ("/raypipe/doc_vectors", {"doc_ids": ["p1"] * (cfg.serve_max_items + 1)}, 413, "retrieval.serve_max_items"),
+        ("/raypipe/encode_queries", {"texts": ["q"] * (cfg.serve_max_items + 1)}, 413, "retrieval.serve_max_items"),
+    ]
+    for path, body, status, setting in cases:
+        code, detail = refusal(f"{service}{path}", body)
+        assert (code, setting in detail) == (status, True), (path, code, detail)
+    code, detail = refusal(f"{service}/retrieve", b'{"queries": ["unclosed"')
+    assert code == 422 and isinstance(detail, list)  # FastAPI's own validation answer, also JSON
+
+    deepest = get_json(f"{service}/retrieve", {"queries": ["Who is Ed Wood?"], "topk": cfg.serve_max_topk})
+    assert len(deepest["result"][0]) == N_PASSAGES  # above the passages indexed: all of them
+    health = get_json(f"{service}/health")
+    assert "index" not in health and str(cfg.index_dir) not in json.dumps(health)
+    assert health["limits"]["max_queries"] == cfg.serve_max_queries and health["token"] is False
+    queries = queries_for(local)
+    expected = ids_and_scores(local.search_batch(queries, 5))
+    assert ids_and_scores(HttpRetriever(service).search_batch(queries, 5)) == expected

@@ -9,12 +9,10 @@ import hashlib
 
 import pandas as pd
 import pytest
-from test_llm_stop import FakeEngine
-from test_stoprag_stage import write_synthetic_run
 
 from raypipe.core.config import StopRagConfig, load_config
 from raypipe.llm.base import EngineError
-from raypipe.stages.stoprag import load_histories, state_rewards
+from raypipe.stoprag.episodes import load_histories, state_rewards
 from raypipe.stopping.replay import Trajectory, load_trajectories
 from raypipe.stoprag.rewards import (
     FINAL_ANSWER_DOCS_PROMPT,
@@ -25,6 +23,8 @@ from raypipe.stoprag.rewards import (
     state_documents,
 )
 from raypipe.stoprag.targets import Round
+from raypipe.testing.fakes import FakeEngine, replies
+from tests.helpers.runs import write_stoprag_run
 
 
 def test_answer_prompt_is_the_reference_docs_only_prompt():
@@ -45,13 +45,13 @@ def test_state_documents_are_the_deduplicated_history():
 
 def test_generator_rewards_are_the_mean_over_samples():
     """compute_metrics.py l.93-94: the mean F1 of ``repeat_size`` answers per state; a failed answer scores 0."""
-    engine = FakeEngine(["Paris", "Lyon", "Paris", EngineError("down")])
+    engine = FakeEngine(replies(["Paris", "Lyon", "Paris", EngineError("down")]))
     cfg = StopRagConfig(reward_source="generator", reward_samples=2, reward_temperature=0.7)
     states = {("q1", 0): ("Capital of France?", []), ("q1", 1): ("Capital of France?", ["France: Paris is its capital."])}
     totals, rows = asyncio.run(generator_rewards(engine, states, {"q1": ["Paris"]}, cfg, "hotpotqa", concurrency=1))
     assert totals == {("q1", 0): 0.5, ("q1", 1): 0.5}
     assert len(rows) == 4 and sorted(r["f1"] for r in rows) == [0.0, 0.0, 1.0, 1.0]
-    assert "Document: France: Paris is its capital." in engine.prompts[2]
+    assert "Document: France: Paris is its capital." in engine.requests[2].prompt
 
 
 def test_probe_rewards_take_no_samples():
@@ -69,16 +69,16 @@ def test_rescore_scores_the_natural_ending_like_every_state():
 
 
 def test_stage_rewards_from_probes_and_from_the_generator(tmp_path):
-    run = write_synthetic_run(tmp_path / "run", n_questions=6, max_iterations=3)
+    run = write_stoprag_run(tmp_path / "run", n_questions=6, max_iterations=3)
     trajectories, _ = load_trajectories(run)
     config = load_config()
     questions, histories = load_histories(run, config, {t.qid for t in trajectories})
-    rewards, note = state_rewards(run, config, questions, histories, lambda _: FakeEngine([]), tmp_path)
+    rewards, note = state_rewards(run, config, questions, histories, lambda _: FakeEngine(replies([])), tmp_path)
     assert all(rewards[t.qid] == dict(enumerate(t.probe_f1)) for t in trajectories)
     assert "probed answer" in note and config.engine.model in note
     gen = config.model_copy(update={"stoprag": config.stoprag.model_copy(update={"reward_source": "generator", "reward_samples": 3})})
     n_states = sum(len(rows) for rows in histories.values())
-    engine = FakeEngine(["something"] * (3 * n_states))
+    engine = FakeEngine(replies(["something"] * (3 * n_states)))
     rewards, note = state_rewards(run, gen, questions, histories, lambda _: engine, tmp_path)
-    assert len(engine.prompts) == 3 * n_states and "mean F1 of 3" in note
+    assert len(engine.requests) == 3 * n_states and "mean F1 of 3" in note
     assert sum(len(v) for v in rewards.values()) == n_states and len(pd.read_parquet(tmp_path / "rewards.parquet")) == 3 * n_states

@@ -3,58 +3,15 @@
 import asyncio
 import json
 import pickle
-import random
 
 import pandas as pd
 import pytest
-from test_llm_stop import FakeEngine
-from test_stoprag_train import ray_local, tiny_encoder  # noqa: F401  (fixtures)
 
 from raypipe.core.config import load_config
-from raypipe.core.rundir import RunDir
-from raypipe.core.schema import conform
-from raypipe.data.loaders import BUNDLED_CORPUS, iter_corpus, load_questions
-from raypipe.stages.stoprag import run_stoprag, split_three
-
-
-def write_synthetic_run(path, n_questions=30, seed=0, max_iterations=4, predictions=False):
-    """A run directory with ITERATIONS/TRAJECTORIES tables shaped like the probe job's: real bundled
-    questions and corpus documents, random trajectories whose probe F1 tends to rise and stay."""
-    rng = random.Random(seed)
-    questions = load_questions("hotpotqa", limit=n_questions)
-    doc_ids = [p.doc_id for _, p in zip(range(2000), iter_corpus(BUNDLED_CORPUS))]
-    its, trajs = [], []
-    for q in questions:
-        n = rng.randint(0, max_iterations)
-        f1, rows = 0.0, []
-        for i in range(n + 1):
-            if i and rng.random() < 0.4:
-                f1 = rng.choice([0.5, 1.0]) if f1 < 1.0 or rng.random() < 0.3 else f1
-            rows.append({
-                "qid": q.qid, "dataset": q.dataset, "iteration": i, "query": None if i == 0 else f"query {i} for {q.qid}",
-                "doc_ids": [] if i == 0 else rng.sample(doc_ids, 5), "doc_scores": [] if i == 0 else [0.9, 0.8, 0.7, 0.6, 0.5],
-                "reasoning": f"thinking {i}", "probe_answer": q.golden_answers[0] if f1 == 1.0 else "something",
-                "probe_token_logprobs": [-0.1], "probe_f1": f1, "utility": None if i == 0 else f1 - rows[-1]["probe_f1"],
-                "tokens_generated": 40, "probe_tokens": 5,
-            })  # fmt: skip
-        its += rows
-        trajs.append({
-            "qid": q.qid, "dataset": q.dataset, "question": q.question, "golden_answers": q.golden_answers,
-            "final_answer": rows[-1]["probe_answer"], "final_f1": rows[-1]["probe_f1"], "n_iterations": n,
-            "stop_reason": "answer", "error": None, "tokens_generated": 40 * (n + 1), "probe_tokens": 5 * (n + 1),
-            "wall_s": 1.0, "transcript": "",
-        })  # fmt: skip
-    run = RunDir(path)
-    run.write_part("iterations", conform(its, "iterations"), "part-0")
-    run.write_part("trajectories", conform(trajs, "trajectories"), "part-0")
-    if predictions:  # noisy P̂/Û around the truth, as the predictors would write them; a few questions lack them
-        skipped = {q.qid for q in questions[::4]}
-        preds = [{"qid": r["qid"], "dataset": r["dataset"], "iteration": r["iteration"], "fold": 0, "feature_group": "g",
-                  "window": 1, "p_hat": r["probe_f1"] + rng.gauss(0, 0.1), "u_hat": r["utility"] + rng.gauss(0, 0.1),
-                  "probe_f1": r["probe_f1"], "utility": r["utility"]}
-                 for r in its if r["iteration"] > 0 and r["qid"] not in skipped]  # fmt: skip
-        run.write_part("predictions", conform(preds, "predictions"), "part-0")
-    return run
+from raypipe.stages.stoprag import run_stoprag
+from raypipe.stoprag.splits import split_three
+from raypipe.testing.fakes import FakeEngine, replies
+from tests.helpers.runs import write_run, write_stoprag_run
 
 
 def test_split_three_partitions():
@@ -83,14 +40,14 @@ def test_an_old_runs_stoprag_worker_keys_load_under_their_new_names(tmp_path):
 
 
 @pytest.mark.slow
-def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):  # noqa: F811
-    run = write_synthetic_run(tmp_path / "run", predictions=True)
+def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):
+    run = write_stoprag_run(tmp_path / "run", predictions=True)
     config = load_config(overrides=[
         f"stoprag.encoder={tiny_encoder}", "stoprag.epochs=1", "stoprag.num_workers=1",  # max_length: the encoder's
         "stoprag.batch_size=8", "stoprag.split=[0.5,0.25,0.25]", "stoprag.llm_stop_max_questions=3",
     ])  # fmt: skip
     outputs = iter(["Decision: <STOP>", "<CONTINUE>", "gibberish"] * 20)
-    report = run_stoprag(run, config, llm_stop=True, engine_factory=lambda engine_config: FakeEngine(outputs))
+    report = run_stoprag(run, config, llm_stop=True, engine_factory=lambda engine_config: FakeEngine(replies(outputs)))
     table = report.table.set_index("controller")
     assert {"natural", "cap@1", "heuristic", "stoprag", "llm_stop"} <= set(table.index)
     assert table.loc["natural", "f1_share"] == pytest.approx(1.0)
@@ -116,6 +73,13 @@ def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):  # noqa: F811
     # one answer generator scored every controller, and the table names it
     assert csv["answers"].nunique() == 1 and "probed answer" in csv["answers"][0]
     assert "F1 of every controller: answers: the agent's probed answer" in (out / "comparison.md").read_text()
+    # every controller against natural stopping, per question (LLM-Stop on its own questions)
+    assert "| F1 p (t / W) | iterations p (t / W) |" in (out / "comparison.md").read_text()
+    tests = pd.read_csv(out / "significance.csv")
+    assert {"cap@1", "heuristic", "stoprag", "llm_stop"} <= set(tests["system"])
+    assert "natural" not in set(tests["system"])
+    assert (tests.loc[tests["system"] == "llm_stop", "n"] == 3).all()
+    assert csv.loc[csv["controller"] == "stoprag", "f1_wilcoxon_p_adj"].between(0, 1).all()
     meta = json.loads((out / "qnet/qnet.json").read_text())
     assert meta["max_length"] == 128 and meta["docs_per_iteration"] == 1 and meta["state_truncation"] == "newest"
     llm = pd.read_parquet(out / "llm_stop.parquet")
@@ -125,7 +89,7 @@ def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):  # noqa: F811
 def test_train_run_split_trains_and_tunes_on_the_training_run():
     """Paper protocol for Stop-RAG with --train-run: train/val from the training run's questions in the
     ratio of stoprag.split's first two shares, every target question a test question; overlap fails."""
-    from raypipe.stages.stoprag import split_train_run
+    from raypipe.stoprag.splits import split_train_run
     from raypipe.stopping.replay import Trajectory
 
     def traj(qid):
@@ -143,7 +107,6 @@ def test_train_run_split_trains_and_tunes_on_the_training_run():
 
 def test_stacked_run_reads_both_runs(tmp_path):
     from raypipe.core.train_run import StackedRun
-    from raypipe.predict.synthetic import write_run
 
     a = write_run(tmp_path / "a", n_questions=3, prefix="a")
     b = write_run(tmp_path / "b", n_questions=2, prefix="b")

@@ -4,27 +4,12 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
 from raypipe.core.config import StopRagConfig  # noqa: E402
-from raypipe.core.models import resolve_sentence_model  # noqa: E402
 from raypipe.stoprag.qnet import QNetwork, load_tokenizer, score  # noqa: E402
 from raypipe.stoprag.targets import Episode, training_samples  # noqa: E402
 from raypipe.stoprag.train import cont_targets, worker_share  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny_encoder(tmp_path_factory):
-    from transformers import BertConfig, BertModel
-
-    folder = tmp_path_factory.mktemp("tiny_bert")
-    tokenizer = load_tokenizer(resolve_sentence_model("minilm"))
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
-    BertModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def test_qnetwork_heads_save_load(tiny_encoder, tmp_path):
@@ -53,14 +38,6 @@ def test_targets_bootstrap_from_the_network(tiny_encoder):
     assert first[0] == pytest.approx(max(s[0], c[0]))
     assert first[1] == 1.0  # next state terminal: r_T
     assert cont_targets(net, tok, texts, samples, cfg.model_copy(update={"target": "mc"}), 0.3) == [1.0, 1.0]
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.mark.slow

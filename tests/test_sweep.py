@@ -184,7 +184,7 @@ def test_beats_paper():
 def write_synthetic_run(path, n_questions=40, seed=0, prefix="q"):
     """The predictors' synthetic run (iterations, trajectories, features with planted signal) plus
     predictions and a two-window prediction_grid (truth + noise)."""
-    from raypipe.predict.synthetic import write_run
+    from tests.helpers.runs import write_run
 
     run = write_run(path, n_questions=n_questions, seed=seed, prefix=prefix)
     rng = random.Random(seed)
@@ -205,7 +205,7 @@ def write_synthetic_run(path, n_questions=40, seed=0, prefix="q"):
 
 
 def test_load_heads(tmp_path):
-    from raypipe.stages.sweep import load_heads
+    from raypipe.stopping.inputs import load_heads
 
     run = write_synthetic_run(tmp_path / "run", n_questions=6)
     chosen, heads = load_heads(run, "chosen")
@@ -238,12 +238,12 @@ def test_refit_predictions_use_the_predictors_head(tmp_path):
     with pytest.raises(ValueError, match="the run has no signals"):
         refit_predictions(frame, resolve(HeadRefit(group="unsup+sup"), train), train)  # no sup_signals/ here
     # a Tune trial's head: from prediction_grid, or refit
-    from raypipe.stages.sweep import _trial_head
+    from raypipe.stopping.refit import trial_head
 
     payload = {"predictions": {("g", 3): {"q0": {1: (0.1, 0.2)}}}, "refits": [refit], "refit_frame": frame,
                "train": train, "seed": 0, "train_qids": None}  # fmt: skip
-    assert _trial_head(["grid", "g", 3], payload) == (("g", 3), {"q0": {1: (0.1, 0.2)}})
-    key, again = _trial_head(["refit", 0], payload)
+    assert trial_head(["grid", "g", 3], payload) == (("g", 3), {"q0": {1: (0.1, 0.2)}})
+    key, again = trial_head(["refit", 0], payload)
     assert key == ("prob[refit h=8 wd=0.001 lr=0.001]", 1) and again == preds
 
 
@@ -279,17 +279,13 @@ def test_job_fails_early_on_a_run_without_predictions(tmp_path):
     assert "no predictions table here; run jobs/train.py" in proc.stderr
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 @pytest.mark.slow
-def test_sweep_stage_on_tune(tmp_path, ray_local):
-    from raypipe.stages.sweep import run_sweep
+def test_sweep_stage_on_tune(tmp_path, ray_local, monkeypatch):
+    import raypipe.stages.sweep as sweep_stage
+    from raypipe.analysis.tracking import StageTracker
+    from raypipe.core.config import ReportConfig, TrackingConfig
+    from raypipe.runtime.stage_main import tune_callbacks
+    from raypipe.stopping.refit import head_frame, refit_predictions, resolve
 
     run = write_synthetic_run(tmp_path / "run")
     cfg = StoppingConfig(
@@ -297,7 +293,18 @@ def test_sweep_stage_on_tune(tmp_path, ray_local):
         variants=["paper", "delta_p"], heads="chosen",
         refits=[HeadRefit(group="prob", window=1, head_hidden=[8]), HeadRefit(group="unsup+sup")],
     )  # fmt: skip
-    report = run_sweep(run, cfg, experiment="t", train=TrainConfig(folds=3, head_max_iter=60))
+    tested_heads = {}
+    paired_tests = sweep_stage.sweep_pvalues
+
+    def keep_heads(out, table, inputs, heads, thresholds, options):
+        tested_heads.update(heads)
+        return paired_tests(out, table, inputs, heads, thresholds, options)
+
+    monkeypatch.setattr(sweep_stage, "sweep_pvalues", keep_heads)
+    tracker = StageTracker.open(TrackingConfig(mlflow_uri=str(tmp_path / "mlruns")), run.path, "sweep")
+    train = TrainConfig(folds=3, head_max_iter=60)
+    report = sweep_stage.run_sweep(run, cfg, experiment="t", train=train, options=ReportConfig(bootstrap_samples=100),
+                                   callbacks=tune_callbacks(tracker))  # fmt: skip
     out = tmp_path / "run" / "stopping"
     for name in ("01_tradeoff.md", "01_tradeoff.csv", "02_figure5.png", "selected.json", "data/grid.parquet",
                  "data/selections.csv", "data/pareto.csv"):  # fmt: skip
@@ -322,13 +329,31 @@ def test_sweep_stage_on_tune(tmp_path, ray_local):
     assert "prob[refit h=8 wd=0.001 lr=0.001]" in set(selections["feature_group"])
     md = (out / "01_tradeoff.md").read_text()
     assert md.startswith("# Early stopping") and "| natural |" in md and "The paper's operating point is -10.89%" in md
+    # paired tests against natural stopping: the refit head's predictions came back from its trial
+    refit_key = ("prob[refit h=8 wd=0.001 lr=0.001]", 1)
+    refit = resolve(HeadRefit(group="prob", window=1, head_hidden=[8]), train)
+    again = refit_predictions(head_frame(run), refit, train)
+    returned = tested_heads[refit_key]
+    assert {(q, i) for q in returned for i in returned[q]} == {(q, i) for q in again for i in again[q]}
+    assert all(returned[q][i] == pytest.approx(again[q][i], abs=1e-5) for q in again for i in again[q])
+    assert "| F1 p (t / W) | iterations p (t / W) |" in md and "Holm-corrected" in md
+    significance = pd.read_csv(out / "03_significance.csv")
+    assert len(significance) == 3 * (len(table) - 1) and "natural" not in set(significance["system"])
+    assert pd.read_csv(out / "01_tradeoff.csv")["f1_wilcoxon_p_adj"].notna().sum() == len(table) - 1
+    # Tune's MLflow callback: one MLflow run per trial in the run directory's experiment
+    import mlflow
+
+    client = mlflow.MlflowClient((tmp_path / "mlruns").as_uri())
+    trials = client.search_runs([client.get_experiment_by_name("run").experiment_id],
+                                "tags.`raypipe.stage` = 'sweep-trial'")  # fmt: skip
+    assert len(trials) == 2 and all("test_f1_share" in t.data.metrics for t in trials)
 
 
 def test_train_run_chooses_on_the_training_run_and_reports_on_the_target(tmp_path):
     """Paper protocol (FIDELITY.md, evaluation protocol): thresholds are chosen on the training run's
     questions (the validation split) and reported on every question of the target run (test)."""
     from raypipe.core.config import StoppingConfig
-    from raypipe.stages.sweep import load_inputs
+    from raypipe.stopping.inputs import load_inputs
 
     train_run = write_synthetic_run(tmp_path / "train", n_questions=12, seed=1, prefix="t")
     target = write_synthetic_run(tmp_path / "dev", n_questions=8, seed=2, prefix="d")
@@ -363,7 +388,8 @@ def test_train_run_refits_never_train_on_the_target(tmp_path):
 
 
 def test_an_old_runs_head_refits_load_with_the_renamed_regulariser(tmp_path):
-    """A run written before the seed head: its refits carry head_alpha, read now as head_weight_decay."""
+    """A run written before the seed head: its refits carry head_alpha (sklearn's L2 term), read now as the
+    head_weight_decay equivalent to it at the run's batch size (tests/test_jobargs.py: the values)."""
     import yaml
 
     from raypipe.core.config import dump_config, load_config
@@ -376,4 +402,4 @@ def test_an_old_runs_head_refits_load_with_the_renamed_regulariser(tmp_path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tree))
     config = run_config_from_args(job_parser("test").parse_args([]), tmp_path)
     [refit] = config.stopping.refits
-    assert (refit.head_hidden, refit.head_weight_decay) == ([32, 16], 0.01)
+    assert (refit.head_hidden, refit.head_weight_decay) == ([32, 16], 2 * 0.01 / 256)  # not 0.01: Adam's decay

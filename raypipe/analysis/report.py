@@ -21,11 +21,13 @@ appear without touching this module:
    which is taken as its formatted version), ``*.png`` (plots). Parquet parts at the top level are
    summarised (rows, columns, numeric ranges). Files appear in name order (top level first), so prefix
    them (``01_pearson.md``) to choose the order. Stages known here: ``features``, ``predictions``,
-   ``tables`` (cross-stage tables such as ``RUN_DIR/tables/*.csv``), ``stopping``, ``stoprag``.
-2. A custom section. Put a module ``raypipe/<your package>/report_section.py`` that calls
-   :func:`register_section` at import; the report job imports every such module (:func:`discover_plugins`).
-   A section with the key of a stage (e.g. ``"stopping"``) replaces that stage's generic rendering and
-   keeps its place::
+   ``tables`` (cross-stage tables such as ``RUN_DIR/tables/*.csv``), ``stopping``, ``stoprag``. The
+   paired tests against natural stopping come this way: ``stopping/03_significance.md`` and
+   ``stoprag/significance.md`` (one table per metric, :mod:`raypipe.analysis.policy_tests`), and the
+   p-value columns of ``01_tradeoff.md`` and ``comparison.md``.
+2. A custom section. Call :func:`register_section` (here, with the built-in sections below, or in a module
+   imported before :func:`raypipe.stages.report.build_report` runs). A section with the key of a stage
+   (e.g. ``"stopping"``) replaces that stage's generic rendering and keeps its place::
 
        from raypipe.analysis.report import Section, register_section
        from raypipe.analysis.blocks import Table, Figure
@@ -40,7 +42,6 @@ appear without touching this module:
 
 from __future__ import annotations
 
-import importlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +77,6 @@ from raypipe.core.config import ReportConfig
 from raypipe.core.rundir import RunDir
 
 log = logging.getLogger(__name__)
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -179,16 +179,6 @@ def _present(run: RunDir, rel: str) -> bool:
 
 def missing_requirements(section: Section, run: RunDir) -> list[str]:
     return [rel for rel in section.requires if not _present(run, rel)]
-
-
-def discover_plugins() -> list[str]:
-    """Import every ``raypipe/<package>/report_section.py``; returns the module names imported."""
-    names = []
-    for path in sorted(PACKAGE_ROOT.glob("*/report_section.py")):
-        name = f"raypipe.{path.parent.name}.report_section"
-        importlib.import_module(name)
-        names.append(name)
-    return names
 
 
 # ---------------------------------------------------------------- built-in sections

@@ -1,6 +1,7 @@
 """Screenshot an HTML page with headless Chromium and check the image is not blank.
 
-Used to check the report renders as a page with real plots (tests, ``jobs/report.py --screenshot``).
+Used to check the report renders as a page with real plots (tests, ``jobs/report.py --screenshot``) and that
+``raypipe dashboard`` serves TensorBoard (a URL, with time for its scripts to draw).
 """
 
 from __future__ import annotations
@@ -27,26 +28,43 @@ def find_browser() -> str | None:
     return None
 
 
-def screenshot(html: Path, png: Path, width: int = 1280, height: int = 2400, timeout: float = 60.0) -> Path:
-    """Render ``html`` (a local file) to ``png`` at ``width`` x ``height`` CSS pixels."""
+def _headless(html: Path | str, action: list[str], timeout: float, settle_ms: int) -> subprocess.CompletedProcess:
+    """Run headless Chromium on ``html`` (a local file, or an http(s) URL) with ``action``'s flags."""
     browser = find_browser()
     if browser is None:
         raise ScreenshotError(f"no headless browser found (tried {', '.join(BROWSERS)}); "
                               "install one, e.g. `apt-get install -y chromium`")
-    png = Path(png).resolve()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    png.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="raypipe-chromium-") as profile:
         cmd = [
             browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-            f"--user-data-dir={profile}", f"--screenshot={png}", f"--window-size={width},{height}",
-            Path(html).resolve().as_uri(),
+            f"--user-data-dir={profile}", *action, *([f"--virtual-time-budget={settle_ms}"] if settle_ms else []),
+            html if str(html).startswith(("http://", "https://")) else Path(html).resolve().as_uri(),
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def screenshot(
+    html: Path | str, png: Path, width: int = 1280, height: int = 2400, timeout: float = 60.0, settle_ms: int = 0
+) -> Path:
+    """Render ``html`` (a local file, or an http(s) URL) to ``png`` at ``width`` x ``height`` CSS pixels;
+    ``settle_ms``: virtual time the page's scripts get before the shot (pages that fetch and draw)."""
+    png = Path(png).resolve()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    png.unlink(missing_ok=True)
+    proc = _headless(html, [f"--screenshot={png}", f"--window-size={width},{height}"], timeout, settle_ms)
     if not png.exists():
-        raise ScreenshotError(f"{browser} wrote no screenshot (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        raise ScreenshotError(f"{find_browser()} wrote no screenshot (exit {proc.returncode}): {proc.stderr[-2000:]}")
     return png
+
+
+def rendered_html(html: Path | str, timeout: float = 60.0, settle_ms: int = 0) -> str:
+    """The page's DOM as the browser has built it after ``settle_ms`` of its scripts (what a script-drawn page,
+    such as the MLflow UI, shows: its text)."""
+    proc = _headless(html, ["--dump-dom"], timeout, settle_ms)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise ScreenshotError(f"{find_browser()} rendered nothing (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return proc.stdout
 
 
 def blankness(png: Path) -> dict[str, float]:

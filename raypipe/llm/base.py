@@ -2,13 +2,16 @@
 
 Agents build raw prompt strings (chat templates applied by the agent through the engine's tokenizer)
 and ask for continuations. Every backend honours the same request fields, so a trajectory is the same
-text whichever backend produced it (greedy, float32).
+text whichever backend produced it (greedy, float32). What differs between backends is declared on the
+protocol and stated by each of them: ``supports_regex`` (structured outputs) and ``warmup`` (what it
+prepares before real requests).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class EngineError(RuntimeError):
@@ -55,6 +58,7 @@ class Generation:
 
 class Engine(Protocol):
     max_model_len: int
+    supports_regex: bool  # honours GenerationRequest.regex (structured outputs)
 
     async def generate(self, request: GenerationRequest) -> Generation:
         """Continue one prompt. Raises ContextOverflowError or EngineError for this request only."""
@@ -64,6 +68,17 @@ class Engine(Protocol):
         ...
 
     def count_tokens(self, text: str) -> int:
+        ...
+
+    async def warmup(self, regexes: Iterable[str] = ()) -> dict[str, float]:
+        """Prepare for the requests to come, whose enforcement regexes are ``regexes``; returns seconds per
+        step (``{}`` for a backend with nothing to prepare). vLLM compiles each regex's grammar here: it
+        gives up on a request whose grammar takes longer than its timeout."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What a run records about this engine (``raypipe.llm.common.engine_record`` and the backend's own
+        settings)."""
         ...
 
     async def close(self) -> None:

@@ -1,4 +1,5 @@
-"""Request handling shared by every backend: context budget, stop strings, the local tokenizer.
+"""Request handling shared by every backend: context budget, stop strings, the local tokenizer, the
+engine's record.
 
 Context policy (all backends): ``max_tokens`` is clamped to what fits after the prompt
 (``max_model_len - prompt_tokens``), so a long trajectory still gets its last, shorter turn and ends
@@ -9,8 +10,10 @@ submitted, only when the prompt alone leaves no room for a single new token.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from raypipe.llm.base import ContextOverflowError, EngineError, GenerationRequest
+from raypipe.core.config import EngineConfig
+from raypipe.llm.base import ContextOverflowError, Engine, EngineError, GenerationRequest
 
 
 def resolve_dtype(dtype: str, on_cpu: bool) -> str:
@@ -31,6 +34,26 @@ def cpu_has_native_bf16() -> bool:
     except OSError:  # not Linux: assume emulation, the safe (fast) choice is float32
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def engine_record(
+    engine: Engine,
+    config: EngineConfig | None,
+    model_path: Path | None = None,
+    dtype: str | None = None,
+    start_seconds: float = 0.0,
+) -> dict[str, Any]:
+    """The fields every engine's ``describe()`` starts with: its backend (the class name for an engine without
+    a config), model and local path, the dtype it loaded (``auto`` resolved), context, regex support, start time."""
+    return {
+        "backend": config.backend if config else type(engine).__name__,
+        "model": config.model if config else None,
+        "model_path": str(model_path) if model_path else None,
+        "dtype": dtype,
+        "max_model_len": engine.max_model_len,
+        "supports_regex": engine.supports_regex,
+        "start_seconds": round(float(start_seconds), 2),
+    }
 
 
 def fit_max_tokens(prompt_tokens: int, max_tokens: int, max_model_len: int) -> int:

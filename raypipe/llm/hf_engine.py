@@ -16,12 +16,14 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import replace
+from typing import Any
 
 from raypipe.core.config import EngineConfig
 from raypipe.core.models import resolve_llm
 from raypipe.llm.base import EngineError, Generation, GenerationRequest
-from raypipe.llm.common import LocalTokenizer, check_request, find_stop, fit_max_tokens, resolve_dtype
+from raypipe.llm.common import LocalTokenizer, check_request, engine_record, find_stop, fit_max_tokens, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,13 @@ class TransformersEngine:
             prompt_tokens=len(prompt_ids),
             cached_prompt_tokens=0,  # no prefix cache: every request prefills its whole prompt
         )
+
+    async def warmup(self, regexes: Iterable[str] = ()) -> dict[str, float]:
+        """Nothing to prepare (no regex enforcement)."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        return engine_record(self, self.config, self.model_path, self.dtype, self.start_seconds)
 
     async def close(self) -> None:
         self.model = None

@@ -19,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from raypipe.core.config import EngineConfig
 from raypipe.core.models import ModelNotFoundError, resolve_llm
 from raypipe.llm.base import ContextOverflowError, EngineError, Generation, GenerationRequest
-from raypipe.llm.common import LocalTokenizer, check_request, fit_max_tokens
+from raypipe.llm.common import LocalTokenizer, check_request, engine_record, fit_max_tokens
 
 log = logging.getLogger(__name__)
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -159,6 +160,17 @@ class OpenAIEngine:
             timeout = aiohttp.ClientTimeout(total=self.config.request_timeout_s)
             session = self._sessions[loop] = aiohttp.ClientSession(timeout=timeout)
         return session
+
+    async def warmup(self, regexes: Iterable[str] = ()) -> dict[str, float]:
+        """Nothing to prepare here: the server compiles grammars on its side."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **engine_record(self, self.config, self.model_path, self.config.dtype, self.start_seconds),
+            "base_url": self.config.base_url,
+            "served_model": self.model,
+        }
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()

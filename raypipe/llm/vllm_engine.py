@@ -24,7 +24,7 @@ from raypipe.core.config import EngineConfig
 from raypipe.core.loopthread import LoopThread
 from raypipe.core.models import cache_dir, resolve_llm
 from raypipe.llm.base import EngineDiedError, EngineError, Generation, GenerationRequest
-from raypipe.llm.common import LocalTokenizer, check_request, fit_max_tokens, resolve_dtype
+from raypipe.llm.common import LocalTokenizer, check_request, engine_record, fit_max_tokens, resolve_dtype
 
 log = logging.getLogger(__name__)
 GiB = 1 << 30
@@ -137,6 +137,8 @@ class VLLMEngine:
     """The :class:`~raypipe.llm.base.Engine` over vLLM's ``AsyncLLM``. The constructor blocks while
     the engine starts (about 50 s on 2 CPU cores with the compile cache warm, about a minute more
     the first time; ``start_seconds`` records it)."""
+
+    supports_regex = True  # structured outputs (engine.structured_outputs_backend)
 
     def __init__(self, config: EngineConfig):
         started = time.perf_counter()  # start time includes importing vLLM and loading the tokenizer
@@ -261,6 +263,15 @@ class VLLMEngine:
             timings[regex] = time.perf_counter() - started
             log.info("warm-up %s: %.2f s", f"regex {regex[:60]!r}" if regex else "request", timings[regex])
         return timings
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **engine_record(self, self.config, self.model_path, self.dtype, self.start_seconds),
+            "block_size": self.block_size,
+            "enable_prefix_caching": self.config.enable_prefix_caching,
+            "structured_outputs_backend": self.config.structured_outputs_backend,
+            "enforce_eager": self.config.enforce_eager,
+        }
 
     async def close(self) -> None:
         llm, self._llm = getattr(self, "_llm", None), None

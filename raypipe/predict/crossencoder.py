@@ -2,9 +2,9 @@
 
 One model per relation x target x fold. This module is the Ray-free part: the model, its predictions,
 the training tasks, which models a rerun reuses (keyed by data and settings) and the files a trained
-model leaves (the CrossEncoder folder, its training curve and metadata). The fine-tuning itself runs on
-Ray Train in :mod:`raypipe.stages.train`: data-parallel workers (DDP), gradients accumulated to the
-effective batch, a checkpoint of this layout every epoch.
+model leaves (the CrossEncoder folder, its training curve and metadata). The fine-tuning steps are
+:mod:`raypipe.predict.crossencoder_train` (gradients accumulated to the effective batch, a checkpoint of this
+layout every epoch); Ray Train runs them on data-parallel workers (DDP) in :mod:`raypipe.stages.train`.
 The model's output is the raw regression value (identity activation, not CrossEncoder's default sigmoid).
 As the seed trains them (DanielTian97/agentic_rag_predictions ``predictions/supervised/train.py``:
 ``weight_decay=0.0``, ``dropout_rate=0.0`` passed by ``relations.py`` ``build_regression_model`` as

@@ -106,12 +106,14 @@ def corpus_path(data: DataConfig) -> Path:
     return BUNDLED_CORPUS if data.corpus == "bundled" else Path(data.corpus).expanduser()
 
 
-def index_dir_for(config: RunConfig, corpus_sha256: str | None = None) -> Path:
-    """The configured index directory, or the default one in the cache keyed by corpus and settings."""
+def index_dir_for(config: RunConfig, corpus_sha256: str | None = None, spec: EncoderSpec | None = None) -> Path:
+    """The configured index directory, or the default one in the cache keyed by corpus and settings
+    (``corpus_sha256`` and ``spec``: the corpus hash and ``encoder_spec(config.retrieval)``, where known)."""
     if config.retrieval.index_dir:
         return Path(config.retrieval.index_dir).expanduser()
     sha = corpus_sha256 or file_sha256(corpus_path(config.data))
-    return default_index_dir(cache_dir(), sha, encoder_spec(config.retrieval).name, index_settings(config.retrieval))
+    name = (spec or encoder_spec(config.retrieval)).name
+    return default_index_dir(cache_dir(), sha, name, index_settings(config.retrieval))
 
 
 def up_to_date(target: Path, expected: dict, force: bool) -> bool:
@@ -342,19 +344,21 @@ def _write_ipc(table: pa.Table, path: Path) -> None:
 
 
 def build_index(config: RunConfig, target: Path, manifest: dict, encode: EncodeBlocks | None = None,
-                assemble: Callable[..., Path] | None = None, vectors: dict | None = None) -> Path:
+                assemble: Callable[..., Path] | None = None, vectors: dict | None = None,
+                spec: EncoderSpec | None = None) -> Path:
     """Write the index of ``manifest``'s corpus to ``target``, resuming an interrupted build.
 
     ``encode`` defaults to :func:`local_encode_blocks`; ``assemble`` (``assemble_index``'s signature)
     to :func:`assemble_index` in this process (the index job runs it as a Ray task, off the driver).
-    ``vectors``: where the vectors came from, for the manifest (default: encoded by ``encode``)."""
+    ``vectors``: where the vectors came from, for the manifest (default: encoded by ``encode``).
+    ``spec``: ``encoder_spec(config.retrieval)``, where the caller has it."""
     cfg = config.retrieval
     corpus = Path(manifest["corpus"])
     start = time.perf_counter()
     work = BuildDir.open(target, manifest, cfg.build_block_rows)
     pending = work.pending()
     prepare_s = time.perf_counter() - start
-    spec = encoder_spec(cfg)
+    spec = spec or encoder_spec(cfg)
     spec.prepare()  # export / quantise the ONNX model once here, not in every actor
     todo = sum(b.n_rows for b in pending)
     progress = Progress("passages", todo, label="encode", every_s=ENCODE_LINE_EVERY_S, log=log)

@@ -9,12 +9,17 @@ The API (PeterGriffinJin/Search-R1 ``search_r1/search/retrieval_server.py``, ``Q
 one ranked list per query, in order. :class:`HttpRetriever` implements the ``Retriever`` protocol over
 it: concurrent ``search`` calls (one per trajectory) are coalesced into batched POSTs by a
 :class:`~raypipe.retrieval.batcher.QueryBatcher` (``retrieval.max_batch_size`` / ``max_wait_ms``, as in
-the in-job service); each POST has a timeout and is retried with backoff on connection errors,
-timeouts and 5xx/429 answers. What still fails raises :class:`RetrievalServerError`, which the agent
-loop records on the row as ``retrieval_error`` with the message; the job goes on. ``contents`` is split
-into title and text as the bundled corpus is (:func:`raypipe.data.loaders.split_contents`). Empty or
-whitespace queries are answered here, without a request, exactly as the in-job searcher answers them
-(no hits, ``empty_query=True``). Standard library only; the client is picklable.
+the in-job service); each request has a deadline for the whole exchange (connect, send, the whole
+answer), a ceiling on the answer's size, and is retried with backoff on connection errors, timeouts and
+5xx/408/429 answers. What still fails raises :class:`RetrievalServerError` (one line, for the user), which
+the agent loop records on the row as ``retrieval_error`` with the message; the job goes on. An answer
+that is not what the API promises (not JSON, another JSON type, missing fields, another number of lists)
+is a :class:`RetrievalResponseError`, never a ``TypeError`` or ``KeyError``. A server started with a
+token (``raypipe serve-retrieval --token``) gets it from :data:`TOKEN_ENV` as a bearer token.
+``contents`` is split into title and text as the bundled corpus is
+(:func:`raypipe.data.loaders.split_contents`). Empty or whitespace queries are answered here, without a
+request, exactly as the in-job searcher answers them (no hits, ``empty_query=True``). Standard library
+only; the client is picklable.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import os
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +43,10 @@ from raypipe.retrieval.types import SearchHit, SearchResult
 
 MAX_BACKOFF_S = 8.0  # ceiling of the exponential backoff between retries
 HEALTH_QUERY = "health check"  # the first call made when a server has no GET /health (Search-R1's has none)
+TOKEN_ENV = "RAYPIPE_RETRIEVAL_TOKEN"  # the bearer token `raypipe serve-retrieval` asks for and this client sends
+DEFAULT_MAX_RESPONSE_BYTES = 64 * 2**20
+READ_CHUNK = 2**16
+NO_ENDPOINT = (404, 405, 501)  # what a server without an endpoint answers
 
 
 class RetrievalServerError(RuntimeError):
@@ -44,6 +55,19 @@ class RetrievalServerError(RuntimeError):
 
 class RetrievalResponseError(RetrievalServerError):
     """A response that is not in Search-R1's format (not retried: the server would answer the same)."""
+
+
+class RetrievalHTTPError(RetrievalServerError):
+    """The server answered an HTTP error ``status``; ``detail`` is the start of its body, on one line."""
+
+    def __init__(self, message: str, status: int, detail: str):
+        super().__init__(message)
+        self.status, self.detail = status, detail
+
+    @property
+    def retried(self) -> bool:
+        """Worth sending again: the server failed (5xx), ran out of time (408) or is overloaded (429)."""
+        return self.status >= 500 or self.status in (408, 429)
 
 
 def base_url(url: str) -> str:
@@ -106,8 +130,94 @@ def _preview(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """A server's words on one line (a message must reach the user as one line)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def decode_json_object(raw: bytes, what: str) -> dict[str, Any]:
+    """The JSON object ``raw`` holds; anything else (not JSON, a list, a number) is a
+    :class:`RetrievalResponseError`."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RetrievalResponseError(f"{what}: not JSON ({exc}): {_preview(raw[:200])}") from None
+    if not isinstance(body, dict):
+        raise RetrievalResponseError(f"{what}: expected a JSON object, got {_preview(body)}")
+    return body
+
+
+def fetch(url: str, data: bytes | None, headers: dict[str, str], timeout_s: float, max_bytes: int) -> bytes:
+    """One HTTP exchange (POST ``data``, or GET without) within a total deadline of ``timeout_s``: a watchdog
+    shuts the socket at the deadline, so a server that answers a byte at a time cannot stretch it as it can
+    a timeout per socket operation. The body, at most ``max_bytes``.
+
+    Raises :class:`RetrievalHTTPError` for a status >= 400, :class:`RetrievalResponseError` for a longer body,
+    ``TimeoutError`` at the deadline, ``OSError`` / ``http.client.HTTPException`` when the connection fails.
+    """
+    parts = urllib.parse.urlsplit(url)
+    connection_type = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = connection_type(parts.netloc, timeout=timeout_s)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    expired = threading.Event()
+    sockets: list[socket.socket] = []  # the connection's socket (the response keeps it when the connection lets go)
+
+    def cut() -> None:  # a blocked read returns at once when its socket is shut
+        expired.set()
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # closed meanwhile
+                pass
+
+    watchdog = threading.Timer(timeout_s, cut)
+    watchdog.daemon = True
+    watchdog.start()
+    response: http.client.HTTPResponse | None = None
+    try:
+        connection.connect()
+        sockets.append(connection.sock)
+        if expired.is_set():  # the deadline passed while connecting
+            raise TimeoutError
+        connection.request("GET" if data is None else "POST", path, body=data, headers=headers)
+        response = connection.getresponse()
+        if response.status >= 400:
+            detail = one_line(response.read(300).decode(errors="replace"))
+            raise RetrievalHTTPError(f"HTTP {response.status}: {detail}", response.status, detail)
+        body = _read_at_most(response, max_bytes)
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set():
+            raise TimeoutError(f"no complete answer within {timeout_s:g} s") from exc
+        raise
+    finally:
+        watchdog.cancel()
+        if response is not None:
+            response.close()
+        connection.close()
+    if expired.is_set():  # an answer without a length, cut short at the deadline
+        raise TimeoutError(f"no complete answer within {timeout_s:g} s")
+    return body
+
+
+def _read_at_most(response: http.client.HTTPResponse, max_bytes: int) -> bytes:
+    length = response.getheader("Content-Length")
+    if length and length.isdigit() and int(length) > max_bytes:
+        raise RetrievalResponseError(f"an answer of {int(length):,} bytes, over the limit of {max_bytes:,}")
+    chunks, size = [], 0
+    while chunk := response.read(READ_CHUNK):
+        size += len(chunk)
+        if size > max_bytes:
+            raise RetrievalResponseError(f"an answer over the limit of {max_bytes:,} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class HttpRetriever:
-    """The ``Retriever`` protocol over a Search-R1-style server at ``url`` (see the module docstring)."""
+    """The ``Retriever`` protocol over a Search-R1-style server at ``url`` (see the module docstring).
+
+    ``token``: sent as ``Authorization: Bearer`` (default: the :data:`TOKEN_ENV` environment variable, read
+    when the client is made, so the client carries it to the actors it is pickled to)."""
 
     def __init__(
         self,
@@ -117,6 +227,8 @@ class HttpRetriever:
         max_batch_size: int = 64,
         max_wait_ms: float = 5.0,
         backoff_s: float = 0.5,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        token: str | None = None,
     ):
         self.url = base_url(url)
         self.timeout_s = timeout_s
@@ -124,15 +236,18 @@ class HttpRetriever:
         self.max_batch_size = max_batch_size
         self.max_wait_ms = max_wait_ms
         self.backoff_s = backoff_s
+        self.max_response_bytes = max_response_bytes
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
         self._batcher: QueryBatcher | None = None  # made on first use, in the caller's event loop
 
     @classmethod
     def from_config(cls, retrieval) -> "HttpRetriever":
-        """From a ``RetrievalConfig`` (``url``, ``http_timeout_s``, ``http_retries``, batching settings)."""
+        """From a ``RetrievalConfig`` (``url``, ``http_timeout_s``, ``http_retries``, ``http_max_response_bytes``,
+        batching settings)."""
         if not retrieval.url:
             raise ConfigError("retrieval.backend=http needs retrieval.url, e.g. --set retrieval.url=http://127.0.0.1:8000")
         return cls(retrieval.url, retrieval.http_timeout_s, retrieval.http_retries, retrieval.max_batch_size,
-                   retrieval.max_wait_ms)  # fmt: skip
+                   retrieval.max_wait_ms, max_response_bytes=retrieval.http_max_response_bytes)  # fmt: skip
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_batcher": None}  # a batcher belongs to one process and event loop
@@ -151,7 +266,8 @@ class HttpRetriever:
         live = [i for i, q in enumerate(queries) if isinstance(q, str) and q.strip()]
         if live:
             asked = [queries[i] for i in live]
-            for i, result in zip(live, parse_retrieve_response(self._post_retrieve(asked, k), asked, k)):
+            answer = self.request_json("/retrieve", retrieve_payload(asked, k))
+            for i, result in zip(live, parse_retrieve_response(answer, asked, k)):
                 results[i] = result
         return results
 
@@ -159,15 +275,13 @@ class HttpRetriever:
         """What the server says about itself: its ``GET /health`` answer, or, where it has none (Search-R1's
         server), the outcome of a one-query ``POST /retrieve``. Raises :class:`RetrievalServerError`."""
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=self.timeout_s) as response:
-                return {"endpoint": "GET /health", **_json_object(response.read())}
-        except urllib.error.HTTPError as exc:
-            if exc.code not in (404, 405, 501):  # no such endpoint
-                raise RetrievalServerError(f"GET {self.url}/health: HTTP {exc.code}") from exc
-        except (OSError, http.client.HTTPException) as exc:
-            raise RetrievalServerError(f"GET {self.url}/health: {type(exc).__name__}: {exc}") from exc
+            return {"endpoint": "GET /health", **self.request_json("/health")}
+        except RetrievalHTTPError as exc:
+            if exc.status not in NO_ENDPOINT:
+                raise
         started = time.perf_counter()
-        result = parse_retrieve_response(self._post_retrieve([HEALTH_QUERY], 1), [HEALTH_QUERY], 1)[0]
+        answer = self.request_json("/retrieve", retrieve_payload([HEALTH_QUERY], 1))
+        result = parse_retrieve_response(answer, [HEALTH_QUERY], 1)[0]
         return {"endpoint": "POST /retrieve", "status": "ok", "hits": len(result.hits),
                 "seconds": round(time.perf_counter() - started, 3)}  # fmt: skip
 
@@ -179,33 +293,44 @@ class HttpRetriever:
         """Nothing to stop: the server is not the job's."""
         self._batcher = None
 
-    def _post_retrieve(self, queries: list[str], k: int) -> Any:
-        data = json.dumps(retrieve_payload(queries, k)).encode()
-        endpoint = f"{self.url}/retrieve"
+    def request_json(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``POST`` ``body`` (or ``GET`` without one) to ``path`` on the server; its JSON object answer.
+
+        Each try has the deadline ``timeout_s`` and reads at most ``max_response_bytes``; connection
+        errors, timeouts and 5xx/408/429 answers are tried again (``retries``, exponential backoff).
+        Raises :class:`RetrievalHTTPError` for another HTTP error, :class:`RetrievalResponseError` for an
+        answer that is no JSON object or too long, :class:`RetrievalServerError` when every try failed."""
+        url = f"{self.url}{path}"
+        what = f"{'GET' if body is None else 'POST'} {url}"
+        data = None if body is None else json.dumps(body).encode()
         last: Exception | None = None
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(min(self.backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
-            request = urllib.request.Request(endpoint, data=data, headers={"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    raw = response.read()
-            except urllib.error.HTTPError as exc:
-                detail = exc.read()[:200].decode(errors="replace")
-                if exc.code < 500 and exc.code != 429:
-                    raise RetrievalServerError(f"POST {endpoint}: HTTP {exc.code}: {detail}") from exc
-                last = RetrievalServerError(f"HTTP {exc.code}: {detail}")
+                raw = fetch(url, data, self._headers(), self.timeout_s, self.max_response_bytes)
+            except RetrievalHTTPError as exc:
+                if not exc.retried:
+                    raise RetrievalHTTPError(f"{what}: {exc}{_hint(exc.status)}", exc.status, exc.detail) from None
+                last = exc
                 continue
+            except RetrievalResponseError as exc:
+                raise RetrievalResponseError(f"{what}: {exc}") from None
             except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, cut short
                 last = exc
                 continue
-            return _json_object(raw)
+            return decode_json_object(raw, what)
         reason = f"{type(last).__name__}: {last}" if not isinstance(last, RetrievalServerError) else str(last)
-        raise RetrievalServerError(f"POST {endpoint} failed {self.retries + 1} time(s); last: {reason}")
+        raise RetrievalServerError(f"{what} failed {self.retries + 1} time(s); last: {one_line(reason)}")
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
 
 
-def _json_object(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RetrievalResponseError(f"not JSON ({exc}): {_preview(raw[:200])}") from None
+def _hint(status: int) -> str:
+    if status in (401, 403):
+        return f" (the server wants a token: set {TOKEN_ENV} to the one it was started with)"
+    return ""

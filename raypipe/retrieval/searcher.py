@@ -34,7 +34,8 @@ class LocalRetriever:
         return cls(index_dir, spec.load(), params)
 
     def search_batch(self, queries: Sequence[str], k: int) -> list[SearchResult]:
-        """One ranked list per query (best first, at most ``k`` hits), in order."""
+        """One ranked list per query (best first, at most ``k`` hits), in order. FAISS is asked for at most
+        the passages indexed: its result arrays are queries x k, so a huge ``k`` must not reach it."""
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
         queries = list(queries)
@@ -42,8 +43,9 @@ class LocalRetriever:
         results = [SearchResult(query=q, hits=[], empty_query=True) for q in queries]
         if not live:
             return results
+        depth = max(1, min(k, self.index.ntotal))
         vectors = self.encoder.encode_queries([queries[i] for i in live])
-        scores, ids = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k)
+        scores, ids = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), depth)
         flat_ids = [int(j) for row in ids for j in row if j >= 0]
         passages = iter(self.docs.get(flat_ids))
         for row, i in enumerate(live):

@@ -1,10 +1,17 @@
-"""The retrieval contract between the agents and the retrieval service."""
+"""The retrieval contract between the agents and the retrieval service.
+
+``Retriever`` is what the agents call (``search``). A job's own retrieval service
+(``raypipe.runtime.retrieval.open_retrieval``) is a :class:`RetrievalService`: it also stops what the job
+started (``shutdown``), and is either a :class:`ReplicaService` (replicas started for the job: the index they
+hold and where they were placed) or a :class:`SharedRetrievalService` (a deployment or server that outlives
+the job: ``describe`` says where it is and what it reports). Callers tell them apart with ``isinstance``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -24,7 +31,32 @@ class SearchResult:
     empty_query: bool = False  # the query was empty or whitespace: no search was run
 
 
+@runtime_checkable
 class Retriever(Protocol):
     async def search(self, queries: Sequence[str], k: int) -> list[SearchResult]:
         """One result per query, in order."""
+        ...
+
+
+@runtime_checkable
+class RetrievalService(Retriever, Protocol):
+    def shutdown(self) -> None:
+        """Stop what the job started (nothing, for a shared service)."""
+        ...
+
+
+@runtime_checkable
+class ReplicaService(RetrievalService, Protocol):
+    """Replicas started for this job over the index at ``index_path``."""
+
+    index_path: str
+    node_ids: list[str | None]  # the Ray node of each replica
+
+
+@runtime_checkable
+class SharedRetrievalService(RetrievalService, Protocol):
+    """A service that outlives the job (a Ray Serve deployment, an HTTP server)."""
+
+    def describe(self) -> dict[str, Any]:
+        """For the run's info: where searches go and what the service reports (raises if it is down)."""
         ...

@@ -1,7 +1,16 @@
-"""Joining or starting Ray, where the current process runs, and where Ray Data logs: one place for every job."""
+"""Joining or starting Ray, where the current process runs, and where logs go: one place for every job.
+
+Off ``-v`` the probe job keeps the terminal for raypipe's own lines and warnings (docs/engine.md, "What the
+terminal shows"): the driver does not relay its workers' output (``init_ray(log_to_driver=False)``), a
+generation actor sends its process's output to a file in the run's ``logs/`` (:func:`send_output_to`), and
+the driver's own third-party INFO lines (Ray, Ray Data, FAISS, ...) go to ``logs/driver.log`` and
+``logs/ray_data.log`` (:func:`route_driver_logs`, :func:`route_ray_data_logs`). Errors still reach the
+terminal: Ray raises an actor's exception in the driver and prints a worker's death there.
+"""
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
@@ -11,6 +20,9 @@ from raypipe.core.config import RunConfig
 
 RAY_DATA_LOG = "ray_data.log"
 RAY_DATA_HANDLER = "raypipe-run-log"  # the file handler's name: a later run's replaces it
+DRIVER_LOG = "driver.log"
+DRIVER_HANDLER = "raypipe-driver-log"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def init_ray(config: RunConfig, log_to_driver: bool = True) -> None:
@@ -35,6 +47,56 @@ def current_node_id() -> str | None:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
+def current_actor_id() -> str | None:
+    """The Ray actor this process runs (None in a driver or outside Ray); a restarted actor keeps it."""
+    import ray
+
+    return ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+
+
+def send_output_to(path: str | Path) -> bool:
+    """Send this process's stdout and stderr to ``path`` (appended) at the file-descriptor level, so the
+    processes it starts (vLLM's engine core) and C libraries write there too. False, leaving both as they
+    were, when ``path`` cannot be opened (a node where the run directory cannot be made)."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        return False
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True)  # a crash loses no line
+    return True
+
+
+def route_driver_logs(
+    log_dir: Path, logger: logging.Logger | None = None, ray_logger: logging.Logger | None = None
+) -> Path:
+    """Write the driver's log records (every logger's, INFO and up) to ``log_dir/driver.log`` too, and
+    keep Ray's own INFO lines ("Started a local Ray instance") off the terminal: they go only there.
+    ``logger`` defaults to the root logger, ``ray_logger`` to Ray's (which does not propagate to it).
+    The console's third-party INFO lines are held back by :func:`raypipe.core.jobargs.setup_logging`."""
+    if logger is None:
+        logger = logging.getLogger()
+    if ray_logger is None:
+        import ray  # noqa: F401  (its import installs the handler adjusted here)
+
+        ray_logger = logging.getLogger("ray")
+    path = Path(log_dir) / DRIVER_LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for target in (logger, ray_logger):  # a handler each: ray.init sets its own format on the ray logger's
+        _replace_file_handler(target, _file_handler(path, DRIVER_HANDLER))
+    for console in _console_handlers(ray_logger):
+        console.setLevel(max(console.level, logging.WARNING))
+    return path
+
+
 def route_ray_data_logs(
     log_dir: Path, interactive: bool | None = None, logger: logging.Logger | None = None
 ) -> Path | None:
@@ -53,17 +115,32 @@ def route_ray_data_logs(
         import ray.data  # noqa: F401  (its import installs the handlers adjusted here)
 
         logger = logging.getLogger("ray.data")
-    for handler in list(logger.handlers):
-        if handler.get_name() == RAY_DATA_HANDLER:
-            logger.removeHandler(handler)
-            handler.close()
-        elif isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-            handler.setLevel(max(handler.level, logging.WARNING))
+    for console in _console_handlers(logger):
+        console.setLevel(max(console.level, logging.WARNING))
     path = Path(log_dir) / RAY_DATA_LOG
     path.parent.mkdir(parents=True, exist_ok=True)
-    file_handler = logging.FileHandler(path)
-    file_handler.set_name(RAY_DATA_HANDLER)
-    file_handler.setLevel(logging.INFO)
-    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger.addHandler(file_handler)
+    _replace_file_handler(logger, _file_handler(path, RAY_DATA_HANDLER))
     return path
+
+
+def _file_handler(path: Path, name: str) -> logging.FileHandler:
+    handler = logging.FileHandler(path)
+    handler.set_name(name)
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    return handler
+
+
+def _replace_file_handler(logger: logging.Logger, handler: logging.FileHandler) -> None:
+    """Add ``handler`` to ``logger`` in place of the one of the same name a previous run added."""
+    for old in list(logger.handlers):
+        if old.get_name() == handler.get_name():
+            logger.removeHandler(old)
+            old.close()
+    logger.addHandler(handler)
+
+
+def _console_handlers(logger: logging.Logger) -> list[logging.Handler]:
+    return [
+        h for h in logger.handlers if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+    ]

@@ -20,8 +20,9 @@ runs it.
 - :class:`ServiceCorpus`: the features' ``CorpusResources`` over a :class:`CorpusTransport`, one per
   backend: :class:`ReplicaTransport` (``actors``: the job's replicas), :class:`ServeTransport`
   (``serve``: a Serve handle to ``retrieval.deployment``), :class:`HttpTransport` (``http``: a
-  ``raypipe serve-retrieval`` deployment at ``retrieval.url``). Searches (the question's own list) go
-  through the backend's search, as the probe job's do.
+  ``raypipe serve-retrieval`` deployment at ``retrieval.url``); the job's service picks its own
+  (:func:`raypipe.runtime.retrieval.corpus_transport`). Searches (the question's own list) go through the
+  backend's search, as the probe job's do.
 
 A plain Search-R1 retrieval server answers ``POST /retrieve`` only: ranked ids, scores and texts, but
 neither the index's vectors nor its document frequencies, and these cannot be rebuilt honestly from
@@ -32,20 +33,18 @@ the features stage stops at start with :class:`CorpusServiceError` saying so.
 from __future__ import annotations
 
 import asyncio
-import http.client
-import json
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from raypipe.retrieval.http_client import MAX_BACKOFF_S, HttpRetriever, RetrievalServerError
+from raypipe.retrieval.http_client import NO_ENDPOINT, HttpRetriever, RetrievalHTTPError, RetrievalServerError
 from raypipe.retrieval.store import tokenize
 from raypipe.retrieval.types import SearchResult
+
+if TYPE_CHECKING:
+    from raypipe.runtime.serve_client import ServeRetriever
 
 PREFIX = "/raypipe"  # raypipe's own HTTP endpoints on the deployment, beside Search-R1's /retrieve
 HTTP_CHUNK = 512  # ids or texts per HTTP request (a chunk of 768-d vectors is about 8 MB of JSON)
@@ -170,10 +169,10 @@ class ReplicaTransport(MethodTransport):
 
 
 class ServeTransport(MethodTransport):
-    """``serve``: the deployment's handle methods (:class:`~raypipe.runtime.serve.ServeRetriever`'s
+    """``serve``: the deployment's handle methods (:class:`~raypipe.runtime.serve_client.ServeRetriever`'s
     handle; its search is the one the probe job's agents call). Picklable."""
 
-    def __init__(self, retriever: Any, timeout_s: float = 600.0):
+    def __init__(self, retriever: ServeRetriever, timeout_s: float = 600.0):
         self.retriever = retriever
         self.timeout_s = timeout_s
 
@@ -183,9 +182,9 @@ class ServeTransport(MethodTransport):
 
 class HttpTransport:
     """``http``: :data:`PREFIX` endpoints of a ``raypipe serve-retrieval`` deployment at the
-    :class:`~raypipe.retrieval.http_client.HttpRetriever`'s URL, with its timeout and retries (connection
-    errors, timeouts, 5xx/429); searches are its ``POST /retrieve``. Long lists go in chunks of
-    :data:`HTTP_CHUNK`. Picklable."""
+    :class:`~raypipe.retrieval.http_client.HttpRetriever`'s URL, through its ``request_json`` (token, deadline,
+    response size limit, retries of connection errors, timeouts and 5xx/408/429); searches are its
+    ``POST /retrieve``. Long lists go in chunks of :data:`HTTP_CHUNK`. Picklable."""
 
     def __init__(self, retriever: HttpRetriever, chunk: int = HTTP_CHUNK):
         self.retriever = retriever
@@ -228,37 +227,16 @@ class HttpTransport:
         return f"{self.retriever.url}{PREFIX}/{endpoint}"
 
     def _request(self, endpoint: str, body: dict | None = None) -> dict[str, Any]:
-        url, r = self._url(endpoint), self.retriever
-        verb = "GET" if body is None else "POST"
-        data = None if body is None else json.dumps(body).encode()
-        last: Exception | None = None
-        for attempt in range(r.retries + 1):
-            if attempt:
-                time.sleep(min(r.backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
-            request = urllib.request.Request(url, data=data, method=verb, headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(request, timeout=r.timeout_s) as response:
-                    raw = response.read()
-            except urllib.error.HTTPError as exc:
-                detail = exc.read()[:300].decode(errors="replace")
-                if exc.code in (404, 405, 501):
-                    missing = f"{verb} {PREFIX}/{endpoint}"
-                    raise CorpusServiceError(not_raypipe_message(r.url, missing, exc.code)) from None
-                if exc.code < 500 and exc.code != 429:
-                    raise CorpusServiceError(f"{verb} {url}: HTTP {exc.code}: {detail}") from None
-                last = RetrievalServerError(f"HTTP {exc.code}: {detail}")
-                continue
-            except (OSError, http.client.HTTPException) as exc:
-                last = exc
-                continue
-            try:
-                answer = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise CorpusServiceError(f"{verb} {url}: not JSON ({exc})") from None
-            if not isinstance(answer, dict):
-                raise CorpusServiceError(f"{verb} {url}: expected a JSON object")
-            return answer
-        raise CorpusServiceError(f"{verb} {url} failed {r.retries + 1} time(s); last: {type(last).__name__}: {last}")
+        """One call through the HTTP client: its token, deadline, size limit and retries."""
+        try:
+            return self.retriever.request_json(f"{PREFIX}/{endpoint}", body)
+        except RetrievalHTTPError as exc:
+            if exc.status in NO_ENDPOINT:
+                missing = f"{'GET' if body is None else 'POST'} {PREFIX}/{endpoint}"
+                raise CorpusServiceError(not_raypipe_message(self.retriever.url, missing, exc.status)) from None
+            raise CorpusServiceError(str(exc)) from None
+        except RetrievalServerError as exc:
+            raise CorpusServiceError(str(exc)) from None
 
 
 def not_raypipe_message(url: str, call: str, status: int) -> str:
@@ -271,17 +249,6 @@ def not_raypipe_message(url: str, call: str, status: int) -> str:
     )
 
 
-def corpus_transport(retriever: Any) -> CorpusTransport:
-    """The transport for the job's retriever from :func:`~raypipe.runtime.retrieval.open_retrieval`."""
-    if isinstance(retriever, HttpRetriever):
-        return HttpTransport(retriever)
-    if hasattr(retriever, "actors"):  # RetrievalClient (not imported: raypipe.runtime.retrieval imports this module)
-        return ReplicaTransport(retriever)
-    if hasattr(retriever, "handle"):  # ServeRetriever
-        return ServeTransport(retriever)
-    raise TypeError(f"no corpus transport for a {type(retriever).__name__}")
-
-
 class ServiceCorpus:
     """The features' ``CorpusResources`` answered by a retrieval service (see the module docstring):
     document vectors, document frequencies (fetched for a whole batch's terms with
@@ -289,9 +256,7 @@ class ServiceCorpus:
     in batched calls, so a features actor holds no index. Constructing it asks ``corpus_info`` (a
     server without the corpus endpoints fails here, with :class:`CorpusServiceError`)."""
 
-    def __init__(self, transport: CorpusTransport | Any):
-        if not hasattr(transport, "corpus_info"):  # a retriever (e.g. a RetrievalClient) given directly
-            transport = corpus_transport(transport)
+    def __init__(self, transport: CorpusTransport):
         self.transport = transport
         self.info = transport.corpus_info()
         self.num_docs = int(self.info["n_docs"])

@@ -1,6 +1,6 @@
 """The retrieval service on Ray: replica actors that coalesce concurrent queries, and their client.
 
-``start_retrieval_service(config, index_path)`` joins or starts Ray and, over an index directory that
+``start_retrieval_service(config, index_path)``, on the connected Ray and over an index directory that
 exists (the probe job builds or reuses it with :func:`raypipe.stages.index.ensure_index`), starts
 ``retrieval.replicas`` :class:`RetrievalActor` s with ``retrieval.num_cpus`` / ``num_gpus`` each, waits
 until they have loaded, and returns a :class:`RetrievalClient`. The client is picklable (it holds actor
@@ -56,10 +56,15 @@ from raypipe.retrieval.encoders import EncoderSpec
 from raypipe.retrieval.http_client import HttpRetriever
 from raypipe.retrieval.index import IndexDir, SearchParams
 from raypipe.retrieval.searcher import LocalRetriever
-from raypipe.retrieval.types import Retriever, SearchResult
-from raypipe.runtime.cluster import current_node_id, init_ray
-from raypipe.runtime.corpus_service import CorpusMethods
-from raypipe.runtime.corpus_service import ServiceCorpus as ServiceCorpus  # the features' corpus, re-exported
+from raypipe.retrieval.types import ReplicaService, SearchResult, SharedRetrievalService
+from raypipe.runtime.cluster import current_node_id
+from raypipe.runtime.corpus_service import (
+    CorpusMethods,
+    CorpusTransport,
+    HttpTransport,
+    ReplicaTransport,
+    ServeTransport,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +91,7 @@ class RetrievalActor(CorpusMethods):
                  search_fault: Callable[[list[str]], None] | None = None):
         self.retriever = open_replica(index_path, spec, params, threads)
         search_fn = self.retriever.search_batch
-        if search_fault is not None:  # a test's fault hook (raypipe/testing/faults.py), in the replica's process
+        if search_fault is not None:  # a test's fault hook (tests/helpers/faults.py), in the replica's process
 
             def search_fn(queries: list[str], k: int, search=self.retriever.search_batch) -> list[SearchResult]:
                 search_fault(queries)
@@ -147,7 +152,7 @@ class _Attempts:
 
 
 class RetrievalClient:
-    """Implements the ``Retriever`` protocol over replica actors (round robin), resending a search whose
+    """A :class:`~raypipe.retrieval.types.ReplicaService` over replica actors (round robin), resending a search whose
     replica died and searching alone a query in flight at ``max_query_crashes`` deaths (module docstring).
     Picklable; each copy keeps its own counts."""
 
@@ -248,12 +253,13 @@ class RetrievalClient:
             ray.kill(actor)
 
 
-def launch_replicas(config: RunConfig, index_path: str | Path,
-                    search_fault: Callable[[list[str]], None] | None = None) -> RetrievalClient:
-    """Start the replica actors for an existing index and wait until each has loaded it.
+def start_retrieval_service(config: RunConfig, index_path: str | Path,
+                            search_fault: Callable[[list[str]], None] | None = None) -> RetrievalClient:
+    """Start the replica actors for an existing index on the connected Ray, wait until each has loaded it,
+    and return their client.
 
     ``search_fault`` (tests only): a picklable callable each replica calls, in its own process, with the
-    queries of every search it runs (``raypipe.testing.faults.PoisonQuery``)."""
+    queries of every search it runs (``tests/helpers/faults.py``'s ``PoisonQuery``)."""
     import ray
 
     cfg = config.retrieval
@@ -275,25 +281,29 @@ def launch_replicas(config: RunConfig, index_path: str | Path,
                            cfg.max_query_crashes)
 
 
-def start_retrieval_service(config: RunConfig, index_path: str | Path,
-                            search_fault: Callable[[list[str]], None] | None = None) -> RetrievalClient:
-    """Join or start Ray, launch the replicas over the index at ``index_path``, and return their client."""
-    init_ray(config)
-    return launch_replicas(config, index_path, search_fault)
-
-
-def open_retrieval(config: RunConfig, ensure_index: Callable[[RunConfig], Path]) -> Retriever:
-    """The job's retriever for ``retrieval.backend``: replicas started here over ``ensure_index(config)``
-    (``actors``), a Search-R1-style server at ``retrieval.url`` (``http``), or the ``raypipe serve-retrieval``
-    deployment ``retrieval.deployment`` on the job's Ray cluster (``serve``). Each has ``shutdown()``, which
-    stops only what the job started; the shared ones also have ``describe()`` (where, and what the server
-    reports) for the run's info."""
+def open_retrieval(config: RunConfig, ensure_index: Callable[[RunConfig], Path]) -> ReplicaService | SharedRetrievalService:
+    """The job's retrieval service for ``retrieval.backend``, on the connected Ray: replicas started here over
+    ``ensure_index(config)`` (``actors``), a Search-R1-style server at ``retrieval.url`` (``http``), or the
+    ``raypipe serve-retrieval`` deployment ``retrieval.deployment`` on the job's Ray cluster (``serve``). Its
+    ``shutdown()`` stops only what the job started."""
     backend = config.retrieval.backend
     if backend == "http":
         return HttpRetriever.from_config(config.retrieval)
     if backend == "serve":
-        from raypipe.runtime.serve import ServeRetriever
+        from raypipe.runtime.serve_client import ServeRetriever
 
-        init_ray(config)
         return ServeRetriever(config.retrieval.deployment)
     return start_retrieval_service(config, ensure_index(config))
+
+
+def corpus_transport(service: ReplicaService | SharedRetrievalService) -> CorpusTransport:
+    """How the features' :class:`ServiceCorpus` reaches the service :func:`open_retrieval` gave."""
+    from raypipe.runtime.serve_client import ServeRetriever
+
+    if isinstance(service, HttpRetriever):
+        return HttpTransport(service)
+    if isinstance(service, RetrievalClient):
+        return ReplicaTransport(service)
+    if isinstance(service, ServeRetriever):
+        return ServeTransport(service)
+    raise TypeError(f"no corpus transport for a {type(service).__name__}")

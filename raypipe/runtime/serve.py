@@ -1,6 +1,6 @@
-"""The retrieval service as a Ray Serve deployment speaking Search-R1's HTTP API, and a job's client of it.
+"""The retrieval service as a Ray Serve deployment speaking Search-R1's HTTP API.
 
-``deploy_retrieval(config, index_path, host, port)`` runs the application ``retrieval.deployment``:
+``deploy_retrieval(config, index_path, host, port, token)`` runs the application ``retrieval.deployment``:
 ``retrieval.replicas`` replicas (``retrieval.num_cpus`` / ``num_gpus`` / ``resources`` each), each holding
 the index and query encoder exactly as an in-job :class:`~raypipe.runtime.retrieval.RetrievalActor`
 does (same :func:`~raypipe.runtime.retrieval.open_replica`, so the same ids and scores), behind Serve's
@@ -8,43 +8,163 @@ HTTP proxy at ``http://HOST:PORT``:
 
 - ``POST /retrieve``: Search-R1's request and response (``raypipe.retrieval.http_client``); a missing or
   zero ``topk`` falls back to ``retrieval.top_k`` or 3, as Search-R1's server falls back to its ``--topk``.
-- ``GET /health``: status, passages, encoder, index path, and the replica's batch count.
+- ``GET /health``: status, passages, encoder, the replica, its batch count and its limits (no file paths).
 - raypipe's own corpus endpoints under ``/raypipe`` (:mod:`raypipe.runtime.corpus_service`: passage
   vectors, document frequencies per lexicon, query vectors, the corpus size), which the features stage
   needs besides searches; the same calls as handle methods. Search-R1's API has no such calls.
 
 Concurrent requests (HTTP or handle) are coalesced by Serve's request batching (``@serve.batch``): up to
 ``retrieval.max_batch_size`` requests, waiting at most ``retrieval.max_wait_ms``, become one search call
-per distinct ``topk``. Jobs on the same Ray cluster can skip HTTP: :class:`ServeRetriever` calls the
-deployment's ``search`` through a Serve handle (``retrieval.backend: serve``).
+per distinct ``topk``; a search that fails fails the requests of its ``topk`` only. Jobs on the same Ray
+cluster can skip HTTP: :class:`~raypipe.runtime.serve_client.ServeRetriever` calls the deployment's
+``search`` through a Serve handle (``retrieval.backend: serve``).
+
+What one request may take is bounded (:class:`ServeLimits`, the ``retrieval.serve_*`` settings): its
+queries, its ``topk`` (and never more than the passages indexed), its body's size, the ids, terms or texts
+of a corpus call, and its time from arrival to answer. Each refusal is a 4xx whose JSON ``detail`` names
+the setting (through a handle, a :class:`RequestError`). The corpus work runs in worker threads, so a big
+corpus call does not hold up other clients' searches. With a token (``raypipe serve-retrieval --token``
+or the environment variable :data:`~raypipe.retrieval.http_client.TOKEN_ENV`) every HTTP request needs
+``Authorization: Bearer TOKEN`` (401 otherwise); Serve handle calls come from inside the Ray cluster and
+need none.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Sequence
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ray import serve
 from ray.serve.exceptions import RayServeException
 
-from raypipe.core.config import RunConfig
+from raypipe.core.config import RetrievalConfig, RunConfig
 from raypipe.retrieval.build import encoder_spec, search_params
 from raypipe.retrieval.encoders import EncoderSpec
-from raypipe.retrieval.http_client import RetrievalServerError, retrieve_response
+from raypipe.retrieval.http_client import TOKEN_ENV, one_line, retrieve_response
 from raypipe.retrieval.index import IndexDir, SearchParams
 from raypipe.retrieval.types import SearchResult
 from raypipe.runtime.corpus_service import PREFIX, CorpusMethods
 from raypipe.runtime.retrieval import open_replica
 
 DEFAULT_TOPK = 3  # Search-R1's retrieval_server.py --topk default, used when neither the request nor retrieval.top_k sets it
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+SearchCall = tuple[list[str], int]
+
+
+class RequestError(Exception):
+    """A request answered with HTTP ``status`` and a one-line ``detail`` instead of its result (raised as
+    such through a Serve handle)."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """What one request may take of a replica (the ``retrieval.serve_*`` settings)."""
+
+    max_queries: int
+    max_topk: int
+    max_items: int
+    max_body_bytes: int
+    timeout_s: float
+
+    @classmethod
+    def from_config(cls, retrieval: RetrievalConfig) -> "ServeLimits":
+        return cls(retrieval.serve_max_queries, retrieval.serve_max_topk, retrieval.serve_max_items,
+                   retrieval.serve_max_body_bytes, retrieval.serve_timeout_s)  # fmt: skip
+
+    def check_queries(self, count: int) -> None:
+        if count > self.max_queries:
+            raise RequestError(413, f"{count} queries in one request, over this server's limit of {self.max_queries} "
+                               "(retrieval.serve_max_queries): send them in smaller requests")  # fmt: skip
+
+    def depth(self, topk: int, passages: int) -> int:
+        """The depth searched for ``topk``: refused outside 1..max_topk, and never more than the passages
+        indexed (FAISS allocates queries x depth)."""
+        if not 1 <= topk <= self.max_topk:
+            raise RequestError(422, f"topk {topk} is outside 1..{self.max_topk}, this server's range "
+                               "(retrieval.serve_max_topk)")  # fmt: skip
+        return min(topk, max(passages, 1))
+
+    def check_items(self, field: str, count: int) -> None:
+        if count > self.max_items:
+            raise RequestError(413, f"{count} {field} in one request, over this server's limit of {self.max_items} "
+                               "(retrieval.serve_max_items): send them in chunks")  # fmt: skip
+
+
+class RequestGate:
+    """ASGI middleware in front of the routes: the bearer token, then the body's size, both checked before
+    FastAPI reads or parses anything (a body is read up to the limit, never further). ``settings()`` gives
+    the serving replica's ``(token, max_body_bytes)``."""
+
+    def __init__(self, app: Any, settings: Callable[[], tuple[str | None, int]]):
+        self.app, self.settings = app, settings
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        token, max_bytes = self.settings()
+        headers = dict(scope["headers"])
+        if token and not hmac.compare_digest(headers.get(b"authorization", b""), f"Bearer {token}".encode()):
+            detail = f"this server wants the header `Authorization: Bearer TOKEN` (raypipe's client sends ${TOKEN_ENV})"
+            await JSONResponse({"detail": detail}, 401, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        too_big = JSONResponse({"detail": f"a request body over this server's limit of {max_bytes:,} bytes "
+                                          "(retrieval.serve_max_body_bytes)"}, 413)  # fmt: skip
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > max_bytes:
+            await too_big(scope, receive, send)
+            return
+        body = bytearray()
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > max_bytes:
+                await too_big(scope, receive, send)
+                return
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+def replica_gate() -> tuple[str | None, int]:
+    """The serving replica's token and body limit (the app and its middleware exist before any replica)."""
+    replica = serve.get_replica_context().servable_object
+    return replica.token, replica.limits.max_body_bytes
+
 
 api = FastAPI(title="raypipe retrieval", description="Search-R1's POST /retrieve over a raypipe index")
+api.add_middleware(RequestGate, settings=replica_gate)
+
+
+@api.exception_handler(RequestError)
+async def request_error(_request: Request, exc: RequestError) -> JSONResponse:
+    return JSONResponse({"detail": exc.detail}, exc.status)
 
 
 class QueryRequest(BaseModel):
@@ -74,25 +194,58 @@ def vectors_response(vectors) -> JSONResponse:
     return JSONResponse({"vectors": vectors.tolist(), "dimension": int(vectors.shape[1])})
 
 
+async def within_deadline(work: Awaitable[T], timeout_s: float) -> T:
+    """``work``'s result, or a 408 :class:`RequestError` after ``timeout_s`` (the work is abandoned; a thread
+    running it finishes unseen)."""
+    try:
+        return await asyncio.wait_for(work, timeout_s)
+    except TimeoutError:
+        raise RequestError(408, f"no answer within {timeout_s:g} s (retrieval.serve_timeout_s): the server is busy "
+                           "or the request too big") from None  # fmt: skip
+
+
+async def search_by_topk(
+    calls: list[SearchCall], search: Callable[[list[str], int], list[SearchResult]]
+) -> list[list[SearchResult] | Exception]:
+    """One ``search`` (in a worker thread) per distinct ``k`` over every query of the calls with that ``k``,
+    split back per call. A search that fails is the answer of its own calls only."""
+    out: list[list[SearchResult] | Exception] = [[] for _ in calls]
+    for k in dict.fromkeys(k for _, k in calls):
+        mine = [i for i, (_, ki) in enumerate(calls) if ki == k]
+        try:
+            results = await asyncio.to_thread(search, [q for i in mine for q in calls[i][0]], k)
+        except Exception as exc:  # noqa: BLE001 - the answer of this group's calls, raised to each
+            for i in mine:
+                out[i] = exc
+            continue
+        offset = 0
+        for i in mine:
+            out[i] = results[offset : offset + len(calls[i][0])]
+            offset += len(calls[i][0])
+    return out
+
+
 @serve.deployment
 @serve.ingress(api)
 class RetrievalDeployment(CorpusMethods):
     """One replica: the searcher of an in-job retrieval actor, fed by Serve's request batching, and its
     corpus methods (handle calls ``corpus_info``, ``doc_vectors``, ``document_frequencies``,
-    ``encode_queries``; HTTP under ``/raypipe``)."""
+    ``encode_queries``; HTTP under ``/raypipe``), each within the replica's :class:`ServeLimits`."""
 
     def __init__(self, index_path: str, spec: EncoderSpec, params: SearchParams, threads: int | None,
-                 max_batch_size: int, max_wait_ms: float, default_topk: int):
+                 max_batch_size: int, max_wait_ms: float, default_topk: int, limits: ServeLimits,
+                 token: str | None = None):  # fmt: skip
         self.retriever = open_replica(index_path, spec, params, threads)
-        self.index_path = index_path
         self.default_topk = default_topk
+        self.limits = limits
+        self.token = token
         self.batches = 0
         self._search_calls.set_max_batch_size(max_batch_size)
         self._search_calls.set_batch_wait_timeout_s(max_wait_ms / 1000)
 
     @api.post("/retrieve")
     async def retrieve(self, request: QueryRequest) -> dict[str, Any]:
-        results = await self._search_calls((request.queries, request.topk or self.default_topk))
+        results = await self.search(request.queries, request.topk or self.default_topk)
         return retrieve_response(results, request.return_scores)
 
     @api.get("/health")
@@ -101,10 +254,11 @@ class RetrievalDeployment(CorpusMethods):
             "status": "ok",
             "passages": self.retriever.index.ntotal,
             "encoder": self.retriever.encoder.name,
-            "index": self.index_path,
             "replica": serve.get_replica_context().replica_id.unique_id,
             "batches": self.batches,
             "corpus_endpoints": PREFIX,
+            "limits": asdict(self.limits),
+            "token": self.token is not None,
         }
 
     @api.get(f"{PREFIX}/corpus_info")
@@ -116,39 +270,56 @@ class RetrievalDeployment(CorpusMethods):
         try:
             return vectors_response(await self.doc_vectors(request.doc_ids))
         except KeyError as exc:
-            raise HTTPException(status_code=400, detail=f"unknown passage id: {exc}") from None
+            raise RequestError(400, f"unknown passage id: {exc}") from None
 
     @api.post(f"{PREFIX}/document_frequencies")
     async def document_frequencies_endpoint(self, request: FrequenciesRequest) -> dict[str, Any]:
         try:
             return {"df": await self.document_frequencies(request.terms, request.lexicon)}
         except (LookupError, ValueError, NotImplementedError) as exc:  # an unknown lexicon, or one this index lacks
-            raise HTTPException(status_code=400, detail=f"{type(exc).__name__}: {exc}") from None
+            raise RequestError(400, f"{type(exc).__name__}: {exc}") from None
 
     @api.post(f"{PREFIX}/encode_queries")
     async def encode_queries_endpoint(self, request: EncodeRequest) -> JSONResponse:
         return vectors_response(await self.encode_queries(request.texts))
 
     async def search(self, queries: Sequence[str], k: int) -> list[SearchResult]:
-        """The ``Retriever`` call for Serve handles (:class:`ServeRetriever`)."""
-        return await self._search_calls((list(queries), k))
+        """The ``Retriever`` call for Serve handles (:class:`~raypipe.runtime.serve_client.ServeRetriever`)
+        and ``POST /retrieve``."""
+        queries = list(queries)
+        self.limits.check_queries(len(queries))
+        depth = self.limits.depth(k, self.retriever.index.ntotal)
+        results = await within_deadline(self._search_calls((queries, depth)), self.limits.timeout_s)
+        if isinstance(results, Exception):
+            raise RequestError(500, f"the search failed: {type(results).__name__}: {one_line(str(results))}")
+        return results
+
+    async def corpus_info(self) -> dict[str, Any]:
+        return await self._in_thread(self.corpus.corpus_info)
+
+    async def doc_vectors(self, doc_ids: list[str]) -> Any:
+        self.limits.check_items("doc_ids", len(doc_ids))
+        return await self._in_thread(self.corpus.doc_vectors, doc_ids)
+
+    async def document_frequencies(self, terms: list[str], lexicon: str = "plain") -> list[int]:
+        self.limits.check_items("terms", len(terms))
+        return await self._in_thread(self.corpus.document_frequencies, terms, lexicon)
+
+    async def encode_queries(self, texts: list[str]) -> Any:
+        self.limits.check_items("texts", len(texts))
+        return await self._in_thread(self.corpus.encode_queries, texts)
+
+    async def _in_thread(self, work: Callable[..., T], *args: Any) -> T:
+        """Blocking corpus work in a worker thread (the event loop goes on serving), within the deadline."""
+        return await within_deadline(asyncio.to_thread(work, *args), self.limits.timeout_s)
 
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005)  # set from the config in __init__
-    async def _search_calls(self, calls: list[tuple[list[str], int]]) -> list[list[SearchResult]]:
-        """One search per distinct ``k`` over every query of the coalesced calls, split back per call."""
-        out: list[list[SearchResult]] = [[] for _ in calls]
-        for k in dict.fromkeys(k for _, k in calls):
-            mine = [i for i, (_, ki) in enumerate(calls) if ki == k]
-            results = await asyncio.to_thread(self.retriever.search_batch, [q for i in mine for q in calls[i][0]], k)
-            self.batches += 1
-            offset = 0
-            for i in mine:
-                out[i] = results[offset : offset + len(calls[i][0])]
-                offset += len(calls[i][0])
-        return out
+    async def _search_calls(self, calls: list[SearchCall]) -> list[list[SearchResult] | Exception]:
+        self.batches += len({k for _, k in calls})
+        return await search_by_topk(calls, self.retriever.search_batch)
 
 
-def retrieval_app(config: RunConfig, index_path: str | Path):
+def retrieval_app(config: RunConfig, index_path: str | Path, token: str | None = None):
     """The Serve application over an existing index (its manifest is checked here, before any replica starts)."""
     cfg = config.retrieval
     spec = encoder_spec(cfg)
@@ -159,14 +330,20 @@ def retrieval_app(config: RunConfig, index_path: str | Path):
         max_ongoing_requests=2 * cfg.max_batch_size,  # one batch searching while the next one fills
         logging_config={"enable_access_log": False},  # a line per request floods the console under load
     ).bind(str(index_path), spec, search_params(cfg), cfg.search_threads, cfg.max_batch_size, cfg.max_wait_ms,
-           cfg.top_k or DEFAULT_TOPK)  # fmt: skip
+           cfg.top_k or DEFAULT_TOPK, ServeLimits.from_config(cfg), token)  # fmt: skip
 
 
-def deploy_retrieval(config: RunConfig, index_path: str | Path, host: str = "127.0.0.1", port: int = 8000) -> str:
+def deploy_retrieval(config: RunConfig, index_path: str | Path, host: str = "127.0.0.1", port: int = 8000,
+                     token: str | None = None) -> str:  # fmt: skip
     """Start Serve's HTTP proxy at ``host:port`` (on the connected Ray), run the application and wait
-    until every replica has loaded the index; returns the base URL."""
+    until every replica has loaded the index; returns the base URL. ``token``: the bearer token every
+    HTTP request must carry (None: none)."""
+    if host not in LOOPBACK and not token:
+        log.warning("listening on %s without a token: anyone who can reach port %d can search the index and read "
+                    "its passages, vectors and term counts (docs/retrieval.md); set --token or %s",
+                    host, port, TOKEN_ENV)  # fmt: skip
     serve.start(http_options={"host": host, "port": port})
-    serve.run(retrieval_app(config, index_path), name=config.retrieval.deployment, route_prefix="/")
+    serve.run(retrieval_app(config, index_path, token), name=config.retrieval.deployment, route_prefix="/")
     return f"http://{host}:{port}"
 
 
@@ -178,30 +355,3 @@ def undeploy_retrieval(config: RunConfig) -> None:
         return
     if not serve.status().applications:
         serve.shutdown()
-
-
-class ServeRetriever:
-    """The ``Retriever`` protocol over the deployment ``name`` on the connected Ray cluster (a Serve handle).
-    Picklable: generation actors call the replicas directly."""
-
-    def __init__(self, name: str):
-        try:
-            self.handle = serve.get_app_handle(name)
-        except Exception as exc:  # noqa: BLE001 - Serve raises several types for "no such application"
-            raise RetrievalServerError(
-                f"no Ray Serve application {name!r} on this Ray cluster ({type(exc).__name__}: {exc}); start it with "
-                "`raypipe serve-retrieval` and point ray.address at its cluster, or use retrieval.backend=http"
-            ) from exc
-        self.name = name
-
-    async def search(self, queries: Sequence[str], k: int) -> list[SearchResult]:
-        return await self.handle.search.remote(list(queries), k)
-
-    def describe(self) -> dict[str, Any]:
-        started = time.perf_counter()
-        health = self.handle.health.remote().result(timeout_s=60)
-        return {"backend": "serve", "deployment": self.name,
-                "health": {**health, "seconds": round(time.perf_counter() - started, 3)}}  # fmt: skip
-
-    def shutdown(self) -> None:
-        """Nothing to stop: the deployment outlives the job."""

@@ -23,8 +23,8 @@ from functools import partial
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raypipe.analysis.headlines import features_headline
 from raypipe.core.config import ConfigError, FeaturesConfig, RunConfig
-from raypipe.core.jobargs import job_parser, run_config_from_args, setup_logging
 from raypipe.core.progress import Progress
 from raypipe.core.rundir import RunDir, RunDirError
 from raypipe.core.schema import FEATURES, ITERATIONS, conform
@@ -33,9 +33,12 @@ from raypipe.features.extract import extract_many, idf_lookup
 from raypipe.features.resources import CorpusResources, SbertEncoder, SentenceEncoder
 from raypipe.retrieval.build import index_dir_for
 from raypipe.retrieval.http_client import RetrievalServerError
-from raypipe.runtime.cluster import init_ray, route_ray_data_logs
-from raypipe.runtime.corpus_service import ServiceCorpus, corpus_transport
-from raypipe.runtime.retrieval import open_retrieval
+from raypipe.retrieval.types import ReplicaService, SharedRetrievalService
+from raypipe.runtime.batch_stage import BatchStage, BatchUDF
+from raypipe.runtime.cluster import route_ray_data_logs
+from raypipe.runtime.corpus_service import ServiceCorpus
+from raypipe.runtime.retrieval import corpus_transport, open_retrieval
+from raypipe.runtime.stage_main import RunDirStage, StageRun
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +58,11 @@ def pack_trajectory(group: pa.Table) -> pa.Table:
     return pa.table({"qid": [rows[0]["qid"]], "rows": pa.array([rows], type=PACKED_ROWS)})
 
 
-class FeatureStage:
-    """Callable class for ``map_batches``: a batch of packed trajectories -> their FEATURES rows."""
+class FeatureStage(BatchUDF):
+    """Ray Data UDF (actor pool): a batch of packed trajectories (column ``rows``) -> their FEATURES rows."""
+
+    stage_name = "features stage"
+    input_columns = ("rows",)
 
     def __init__(
         self,
@@ -72,17 +78,16 @@ class FeatureStage:
         self.rows = 0
         self.progress = Progress("trajectories", label="features actor", every_s=LOG_EVERY_S, per=None, log=log)
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
+    def process(self, batch: pa.Table) -> pa.Table:
         trajectories = batch.column("rows").to_pylist()
-        prefetch = getattr(self.corpus, "prefetch_terms", None)  # a remote corpus: one call for the batch's terms
-        if prefetch is not None:
+        if isinstance(self.corpus, ServiceCorpus):  # a remote corpus: one call for the batch's terms
             settings = self.settings or FeaturesConfig()
             by_lexicon: dict[str, list[str]] = {}
             for query in dict.fromkeys(row["query"] or "" for rows in trajectories for row in rows):
                 terms, lexicon = idf_lookup(query, self.corpus, settings)  # what the extractor will look up
                 by_lexicon.setdefault(lexicon, []).extend(terms)
             for lexicon, terms in by_lexicon.items():
-                prefetch(terms, lexicon)
+                self.corpus.prefetch_terms(terms, lexicon)
         pairs = [(rows, self.questions.get(rows[0]["qid"])) for rows in trajectories]
         out = [row for rows in extract_many(pairs, self.corpus, self.sentences, self.settings) for row in rows]
         self.rows += len(out)
@@ -111,7 +116,9 @@ def run_features(
             service.shutdown()
 
 
-def open_corpus_service(config: RunConfig):
+def open_corpus_service(
+    config: RunConfig,
+) -> tuple[ReplicaService | SharedRetrievalService, Callable[[], ServiceCorpus]]:
     """The retrieval service for ``retrieval.backend`` (replicas started here over the run's existing
     index, or the shared deployment by name or URL) and a factory of :class:`ServiceCorpus` over it.
 
@@ -124,10 +131,11 @@ def open_corpus_service(config: RunConfig):
         transport = corpus_transport(service)
         corpus = ServiceCorpus(transport)
         corpus.prefetch_terms(["the"], idf_lookup("the", corpus, config.features)[1])  # the IDF's lexicon is there
-        info = corpus.info
-        shared = hasattr(service, "describe")  # a deployment: where, and what it reports
-        where = service.describe() if shared else {"backend": "actors", "index": service.index_path}
-        log.info("features: retrieval service %s; corpus %s", where, info)
+        if isinstance(service, SharedRetrievalService):  # a deployment: where, and what it reports
+            where = service.describe()
+        else:
+            where = {"backend": "actors", "index": service.index_path}
+        log.info("features: retrieval service %s; corpus %s", where, corpus.info)
     except BaseException:
         service.shutdown()
         raise
@@ -157,19 +165,15 @@ def _run_features(run: RunDir, config: RunConfig, corpus_factory: Callable[[], C
     packed = ds.groupby("qid", num_partitions=partitions).map_groups(
         pack_trajectory, batch_format="pyarrow", num_cpus=cfg.actor_num_cpus
     )
-    features = packed.map_batches(
+    stage = BatchStage(
         FeatureStage,
+        {"questions": questions, "corpus_factory": corpus_factory,
+         "sentence_factory": sentence_factory or partial(SbertEncoder, cfg.sentence_model), "settings": cfg},
+        actors=cfg.actors,
         batch_size=cfg.batch_trajectories,
-        batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=cfg.actors),
         num_cpus=cfg.actor_num_cpus,
-        fn_constructor_kwargs={
-            "questions": questions,
-            "corpus_factory": corpus_factory,
-            "sentence_factory": sentence_factory or partial(SbertEncoder, cfg.sentence_model),
-            "settings": cfg,
-        },
-    )
+    )  # fmt: skip
+    features = stage.apply(packed)
     target = run.table_dir("features")
     tmp = run.path / ".features.tmp"
     if tmp.exists():
@@ -205,26 +209,24 @@ The run's own config.yaml is the base configuration (its retrieval index) unless
 """
 
 
+def _features(stage: StageRun) -> int:
+    route_ray_data_logs(stage.run.path / "logs")
+    return run_features(stage.run, stage.config)
+
+
+STAGE = RunDirStage(
+    name="features",
+    description=DESCRIPTION,
+    run_dir_help="a run directory written by jobs/probe.py",
+    log_to_driver=True,
+    errors=(RunDirError, RetrievalServerError, ConfigError),
+    headline=features_headline,  # what tracking.mlflow_uri logs
+)
+
+
 def main() -> None:
-    parser = job_parser(DESCRIPTION)
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by jobs/probe.py")
-    args = parser.parse_args()
-    setup_logging(args.verbose)
-    run = RunDir(args.run_dir)
-    config = run_config_from_args(args, run.path)
-
-    import ray
-
-    init_ray(config, log_to_driver=True)
-    route_ray_data_logs(run.path / "logs")
-    try:
-        rows = run_features(run, config)
-    except (RunDirError, RetrievalServerError, ConfigError) as exc:
-        raise SystemExit(f"error: {exc}") from None
-    finally:
-        ray.shutdown()
-    run.write_config(config, "features")
-
+    stage, rows = STAGE.main(_features)
+    run = stage.run
     table = correlation_table(run.read("features"))
     path = write_csv(table, run.path / "feature_correlations.csv")
     print(f"\n{rows} feature rows -> {run.table_dir('features')}\n")

@@ -7,6 +7,8 @@ which resumes an interrupted build). Passages are read and encoded block by bloc
 pipeline (:func:`ray_encode_blocks`: read tasks over the corpus's byte ranges, then an actor pool of
 :class:`BlockEncoder`), or in-process for small tests (``use_ray=False``); the final assembly of FAISS,
 doc store and statistics runs as a Ray task, so the driver's memory stays flat whatever the corpus size.
+A block takes minutes on a CPU, so the actors count the passages of each encoder call in a
+:class:`~raypipe.runtime.tally.Tally` and the driver logs that count every 15 s (``encode actors: ...``).
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from raypipe.core.config import RetrievalConfig, RunConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.core.progress import Progress
 from raypipe.retrieval.build import (
     Block,
     EncodeBlocks,
@@ -41,11 +45,13 @@ from raypipe.retrieval.build import (
     read_block,
     up_to_date,
 )
-from raypipe.retrieval.encoders import EncoderSpec
+from raypipe.retrieval.encoders import Encoder, EncoderSpec
 from raypipe.retrieval.import_faiss import VERIFY_MIN_COSINE, VERIFY_SAMPLE, import_faiss
 from raypipe.retrieval.index import RetrievalIndexError, expected_manifest, file_sha256, load_index_dir
 from raypipe.retrieval.shipped import export_vectors, find_shipped
+from raypipe.runtime.batch_stage import BatchStage, BatchUDF
 from raypipe.runtime.cluster import init_ray
+from raypipe.runtime.tally import TalliedEncoder, report_tally, start_tally
 
 DESCRIPTION = """Build the retrieval index (encoder + FAISS + doc store + corpus statistics) for the configured corpus.
 
@@ -83,8 +89,9 @@ def ensure_index(config: RunConfig, force: bool = False, use_ray: bool = True) -
     if not corpus.exists():
         raise FileNotFoundError(f"corpus file not found: {corpus}")
     sha = file_sha256(corpus)
-    expected = expected_manifest(encoder_spec(cfg), index_settings(cfg), corpus, sha)
-    target = index_dir_for(config, sha)
+    spec = encoder_spec(cfg)
+    expected = expected_manifest(spec, index_settings(cfg), corpus, sha, None if cfg.shipped_vectors else "encoded")
+    target = index_dir_for(config, sha, spec)
     if up_to_date(target, expected, force):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -92,20 +99,22 @@ def ensure_index(config: RunConfig, force: bool = False, use_ray: bool = True) -
         fcntl.flock(lock, fcntl.LOCK_EX)  # another job may be building the same index
         if up_to_date(target, expected, force):
             return target
-        encode, vectors = shipped_encoding(config, corpus, sha)
+        encode, vectors = shipped_encoding(config, spec, corpus, sha)
         if encode is None and use_ray:
             encode = partial(ray_encode_blocks, cfg=cfg)
-        build_index(config, target, expected, encode=encode, assemble=ray_assemble if use_ray else None, vectors=vectors)
+        build_index(config, target, expected, encode=encode, assemble=ray_assemble if use_ray else None, vectors=vectors,
+                    spec=spec)
     return target
 
 
-def shipped_encoding(config: RunConfig, corpus: Path, sha: str) -> tuple[EncodeBlocks | None, dict | None]:
+def shipped_encoding(
+    config: RunConfig, spec: EncoderSpec, corpus: Path, sha: str
+) -> tuple[EncodeBlocks | None, dict | None]:
     """The shipped vectors' ``EncodeBlocks`` and their manifest entry when ``retrieval.shipped_vectors`` is on, the
     package ships vectors of this corpus for this encoder and a re-encoded sample matches them; else (None, None).
     Reading them takes seconds, so it runs in this process whatever ``use_ray``."""
     if not config.retrieval.shipped_vectors:
         return None, None
-    spec = encoder_spec(config.retrieval)
     shipped = find_shipped(spec, sha)
     if shipped is None:
         return None, None
@@ -129,17 +138,20 @@ def read_blocks(batch: pa.Table, corpus: str) -> pa.Table:
     return pa.table(out)
 
 
-class BlockEncoder:
-    """Ray Data UDF (actor pool): blocks' rows -> their embeddings, longest passage first inside each
-    block (one encoder per actor)."""
+class BlockEncoder(BatchUDF):
+    """Ray Data UDF (actor pool): blocks' rows (column ``docs``) -> their embeddings, longest passage first
+    inside each block (one encoder per actor)."""
 
-    def __init__(self, spec: EncoderSpec, call_rows: int, actors_per_node: int = 1):
+    stage_name = "encode stage"
+    input_columns = ("docs",)
+
+    def __init__(self, spec: EncoderSpec, call_rows: int, actors_per_node: int = 1, tally: Any = None):
         if spec.threads is None:
             spec = EncoderSpec(**{**spec.__dict__, "threads": max(1, (os.cpu_count() or 1) // actors_per_node)})
-        self.encoder = spec.load()
+        self.encoder: Encoder = spec.load() if tally is None else TalliedEncoder(spec.load(), tally)
         self.call_rows = call_rows
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
+    def process(self, batch: pa.Table) -> pa.Table:
         embeddings, dims, cpu = [], [], []
         for docs in batch.column("docs").to_pylist():
             vectors, cpu_s = encode_docs(self.encoder, _from_ipc(docs), self.call_rows)
@@ -152,7 +164,8 @@ class BlockEncoder:
 
 def ray_encode_blocks(spec: EncoderSpec, corpus: Path, blocks: list[Block], cfg: RetrievalConfig) -> Iterator[EncodedBlock]:
     """Read (Ray tasks over byte ranges of the corpus) and encode (actor pool of ``encode_actors``) the
-    blocks; yields each block when it is done, in any order. The driver holds one block at a time."""
+    blocks; yields each block when it is done, in any order. The driver holds one block at a time and
+    logs the passages the actors have encoded every 15 s."""
     import ray
 
     if not blocks:
@@ -162,21 +175,27 @@ def ray_encode_blocks(spec: EncoderSpec, corpus: Path, blocks: list[Block], cfg:
     ds = ray.data.from_items([{"block": asdict(b)} for b in blocks], override_num_blocks=len(blocks))
     ds = ds.map_batches(read_blocks, fn_kwargs={"corpus": str(corpus)}, batch_size=1, batch_format="pyarrow",
                         num_cpus=cfg.read_num_cpus)
-    ds = ds.map_batches(
+    tally = start_tally()
+    ds = BatchStage(
         BlockEncoder,
-        fn_constructor_kwargs={"spec": spec, "call_rows": cfg.encode_batch_size, "actors_per_node": cfg.encode_actors},
+        {"spec": spec, "call_rows": cfg.encode_batch_size, "actors_per_node": cfg.encode_actors, "tally": tally},
+        actors=min(cfg.encode_actors, len(blocks)),
         batch_size=1,
-        batch_format="pyarrow",
-        # one block per actor at a time: a block queued behind a busy actor would wait there while
-        # another actor idles (Ray Data's default of 4 in flight ran the bundled corpus on one actor)
-        compute=ray.data.ActorPoolStrategy(size=min(cfg.encode_actors, len(blocks)), max_tasks_in_flight_per_actor=1),
         num_cpus=cfg.encode_num_cpus,
         num_gpus=cfg.encode_num_gpus,
-    )
-    for row in ds.iter_rows():
-        block = Block(**row["block"])
-        embeddings = np.frombuffer(row["embedding"], dtype=np.float32).reshape(block.n_rows, row["dim"])
-        yield EncodedBlock(block, _from_ipc(row["docs"]), _from_ipc(row["df"]), embeddings, row["cpu_s"])
+        # one block per actor at a time: a block queued behind a busy actor would wait there while
+        # another actor idles (Ray Data's default of 4 in flight ran the bundled corpus on one actor)
+        pool={"max_tasks_in_flight_per_actor": 1},
+    ).apply(ds)
+    progress = Progress("passages encoded", sum(b.n_rows for b in blocks), label="encode actors", every_s=0, log=log)
+    try:
+        with report_tally(tally, progress):
+            for row in ds.iter_rows():
+                block = Block(**row["block"])
+                embeddings = np.frombuffer(row["embedding"], dtype=np.float32).reshape(block.n_rows, row["dim"])
+                yield EncodedBlock(block, _from_ipc(row["docs"]), _from_ipc(row["df"]), embeddings, row["cpu_s"])
+    finally:
+        ray.kill(tally)
 
 
 def ray_assemble(*args) -> Path:
@@ -220,12 +239,13 @@ def main() -> None:
     extra = [f"{key}={value}" for key, value in (("data.corpus", args.corpus), ("retrieval.encoder", args.encoder),
                                                  ("retrieval.index_dir", args.out)) if value]
     config = config_from_args(args, extra)
+    spec = encoder_spec(config.retrieval)
     start = time.perf_counter()
     if args.import_faiss:
         if not (args.corpus and args.encoder and args.out):
             parser.error("--import-faiss needs --corpus, --encoder and --out")
         try:
-            path = import_faiss(Path(args.import_faiss), Path(args.corpus), encoder_spec(config.retrieval), Path(args.out),
+            path = import_faiss(Path(args.import_faiss), Path(args.corpus), spec, Path(args.out),
                                 verify=not args.no_verify, block_rows=config.retrieval.build_block_rows,
                                 sample=args.verify_sample, min_cosine=args.verify_min_cosine)
         except (RetrievalIndexError, FileNotFoundError, ValueError) as exc:
@@ -243,7 +263,7 @@ def main() -> None:
     if args.export_vectors:
         command = "raypipe index " + " ".join(sys.argv[1:])
         try:
-            exported = export_vectors(path, encoder_spec(config.retrieval), Path(args.export_vectors), command)
+            exported = export_vectors(path, spec, Path(args.export_vectors), command)
         except RetrievalIndexError as exc:
             raise SystemExit(f"error: {exc}") from None
         print(f"vectors: {exported} and {exported.with_suffix('.json').name}")

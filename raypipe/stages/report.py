@@ -11,16 +11,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raypipe.analysis.blocks import RenderedSection, Table, Text, document_html, document_markdown, table_markdown
-from raypipe.analysis.report import ReportContext, RunMeta, discover_plugins, missing_requirements, ordered_sections
+from raypipe.analysis.report import ReportContext, RunMeta, missing_requirements, ordered_sections
 from raypipe.analysis.screenshot import ScreenshotError, assert_not_blank, screenshot
+from raypipe.analysis.tracking import Headline, StageTracker, run_tracking
 from raypipe.core.config import ReportConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.core.rundir import RunDir
+from raypipe.runtime.stage_main import tracking_or_exit
 
 DESCRIPTION = """Write RUN_DIR/report/: statistics, bootstrap intervals, plots and one HTML page (plus Markdown).
 
 Works on any run directory: stages that have not run are listed as missing. Analysis options are the
 ``report`` section of the config (``--set report.epsilon=0.01``, ``--set report.bootstrap_samples=2000``).
+The sweep's and Stop-RAG's paired tests against natural stopping (stopping/03_significance.md,
+stoprag/significance.md) appear in their sections. With tracking on (--set tracking.mlflow_uri=PATH_OR_URL,
+or the run's own config.yaml) the page, its tables and plots are logged to MLflow.
 """
 
 
@@ -36,6 +41,13 @@ class ReportResult:
     @property
     def errors(self) -> list[RenderedSection]:
         return [s for s in self.sections if s.status == "error"]
+
+    def headline(self, more: tuple[Path, ...] = ()) -> Headline:
+        """Sections by status; the page, its Markdown, tables and plots (and ``more``)."""
+        counts = {f"sections_{status}": float(sum(s.status == status for s in self.sections))
+                  for status in ("ok", "missing", "error")}  # fmt: skip
+        out = self.html.parent
+        return Headline(counts, [self.html, self.markdown, out / "tables", out / "plots", *more])
 
 
 def build_report(
@@ -57,12 +69,6 @@ def build_report(
     for r in others:
         if not (r.has("trajectories") and r.has("iterations")):
             raise FileNotFoundError(f"compared run {r.path} has no trajectories/iterations tables")
-    plugin_error = None
-    try:
-        discover_plugins()
-    except Exception as exc:  # a broken plugin must not hide the rest of the report
-        log.exception("a report_section plugin failed to import")
-        plugin_error = f"a report_section plugin failed to import: {exc!r}"
     ctx = ReportContext(run, Path(out) if out else run.path / "report", options or ReportConfig(), RunMeta.read(run),
                         others)
     ctx.out.mkdir(parents=True, exist_ok=True)
@@ -83,8 +89,6 @@ def build_report(
             rendered.append(RenderedSection(section.key, section.title,
                                             [Text(f"This section failed: {type(exc).__name__}: {exc}", "error")],
                                             "error"))
-    if plugin_error:
-        rendered.append(RenderedSection("plugins", "Report plugins", [Text(plugin_error, "error")], "error"))
     title = f"raypipe report: {ctx.meta.name}"
     stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     subtitle = f"{run.path.resolve()} · agent {ctx.meta.agent} · model {ctx.meta.model} · generated {stamp}"
@@ -107,6 +111,8 @@ def main() -> None:
     config = config_from_args(args)
     if not args.run_dir.is_dir():
         sys.exit(f"error: run directory {args.run_dir} does not exist")
+    settings = tracking_or_exit(run_tracking, config.tracking, args.run_dir)  # the run's own when not set here
+    tracker = tracking_or_exit(StageTracker.open, settings, args.run_dir, "report")
     result = build_report(args.run_dir, config.report, args.out, args.compare)
     for section in result.sections:
         log.info("section %-14s %s", section.key, section.status)
@@ -123,5 +129,6 @@ def main() -> None:
         except ScreenshotError as exc:
             sys.exit(f"error: {exc}")
         log.info("screenshot %s: %s", png, measures)
+    tracking_or_exit(tracker.log, config, result.headline((png,) if args.screenshot else ()))
     if result.errors:
         sys.exit(f"error: sections failed: {', '.join(s.key for s in result.errors)} (see {result.html})")

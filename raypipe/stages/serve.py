@@ -8,6 +8,7 @@ The deployment is :mod:`raypipe.runtime.serve`; jobs (the probe and the features
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -15,6 +16,7 @@ import threading
 from raypipe.core.config import ConfigError, RunConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.data.loaders import DataError
+from raypipe.retrieval.http_client import TOKEN_ENV
 from raypipe.retrieval.index import RetrievalIndexError
 from raypipe.runtime.cluster import init_ray
 from raypipe.stages.index import ensure_index
@@ -34,13 +36,15 @@ which `raypipe features` needs and a plain Search-R1 server lacks.
 log = logging.getLogger(__name__)
 
 
-def serve_until_stopped(config: RunConfig, host: str, port: int, stop: threading.Event) -> None:
+def serve_until_stopped(
+    config: RunConfig, host: str, port: int, stop: threading.Event, token: str | None = None
+) -> None:
     """Deploy over the configured index, print the URL, wait for ``stop``, then delete the deployment."""
     from raypipe.runtime.serve import deploy_retrieval, undeploy_retrieval
 
     index_path = ensure_index(config)
     try:
-        url = deploy_retrieval(config, index_path, host, port)
+        url = deploy_retrieval(config, index_path, host, port, token)
         print(f"retrieval service ready at {url}  (POST {url}/retrieve, GET {url}/health; Ray Serve application "
               f"{config.retrieval.deployment!r}, {config.retrieval.replicas} replica(s)); Ctrl-C stops it", flush=True)  # fmt: skip
         while not stop.wait(1.0):
@@ -53,7 +57,11 @@ def serve_until_stopped(config: RunConfig, host: str, port: int, stop: threading
 def main() -> None:
     parser = job_parser(DESCRIPTION)
     parser.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000, Search-R1's)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: other machines too)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (0.0.0.0: every machine that reaches this one; set a token)")
+    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV),
+                        help=f"bearer token every HTTP request must carry (default: ${TOKEN_ENV}, which keeps it out "
+                        "of the process list; the HTTP client sends it from there; none: no authentication)")
     args = parser.parse_args()
     setup_logging(args.verbose)
     config = config_from_args(args)
@@ -65,7 +73,7 @@ def main() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        serve_until_stopped(config, args.host, args.port, stop)
+        serve_until_stopped(config, args.host, args.port, stop, args.token or None)
     except (ConfigError, DataError, FileNotFoundError, RetrievalIndexError) as exc:
         sys.exit(f"error: {exc}")
     finally:

@@ -1,42 +1,30 @@
 """The train job: its driver, its Ray adapters and its entry point (``raypipe train``, ``python jobs/train.py``).
 
 The steps are Ray-free, in :mod:`raypipe.predict` (``pipeline``: signals, head grid, tables, bundle;
-``crossencoder``: the model, task keys, reuse). Here they get Ray: the cross-encoders are fine-tuned on
-Ray Train by data-parallel workers (DDP; gloo on CPUs, NCCL on GPUs), each reading its shard, gradients
-accumulated to the effective batch, every epoch ending with a checkpoint (the CrossEncoder folder plus
-the training curve so far); the head grid's cells run as Ray tasks.
+``crossencoder``: the model, task keys, reuse; ``crossencoder_train``: the fine-tuning epochs and their
+checkpoints). Here they get Ray: the cross-encoders are fine-tuned on Ray Train by data-parallel workers
+(DDP; gloo on CPUs, NCCL on GPUs), the worker loop wired by :func:`raypipe.runtime.trainer.run_training`;
+the head grid's cells run as Ray tasks.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import tempfile
 import time
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from raypipe.analysis.headlines import train_headline
 from raypipe.core.config import TrainConfig
-from raypipe.core.jobargs import job_parser, run_config_from_args, setup_logging
-from raypipe.core.rundir import RunDir, RunDirError
-from raypipe.core.train_run import add_train_run_argument, resolve_train_run
+from raypipe.core.rundir import RunDir
 from raypipe.predict import groups
-from raypipe.predict.crossencoder import (
-    CURVE_FILE,
-    META_FILE,
-    TRAIN_STORAGE,
-    Task,
-    TrainedModel,
-    install_model,
-    loop_config,
-    new_crossencoder,
-    plan_training,
-)
+from raypipe.predict.crossencoder import TRAIN_STORAGE, Task, TrainedModel, install_model, loop_config, plan_training
+from raypipe.predict.crossencoder_train import CrossEncoderTraining
 from raypipe.predict.docs import doc_lookup_for
 from raypipe.predict.head import NOT_PREDICTED
 from raypipe.predict.pipeline import (
@@ -57,11 +45,12 @@ from raypipe.predict.pipeline import (
 )
 from raypipe.predict.qtypes import run_question_types
 from raypipe.predict.relations import DocLookup, relation_frame
-from raypipe.predict.splits import assign_folds, check_disjoint, fold_column, protocol_note
+from raypipe.predict.runs import read_runs
+from raypipe.predict.splits import assign_folds, fold_column, protocol_note
 from raypipe.predict.tables import plot_curves, write_tables
 from raypipe.predict.window import TYPE_COLUMN
-from raypipe.runtime.cluster import init_ray
-from raypipe.runtime.trainer import MAX_FAILURES, torch_trainer
+from raypipe.runtime.stage_main import RunDirStage, StageRun
+from raypipe.runtime.trainer import MAX_FAILURES, run_training, torch_trainer
 
 DESCRIPTION = """Train the P_i / U_i predictors of a run: cross-encoders on Ray Train, the windowed head, Tables 3-4.
 
@@ -77,107 +66,8 @@ log = logging.getLogger(__name__)
 
 
 def train_loop_per_worker(config: dict) -> None:
-    """Ray Train worker: fine-tune every task in turn (DDP, gradient accumulation), a checkpoint per epoch.
-
-    One worker group serves all tasks, so the workers and libraries start once, not once per model.
-    Checkpoint scores keep every task's last epoch and drop its earlier epochs once superseded.
-    """
-    import ray.train
-    import ray.train.torch
-    import torch
-    from ray.train import Checkpoint
-
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    if config["threads"]:
-        torch.set_num_threads(config["threads"])
-    device = ray.train.torch.get_device()
-    first = 0
-    resumed = ray.train.get_checkpoint()  # set when Ray Train restarted the worker group after a failure
-    if resumed is not None:
-        with resumed.as_directory() as folder:
-            meta = json.loads((Path(folder) / META_FILE).read_text())
-        first = meta["index"] + 1 if meta["final"] else meta["index"]
-    for index, task in enumerate(config["tasks"]):
-        if index < first:
-            continue
-        torch.manual_seed(config["seed"])
-        started = time.monotonic()
-        ce = new_crossencoder(config["base"], task.relation, config["dropout"])
-        tok = ce.tokenizer
-        net = ray.train.torch.prepare_model(ce.model)
-
-        def collate(batch, tok=tok):
-            enc = tok(
-                [t for t, _ in batch],
-                truncation=True,
-                max_length=config["max_tokens"],
-                padding=True,
-                return_tensors="pt",
-            )
-            enc["labels"] = torch.tensor([y for _, y in batch], dtype=torch.float32)
-            return enc
-
-        loader = torch.utils.data.DataLoader(
-            list(zip(task.texts, task.labels)), batch_size=config["batch_size"], shuffle=True, collate_fn=collate
-        )
-        loader = ray.train.torch.prepare_data_loader(loader, move_to_device=False)
-        optimizer = torch.optim.AdamW(net.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
-        accum, loss_fn, curve, step = config["accum"], torch.nn.MSELoss(), [], 0
-        for epoch in range(1, config["epochs"] + 1):
-            if world > 1 and hasattr(loader.sampler, "set_epoch"):
-                loader.sampler.set_epoch(epoch)
-            net.train()
-            optimizer.zero_grad()
-            pending, running = 0, 0.0
-            for micro, batch in enumerate(loader, start=1):
-                batch = {k: v.to(device) for k, v in batch.items()}
-                y = batch.pop("labels")
-                sync = micro % accum == 0 or micro == len(loader)
-                with net.no_sync() if (world > 1 and not sync) else contextlib.nullcontext():
-                    loss = loss_fn(net(**batch).logits.squeeze(-1).float(), y)
-                    (loss / accum).backward()
-                running += loss.item()
-                pending += 1
-                if sync:
-                    optimizer.step()
-                    optimizer.zero_grad()
-                    mean_loss = torch.tensor([running / pending])
-                    if world > 1:
-                        torch.distributed.all_reduce(mean_loss)
-                        mean_loss /= world
-                    step += 1
-                    curve.append({"epoch": epoch, "step": step, "loss": float(mean_loss.item())})
-                    pending, running = 0, 0.0
-            final = epoch == config["epochs"]
-            metrics = {
-                "task": task.name,
-                "epoch": epoch,
-                "final": final,
-                "train_loss": float(np.mean([c["loss"] for c in curve if c["epoch"] == epoch])),
-                "seconds": time.monotonic() - started,
-                # last epochs outrank every intermediate one, so num_to_keep = tasks + 1 keeps them all
-                "keep_score": (1_000_000 if final else 0) + index,
-            }
-            if rank == 0:
-                with tempfile.TemporaryDirectory() as tmp:
-                    ce.save(tmp)
-                    pd.DataFrame(curve).to_csv(Path(tmp) / CURVE_FILE, index=False)
-                    meta = {
-                        **metrics,
-                        "index": index,
-                        "rows": len(task.texts),
-                        "relation": task.relation,
-                        "key": task.key,
-                    }
-                    (Path(tmp) / META_FILE).write_text(json.dumps(meta))
-                    ray.train.report(
-                        metrics,
-                        checkpoint=Checkpoint.from_directory(tmp),
-                        checkpoint_dir_name=f"{task.name}_epoch{epoch}",
-                    )
-            else:
-                ray.train.report(metrics)
+    """The Ray Train worker loop: every task of ``config`` (:func:`loop_config`) fine-tuned in turn."""
+    run_training(partial(CrossEncoderTraining, config), seed=config["seed"], threads=config["threads"])
 
 
 def train_crossencoders(
@@ -228,19 +118,6 @@ def fit_cells_on_ray(
     remote = ray.remote(num_cpus=1)(fit_and_score)
     data_ref, folds_ref = ray.put(data), ray.put(fold_of_row)
     return ray.get([remote.remote(data_ref, folds_ref, cols, target, w, cfg, seed) for cols, target, w in specs])
-
-
-def read_runs(run: RunDir, train_run: RunDir | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, set[str]]:
-    """iterations, trajectories and features of the run (and of the training run, stacked), and the
-    training run's qids (empty without one); a question in both runs is an error."""
-    runs = [run] if train_run is None else [train_run, run]
-    tables = [[r.read(name).to_pandas() for r in runs] for name in ("iterations", "trajectories", "features")]
-    train_qids: set[str] = set()
-    if train_run is not None:
-        train_qids = set(tables[1][0]["qid"].astype(str))
-        check_disjoint(train_qids, tables[1][1]["qid"], f"the training run {train_run.path}", f"the run {run.path}")
-    iterations, trajectories, features = (pd.concat(t, ignore_index=True) for t in tables)
-    return iterations, trajectories, features, train_qids
 
 
 def run_train(
@@ -344,33 +221,30 @@ def run_train(
     }
 
 
+STAGE = RunDirStage(
+    name="train",
+    description=DESCRIPTION,
+    run_dir_help="a run directory with iterations/ and features/",
+    train_run=True,
+    headline=train_headline,  # what tracking.mlflow_uri logs
+)
+
+
+def _train(stage: StageRun) -> dict[str, object]:
+    run, config, train_run = stage.run, stage.config, stage.train_run
+    types = {}
+    if config.train.include_type:
+        types = {**run_question_types(run.path), **(run_question_types(train_run.path) if train_run else {})}
+    return run_train(run, config.train, doc_lookup_for(config), seed=config.seed, train_run=train_run,
+                     question_types=types)  # fmt: skip
+
+
 def main() -> None:
-    parser = job_parser(DESCRIPTION)
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with iterations/ and features/")
-    add_train_run_argument(parser)
-    args = parser.parse_args()
-    setup_logging(args.verbose)
-    run = RunDir(args.run_dir)
-    config = run_config_from_args(args, run.path)
-    train_run = resolve_train_run(config, args.train_run, run)
-
-    import ray
-
-    init_ray(config, log_to_driver=False)
-    try:
-        types = {}
-        if config.train.include_type:
-            types = {**run_question_types(run.path), **(run_question_types(train_run.path) if train_run else {})}
-        summary = run_train(run, config.train, doc_lookup_for(config), seed=config.seed, train_run=train_run,
-                            question_types=types)  # fmt: skip
-    except (RunDirError, ValueError) as exc:
-        raise SystemExit(f"error: {exc}") from None
-    finally:
-        ray.shutdown()
-    run.write_config(config, "train")
-
+    stage, summary = STAGE.main(_train)
+    run = stage.run
     tables = run.path / "predictions" / "tables"
-    print(f"\n{summary['questions']} questions, {summary['rows']} rows, {summary['seconds']:.0f} s in all; {summary['protocol']}\n")
+    print(f"\n{summary['questions']} questions, {summary['rows']} rows, {summary['seconds']:.0f} s in all; "
+          f"{summary['protocol']}\n")
     for name in ("crossencoders.md", "table3_signal_groups.md", "table4_unsup_sources.md"):
         print((tables / name).read_text())
     print(f"(tables in {tables}; bundle in {run.path / 'models'})")

@@ -16,12 +16,16 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 import pandas as pd
+import pyarrow as pa
 
 from raypipe.core.config import HeadRefit, TrainConfig
 from raypipe.core.rundir import RunDir
 from raypipe.stopping.heuristic import Predictions
 
 KEYS = ("qid", "dataset", "iteration")
+# A head's predictions as a trial hands them to the driver (predictions_table)
+HEAD_SCHEMA = pa.schema([("qid", pa.string()), ("iteration", pa.int32()), ("feature_group", pa.string()),
+                         ("window", pa.int32()), ("p_hat", pa.float64()), ("u_hat", pa.float64())])  # fmt: skip
 
 
 def resolve(refit: HeadRefit, train: TrainConfig) -> HeadRefit:
@@ -96,3 +100,22 @@ def refit_predictions(
     for qid, it, ph, uh in zip(frame["qid"], frame["iteration"], p, u):
         out.setdefault(str(qid), {})[int(it)] = (float(ph), float(uh))
     return out
+
+
+def predictions_table(head: tuple[str, int], predictions: Predictions) -> pa.Table:
+    """One head's (P̂, Û) in the columns :func:`raypipe.stopping.grid.predictions_by_head` reads back: how a Tune
+    trial hands a refit head's predictions to the driver (the paired tests replay the trade-off table's rows)."""
+    rows = [{"qid": qid, "iteration": it, "feature_group": head[0], "window": head[1], "p_hat": p, "u_hat": u}
+            for qid, per_iteration in predictions.items() for it, (p, u) in per_iteration.items()]  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=HEAD_SCHEMA)
+
+
+def trial_head(head: list, payload: dict) -> tuple[tuple[str, int], Predictions]:
+    """A sweep trial's head from its Tune config's ``head`` and the trials' shared payload:
+    ``["grid", group, window]`` (predictions of jobs/train.py) or ``["refit", i]`` (fitted here)."""
+    if head[0] == "grid":
+        key = (head[1], int(head[2]))
+        return key, payload["predictions"][key]
+    refit = payload["refits"][int(head[1])]
+    preds = refit_predictions(payload["refit_frame"], refit, payload["train"], payload["seed"], payload["train_qids"])
+    return (refit_label(refit), refit.window), preds

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -118,6 +118,12 @@ def outcome(trajectory: Trajectory, decision: Decision) -> Outcome:
 
 def replay(trajectories: Iterable[Trajectory], controller: OfflineController) -> list[Outcome]:
     return [outcome(t, controller(t)) for t in trajectories]
+
+
+def outcome_rows(controller: str, outcomes: Iterable[Outcome]) -> list[dict]:
+    """Per-question outcomes as table rows, each with the ``controller`` that produced it (the paired tests'
+    input: :mod:`raypipe.analysis.policy_tests`)."""
+    return [{**asdict(o), "controller": controller} for o in outcomes]
 
 
 def relative_change(value, natural):

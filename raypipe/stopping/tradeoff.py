@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +18,26 @@ TABLE_COLUMNS = [
     "mean_iterations", "iterations_change", "mean_f1", "f1_share", "mean_tokens", "tokens_saved",
     "val_iterations_change", "val_f1_share", "all_iterations_change", "all_f1_share", "beats_paper", "note",
 ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PValues:
+    """Paired tests against natural stopping for each row of a table (:mod:`raypipe.analysis.policy_tests` makes
+    them): ``numbers``, corrected p-values for the CSV, and ``cells``, the same formatted for the Markdown, one
+    row per table row in its order; ``note`` names the tests and the correction."""
+
+    numbers: pd.DataFrame
+    cells: pd.DataFrame
+    note: str
+
+
+def with_pvalue_cells(shown: pd.DataFrame, pvalues: PValues | None, after: str) -> pd.DataFrame:
+    """``shown`` (a formatted table) with the p-value cells inserted after its column ``after``."""
+    if pvalues is None:
+        return shown
+    at = shown.columns.get_loc(after) + 1
+    cells = pvalues.cells.set_axis(shown.index)
+    return pd.concat([shown.iloc[:, :at], cells, shown.iloc[:, at:]], axis=1)
 
 
 def table_row(
@@ -79,9 +100,10 @@ def summary(rows: dict[str, pd.Series | dict], questions: dict[str, int], min_f1
     return " ".join(lines)
 
 
-def markdown(table: pd.DataFrame, intro: str = "") -> str:
-    """The trade-off table in Markdown (percentages for the ratios), after a heading and ``intro``."""
-    shown = table.copy()
+def markdown(table: pd.DataFrame, intro: str = "", pvalues: PValues | None = None) -> str:
+    """The trade-off table in Markdown (percentages for the ratios), after a heading and ``intro``; with
+    ``pvalues``, the paired tests against natural stopping beside the test figures."""
+    shown = table[TABLE_COLUMNS].copy()
     for col in ("iterations_change", "tokens_saved", "val_iterations_change", "all_iterations_change"):
         shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{100 * v:+.2f}%")
     for col in ("f1_share", "val_f1_share", "all_f1_share"):
@@ -90,12 +112,14 @@ def markdown(table: pd.DataFrame, intro: str = "") -> str:
         shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{v:.3f}")
     shown["mean_tokens"] = shown["mean_tokens"].map(lambda v: f"{v:.0f}")
     shown["window"] = shown["window"].map(lambda v: "" if pd.isna(v) else str(int(v)))
-    shown = shown.fillna("")
+    shown = with_pvalue_cells(shown.fillna(""), pvalues, after="tokens_saved")
     note = (
         f"\nTest questions. Paper's operating point: {100 * PAPER_ITERATIONS_CHANGE:+.2f}% iterations at "
         f"{100 * PAPER_F1_SHARE:.1f}% of natural F1; beats_paper = fewer iterations at no less F1 share (on test). "
         "val_*: the validation half; all_*: every question, chosen thresholds cross-fitted (each half scored "
-        "with the thresholds chosen on the other).\n"
+        "with the thresholds chosen on the other)."
+        + (f" {pvalues.note}" if pvalues is not None else "")
+        + "\n"
     )
     top = f"# Early stopping: iterations vs F1 on held-out questions\n\n{intro}\n\n" if intro else ""
     return top + frame_markdown(shown) + "\n" + note

@@ -1,12 +1,19 @@
-"""Scripted fakes for the agent loop: an engine that answers from a script, a retriever over a dict."""
+"""Scripted fakes for the agent loop: an engine that answers from a script, a retriever over generated hits,
+a controller that stops where told.
+
+Public test support: use them to test your own agent, stop controller, engine wrapper or retriever without a
+model or an index (the fakes follow the ``Engine``, ``Retriever`` and controller protocols and pickle, so
+they also run inside Ray actors).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from raypipe.agents.hooks import CONTINUE, StopDecision
 from raypipe.llm.base import EngineError, Generation, GenerationRequest
-from raypipe.llm.common import fit_max_tokens
+from raypipe.llm.common import engine_record, fit_max_tokens
 from raypipe.retrieval.types import SearchHit, SearchResult
 
 TEMPLATE = "<|user|>{content}<|assistant|>\n"
@@ -19,7 +26,7 @@ class FakeEngine:
     follows the engines' policy (``raypipe.llm.common.fit_max_tokens``).
     """
 
-    supports_regex = True
+    supports_regex = True  # accepts GenerationRequest.regex (and ignores it)
 
     def __init__(self, script: Callable[[GenerationRequest], str], max_model_len: int = 10_000):
         self.script = script
@@ -51,23 +58,40 @@ class FakeEngine:
     def count_tokens(self, text: str) -> int:
         return len(text.split())
 
+    async def warmup(self, regexes: Iterable[str] = ()) -> dict[str, float]:
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        return engine_record(self, None)
+
     async def close(self) -> None:
         pass
 
 
-def agent_turns(turns: Sequence[str], probe: Callable[[str], str] | str = " yes </answer>") -> Callable:
-    """A script: agent requests get ``turns`` in order; probe requests (prompt ends with ``<answer>``) get ``probe``."""
-    queue = list(turns)
+def replies(outputs: Iterable[str | Exception]) -> Callable[[GenerationRequest], str]:
+    """A script: each request gets the next of ``outputs`` (taken when the script is made); an exception
+    among them is raised instead."""
+    queue = list(outputs)
 
     def script(request: GenerationRequest) -> str:
-        if request.prompt.endswith("<answer>"):
-            return probe(request.prompt) if callable(probe) else probe
         if not queue:
-            raise AssertionError("the agent asked for more turns than scripted")
+            raise AssertionError("the engine got more requests than scripted")
         item = queue.pop(0)
         if isinstance(item, Exception):
             raise item
         return item
+
+    return script
+
+
+def agent_turns(turns: Sequence[str | Exception], probe: Callable[[str], str] | str = " yes </answer>") -> Callable:
+    """A script: agent requests get ``turns`` in order; probe requests (prompt ends with ``<answer>``) get ``probe``."""
+    agent = replies(turns)
+
+    def script(request: GenerationRequest) -> str:
+        if request.prompt.endswith("<answer>"):
+            return probe(request.prompt) if callable(probe) else probe
+        return agent(request)
 
     return script
 
@@ -107,4 +131,4 @@ class ScriptedController:
         return CONTINUE
 
 
-__all__ = ["EngineError", "FakeEngine", "FakeRetriever", "ScriptedController", "agent_turns", "hit"]
+__all__ = ["EngineError", "FakeEngine", "FakeRetriever", "ScriptedController", "agent_turns", "hit", "replies"]

@@ -1,5 +1,5 @@
 """A hand-built run directory whose analysis figures are worked out by hand (used by the analysis and
-report tests; no tests of its own).
+report tests).
 
 hotpotqa (agent search_r1, epsilon 1e-6):
   A rising   P = 0, .5, 1        n=2 answer     final F1 1.0   U = .5 .5      net +1   reaches final at 2 (last)

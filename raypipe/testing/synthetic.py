@@ -1,5 +1,8 @@
 """A synthetic run directory and matching fake resources, for tests and benchmarks of the features stage.
 
+It ships (rather than living in tests/helpers/) because ``benchmarks/features.py`` runs the features stage on
+it, and benchmarks import nothing from ``tests/``.
+
 The run respects the ITERATIONS and TRAJECTORIES schemas (iteration 0 = probe only, null query, empty
 lists; later iterations with deep lists that partly repeat earlier ones, some with an empty query and
 no retrieval). Texts, vectors and encoders are deterministic functions of a seed and of the text.

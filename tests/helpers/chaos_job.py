@@ -1,6 +1,7 @@
-"""The probe job the driver-interrupt case signals: ``python -m raypipe.testing.chaos_job OUT_DIR DELAY_S``.
+"""The probe job the driver-interrupt case signals: ``python -m tests.helpers.chaos_job OUT_DIR DELAY_S``
+(from the repository root).
 
-Fakes only (raypipe/testing/chaos.py ``fake_probe``), each agent turn slowed by DELAY_S seconds so the job
+Fakes only (tests/helpers/chaos.py ``fake_probe``), each agent turn slowed by DELAY_S seconds so the job
 is still running when its first part lands.
 """
 
@@ -8,7 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
-from raypipe.testing.chaos import fake_probe, init_local_ray
+from tests.helpers.chaos import fake_probe
+from tests.helpers.local_ray import init_local_ray
 
 if __name__ == "__main__":
     # A shell starts background commands with SIGINT ignored, and children inherit that; the case

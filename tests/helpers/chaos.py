@@ -1,9 +1,11 @@
-"""The reliability cases (issue 10), shared by tests/test_chaos.py and ``benchmarks/chaos.py``.
+"""The reliability cases (issue 10) of tests/test_chaos.py and tests/test_engine_death.py.
 
-Each case runs a small job on fakes with one fault from ``raypipe/testing/faults.py`` and returns an
+Each case runs a small job on fakes with one fault from ``tests/helpers/faults.py`` and returns an
 :class:`Outcome`: rows in and out, duplicate rows, seconds, and the problems found (none: the
-guarantee held). The probe cases need Ray started by :func:`init_local_ray` (or a test fixture that
-registers the same modules); the driver-interrupt case also starts ``python -m raypipe.testing.chaos_job`` processes.
+guarantee held); the test asserts :func:`passed`. The probe cases need the local Ray of
+``tests.helpers.local_ray`` (the ``ray_local`` fixture); the driver-interrupt case also starts
+``python -m tests.helpers.chaos_job`` processes. ``benchmarks/chaos.py`` runs these tests with pytest and
+tabulates the outcomes :func:`passed` records.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from unittest import mock
 
@@ -33,10 +35,8 @@ from raypipe.retrieval import IndexMismatchError
 from raypipe.runtime.retrieval import start_retrieval_service
 from raypipe.stages.index import ensure_index
 from raypipe.stages.probe import run_probe
-from raypipe.testing import fakes as agent_fakes
-from raypipe.testing import faults
 from raypipe.testing.fakes import FakeRetriever
-from raypipe.testing.faults import (
+from tests.helpers.faults import (
     FailTrainingOnce,
     KillEngineCore,
     KillReplicaInFlight,
@@ -45,7 +45,9 @@ from raypipe.testing.faults import (
     ScriptedAgents,
 )
 
-JOB_MODULE = "raypipe.testing.chaos_job"  # the driver-interrupt case runs it with python -m
+JOB_MODULE = "tests.helpers.chaos_job"  # the driver-interrupt case runs it with python -m, from REPO
+REPO = Path(__file__).resolve().parents[2]
+OUTCOMES_ENV = "RAYPIPE_CHAOS_OUTCOMES"  # a file each checked outcome is appended to (benchmarks/chaos.py)
 N_QUESTIONS = 12
 # Two questions a batch, one batch at a time (a job writes its parts one after another); a window small
 # enough for a long question to overflow.
@@ -69,14 +71,14 @@ class Outcome:
         return not self.problems
 
 
-def init_local_ray() -> None:
-    """A local 2-CPU Ray whose workers receive the fakes by value (``tests`` is not importable there)."""
-    import ray
-    from ray import cloudpickle
-
-    cloudpickle.register_pickle_by_value(agent_fakes)
-    cloudpickle.register_pickle_by_value(faults)
-    ray.init(num_cpus=2, object_store_memory=300_000_000, include_dashboard=False, log_to_driver=False)
+def passed(outcome: Outcome) -> bool:
+    """What every case's test asserts. The outcome is printed (pytest shows it when the test fails) and, when
+    ``OUTCOMES_ENV`` names a file, appended to it as a JSON line (with ``passed``)."""
+    print(outcome)
+    if path := os.environ.get(OUTCOMES_ENV):
+        with open(path, "a") as fh:
+            fh.write(json.dumps({**asdict(outcome), "passed": outcome.passed}) + "\n")
+    return outcome.passed
 
 
 def questions(n: int = N_QUESTIONS) -> list[Question]:
@@ -205,14 +207,6 @@ VLLM_SETTINGS = ["agent.max_turns=2", "agent.max_new_tokens=48", "agent.probe_ma
                  "engine.max_num_seqs=1", "engine.enable_prefix_caching=false"]
 # bfloat16: a probe prefilled from the prefix cache or in another batch moved a log-probability by 0.0018
 LOGPROB_ATOL = 0.01
-
-
-def paragraph_corpus(path: Path, datasets: tuple[str, ...], limit: int) -> Path:
-    """A corpus of just the paragraphs of those questions (indexed in seconds), written to ``path``."""
-    wanted = {pid for d in datasets for q in load_questions(d, limit=limit) for pid in q.extra["paragraph_ids"]}
-    with BUNDLED_CORPUS.open() as src, path.open("w") as dst:
-        dst.writelines(line for line in src if json.loads(line)["id"] in wanted)
-    return path
 
 
 def vllm_setup(corpus: Path) -> tuple[RunConfig, list[Question]]:
@@ -408,8 +402,8 @@ def driver_interrupted(work: Path, sig: signal.Signals, reference: RunDir, delay
     compare with an uninterrupted run; the job must stop within ``MAX_STOP_S``."""
     started, out_dir = time.monotonic(), work / f"run-{sig.name}"
     with open(work / f"job-{sig.name}.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", JOB_MODULE, str(out_dir), str(delay_s)], stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", JOB_MODULE, str(out_dir), str(delay_s)], cwd=REPO,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             _wait_for_part(RunDir(out_dir), proc, timeout_s=300)
             proc.send_signal(sig)

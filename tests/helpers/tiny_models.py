@@ -1,0 +1,43 @@
+"""One-layer BERTs with MiniLM's vocabulary: the training code paths at a fraction of the cost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def tiny_bert(folder: Path) -> str:
+    """Save the tiny model (a regression head, num_labels=1) and MiniLM's tokenizer to ``folder``."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from raypipe.core.models import resolve_sentence_model
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_sentence_model("minilm")))
+    config = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=1,
+    )
+    BertForSequenceClassification(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def tiny_encoder(folder: Path) -> Path:
+    """Save a tiny encoder (no head, seeded weights, 128 positions) and MiniLM's tokenizer to ``folder``:
+    the Stop-RAG Q-network's base."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from raypipe.core.models import resolve_sentence_model
+    from raypipe.stoprag.qnet import load_tokenizer
+
+    tokenizer = load_tokenizer(resolve_sentence_model("minilm"))
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

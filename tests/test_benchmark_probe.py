@@ -1,0 +1,99 @@
+"""The figures of benchmarks/probe.py that docs/benchmarks.md quotes, on hand-computed cases: the decode-slot
+fill under a turn barrier, and the rows checked against the engine's own counters (both can fail)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from raypipe.agents import TrajectoryOutput
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """benchmarks/probe.py, imported by path (benchmarks/ is no package)."""
+    spec = importlib.util.spec_from_file_location("benchmark_probe", ROOT / "benchmarks" / "probe.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def rows(*trajectories: list[int | tuple[int, int]]) -> list[dict]:
+    """Iteration rows: per trajectory, its turns' generated tokens, or (turn tokens, probe tokens)."""
+    out = []
+    for turns in trajectories:
+        for i, turn in enumerate(turns):
+            generated, probe = turn if isinstance(turn, tuple) else (turn, 0)
+            out.append({"iteration": i, "tokens_generated": generated, "probe_tokens": probe})
+    return out
+
+
+@pytest.mark.parametrize(
+    "trajectories, fill",
+    [
+        (([100, 10], [100]), 1.0),  # the issue's case: turn 1 has one trajectory (the old code: 0.70)
+        (([100], [50]), 150 / 200),
+        (([10, 100], [100, 10]), (110 + 110) / (200 + 200)),
+        (([(100, 20)], [(100, 10)]), (200 + 30) / (200 + 40)),  # probes are a phase of their own
+        (([(40, 5), (0, 5)], [(40, 5), (30, 0)]), 1.0),  # generating nothing holds no slot (else 125 / 155)
+        (([30, 30, 30], [30, 90], [60]), (120 + 120 + 30) / (180 + 180 + 30)),
+    ],
+)
+def test_lockstep_fill_on_hand_computed_turns(bench, trajectories, fill):
+    assert bench.lockstep_fill(rows(*trajectories)) == pytest.approx(fill, rel=1e-12)
+
+
+def test_lockstep_fill_without_tokens_is_full(bench):
+    assert bench.lockstep_fill([]) == 1.0
+
+
+def vllm_registry(prompt: float, cached: float, generated: float, requests: dict[str, float]):
+    """A registry with vLLM's counters, labelled as vLLM labels them."""
+    prometheus = pytest.importorskip("prometheus_client")  # vLLM's dependency
+    CollectorRegistry, Counter = prometheus.CollectorRegistry, prometheus.Counter
+    registry = CollectorRegistry()
+    labels = ["model_name", "engine"]
+    for name, value in (("prompt_tokens", prompt), ("prompt_tokens_cached", cached), ("generation_tokens", generated)):
+        Counter(f"vllm:{name}", name, labels, registry=registry).labels("m", "0").inc(value)
+    success = Counter("vllm:request_success", "finished", [*labels, "finished_reason"], registry=registry)
+    for reason, count in requests.items():
+        success.labels("m", "0", reason).inc(count)
+    return registry
+
+
+def test_engine_counters_read_vllms_totals_or_none(bench):
+    registry = vllm_registry(1200, 800, 90, {"stop": 5, "length": 2})
+    assert bench.engine_counters(registry) == {"prompt": 1200, "cached": 800, "generated": 90, "requests": 7}
+    assert bench.settled_counters(registry, wait_s=0.01) == bench.engine_counters(registry)
+    assert bench.engine_counters(pytest.importorskip("prometheus_client").CollectorRegistry()) is None  # not checked
+
+
+def result(bench, counters: dict[str, float] | None, requests: int = 3):
+    """Two trajectories, 3 requests: rows with 100 + 150 prompt tokens (60 cached), 12 + 8 turn and 5 probe tokens."""
+    iterations = [
+        {"iteration": 0, "prompt_tokens": 100, "cached_tokens": 40, "tokens_generated": 12, "probe_tokens": 5},
+        {"iteration": 0, "prompt_tokens": 150, "cached_tokens": 20, "tokens_generated": 8, "probe_tokens": 0},
+    ]
+    outputs = [TrajectoryOutput({"qid": "a"}, iterations[:1]), TrajectoryOutput({"qid": "b"}, iterations[1:])]
+    engine = bench.SharedEngine(engine=None)
+    engine.requests = requests
+    return bench.Result("probe", 0, 1.0, outputs, engine, counters)
+
+
+def test_rows_against_the_engines_counters_can_fail(bench):
+    agree = {"prompt": 250, "cached": 60, "generated": 27, "requests": 3}
+    assert bench.counter_problems(result(bench, agree)) == []  # 25 generated in the rows, 2 more decoded by the engine
+    assert bench.counter_problems(result(bench, None)) is None
+    problems = bench.counter_problems(result(bench, {**agree, "prompt": 260, "generated": 20}, requests=4))
+    assert problems == [
+        "probe (repeat 0): prompt 250 in the rows, 260 by the engine",
+        "probe (repeat 0): requests 4 in the rows, 3 by the engine",
+        "probe (repeat 0): generated 25 in the rows, more than the engine's 20",
+    ]

@@ -1,0 +1,221 @@
+"""What one request may take of the retrieval service, without Ray: the limits and their messages, the token
+and body-size gate in front of the routes, a failing search group that fails only its own callers, and
+FAISS never asked for more than the passages indexed. The deployment itself: tests/test_serve.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from fastapi import FastAPI, Request
+from starlette.testclient import TestClient
+
+from raypipe.core.config import load_config
+from raypipe.data.loaders import BUNDLED_CORPUS
+from raypipe.retrieval import LocalRetriever, encoder_spec
+from raypipe.retrieval.types import SearchHit, SearchResult
+from raypipe.runtime.serve import RequestError, RequestGate, ServeLimits, search_by_topk
+
+LIMITS = ServeLimits(max_queries=4, max_topk=50, max_items=8, max_body_bytes=1000, timeout_s=5.0)
+
+
+def refusal(call, *args) -> RequestError:
+    with pytest.raises(RequestError) as refused:
+        call(*args)
+    return refused.value
+
+
+def test_the_limits_refuse_with_a_4xx_that_names_the_setting():
+    LIMITS.check_queries(4)
+    too_many = refusal(LIMITS.check_queries, 100_000)
+    assert too_many.status == 413 and "100000 queries" in too_many.detail
+    assert "retrieval.serve_max_queries" in too_many.detail
+    LIMITS.check_items("terms", 8)
+    items = refusal(LIMITS.check_items, "terms", 9)
+    assert items.status == 413 and "9 terms" in items.detail and "retrieval.serve_max_items" in items.detail
+    for topk in (10**12, 51, 0):
+        deep = refusal(LIMITS.depth, topk, 40)
+        assert deep.status == 422 and f"topk {topk}" in deep.detail and "retrieval.serve_max_topk" in deep.detail
+
+
+def test_topk_is_clamped_to_the_passages_indexed():
+    assert LIMITS.depth(3, 40) == 3
+    assert LIMITS.depth(50, 40) == 40  # more than the corpus holds: all of it, FAISS asked for 40
+    assert LIMITS.depth(50, 0) == 1
+
+
+def test_limits_come_from_the_retrieval_section():
+    cfg = load_config("embedded", ["retrieval.serve_max_queries=7", "retrieval.serve_timeout_s=2.5"]).retrieval
+    limits = ServeLimits.from_config(cfg)
+    assert (limits.max_queries, limits.timeout_s, limits.max_topk) == (7, 2.5, cfg.serve_max_topk)
+    defaults = load_config("embedded").retrieval
+    assert defaults.serve_max_topk >= defaults.deep_k  # the agents' deep list fits the default
+
+
+def gated_app(token: str | None, max_bytes: int = 1000) -> tuple[TestClient, list[int]]:
+    """A route that echoes the size of the body it got, behind the gate; the list counts the calls that passed."""
+    app, passed = FastAPI(), []
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict:
+        body = await request.body()
+        passed.append(len(body))
+        return {"bytes": len(body)}
+
+    @app.get("/health")
+    async def health() -> dict:
+        passed.append(0)
+        return {"status": "ok"}
+
+    app.add_middleware(RequestGate, settings=lambda: (token, max_bytes))
+    return TestClient(app), passed
+
+
+def test_the_gate_wants_the_token_and_compares_it_whole():
+    client, passed = gated_app("s3cret")
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer s3cret-and-more"},
+                    {"Authorization": "s3cret"}):  # fmt: skip
+        answer = client.get("/health", headers=headers)
+        assert answer.status_code == 401 and answer.headers["www-authenticate"] == "Bearer"
+        assert "Authorization: Bearer TOKEN" in answer.json()["detail"]
+    assert passed == []
+    assert client.get("/health", headers={"Authorization": "Bearer s3cret"}).json() == {"status": "ok"}
+    assert client.post("/echo", content=b"{}", headers={"Authorization": "Bearer s3cret"}).json() == {"bytes": 2}
+    open_client, _ = gated_app(None)
+    assert open_client.get("/health").status_code == 200  # no token set: no authentication
+
+
+def test_the_gate_refuses_a_body_over_the_limit_before_the_route_reads_it():
+    client, passed = gated_app(None, max_bytes=1000)
+    assert client.post("/echo", content=b"x" * 1000).json() == {"bytes": 1000}  # at the limit: passed on whole
+    declared = client.post("/echo", content=b"x" * 1001)
+    assert declared.status_code == 413 and "retrieval.serve_max_body_bytes" in declared.json()["detail"]
+
+    def chunks():  # no Content-Length: counted while read
+        for _ in range(40):
+            yield b"y" * 100
+
+    streamed = client.post("/echo", content=chunks())
+    assert streamed.status_code == 413 and "1,000 bytes" in streamed.json()["detail"]
+    assert passed == [1000]
+
+
+def results_for(queries: list[str], k: int) -> list[SearchResult]:
+    return [SearchResult(q, [SearchHit(f"{q}-{i}", 1.0, "t", "x") for i in range(k)]) for q in queries]
+
+
+def test_a_failing_search_group_fails_only_its_own_callers():
+    def search(queries: list[str], k: int) -> list[SearchResult]:
+        if k == 7:
+            raise MemoryError("k=7 went wrong")
+        return results_for(queries, k)
+
+    calls = [(["a", "b"], 3), (["c"], 7), (["d"], 3), (["e", "f"], 7), (["g"], 2)]
+    out = asyncio.run(search_by_topk(calls, search))
+    assert isinstance(out[1], MemoryError) and out[3] is out[1]
+    firsts = [[h.doc_id for r in o for h in r.hits[:1]] for o in (out[0], out[2], out[4])]
+    assert firsts == [["a-0", "b-0"], ["d-0"], ["g-0"]]
+    assert [len(o[0].hits) for o in (out[0], out[2], out[4])] == [3, 3, 2]
+
+
+def test_faiss_is_never_asked_for_more_than_the_passages_indexed(tmp_path):
+    from raypipe.stages.index import ensure_index
+
+    corpus = tmp_path / "corpus.jsonl"
+    with BUNDLED_CORPUS.open() as src:
+        corpus.write_text("".join(next(src) for _ in range(12)))
+    config = load_config("embedded", [f"data.corpus={corpus}", f"retrieval.index_dir={tmp_path / 'idx'}"])
+    ensure_index(config, use_ray=False)
+    retriever = LocalRetriever.open(tmp_path / "idx", encoder_spec(config.retrieval))
+    asked: list[int] = []
+    index = retriever.index
+
+    class Recording:
+        ntotal = index.ntotal
+
+        def search(self, vectors, k):
+            asked.append(k)
+            return index.search(vectors, k)
+
+    retriever.index = Recording()
+    [result] = retriever.search_batch(["film director"], 10**12)
+    assert asked == [12] and len(result.hits) == 12
+    retriever.search_batch(["film director"], 5)
+    assert asked == [12, 5]
+
+
+class SlowCorpus:
+    """Corpus answers that block their thread for ``seconds`` (a big document-frequency call)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def _slow(self, answer):
+        time.sleep(self.seconds)
+        return answer
+
+    def corpus_info(self):
+        return self._slow({"n_docs": 1})
+
+    def doc_vectors(self, doc_ids):
+        return self._slow([[0.0]] * len(doc_ids))
+
+    def document_frequencies(self, terms, lexicon):
+        return self._slow([1] * len(terms))
+
+    def encode_queries(self, texts):
+        return self._slow([[0.0]] * len(texts))
+
+
+def replica(corpus, limits: ServeLimits = LIMITS):
+    """A deployment replica's object without Serve or an index: only its limits and corpus answers."""
+    from raypipe.runtime.serve import RetrievalDeployment
+
+    class Replica(RetrievalDeployment.func_or_class):
+        def __del__(self):  # Serve's wrapper shuts its ASGI app down here; this one never started it
+            pass
+
+    obj = object.__new__(Replica)
+    obj.limits, obj.corpus = limits, corpus
+    return obj
+
+
+async def ticks_while(work, period: float = 0.01) -> tuple[object, int]:
+    """``work``'s result and how often the event loop ran another task meanwhile."""
+    count, done = 0, asyncio.Event()
+
+    async def ticker():
+        nonlocal count
+        while not done.is_set():
+            await asyncio.sleep(period)
+            count += 1
+
+    task = asyncio.create_task(ticker())
+    try:
+        return await work, count
+    finally:
+        done.set()
+        await task
+
+
+def test_corpus_calls_run_off_the_event_loop_within_the_limits_and_the_deadline():
+    slow = replica(SlowCorpus(0.4))
+    for call in (slow.corpus_info(), slow.doc_vectors(["a"]), slow.document_frequencies(["a", "b"]),
+                 slow.encode_queries(["q"])):  # fmt: skip
+        answer, ticks = asyncio.run(ticks_while(call))
+        assert answer and ticks >= 10, (answer, ticks)  # the loop went on serving during the 0.4 s
+    refused = refusal(lambda: asyncio.run(slow.document_frequencies([f"t{i}" for i in range(9)])))
+    assert refused.status == 413 and "9 terms" in refused.detail
+    late = replica(SlowCorpus(1.0), ServeLimits(4, 50, 8, 1000, timeout_s=0.1))
+    timed_out = refusal(lambda: asyncio.run(late.encode_queries(["q"])))
+    assert timed_out.status == 408 and "retrieval.serve_timeout_s" in timed_out.detail
+
+
+def test_the_deadline_gives_408():
+    from raypipe.runtime.serve import within_deadline
+
+    assert asyncio.run(within_deadline(asyncio.sleep(0, "done"), 1.0)) == "done"
+    started = time.perf_counter()
+    late = refusal(lambda: asyncio.run(within_deadline(asyncio.sleep(5), 0.05)))
+    assert late.status == 408 and "within 0.05 s" in late.detail and time.perf_counter() - started < 1.0
