@@ -18,17 +18,23 @@ in the index manifest and checked when an index is loaded) and a ``dim``.
 
 Backends for the sentence-transformers / Hugging Face models (``EncoderSpec.backend``/``quantization``):
 
-- ``torch`` (sentence-transformers; fp16 on a GPU), the exact reference;
+- ``torch`` (sentence-transformers; fp16 on a GPU), the reference;
 - ``onnx``: the same model exported once to ONNX (mean or CLS pooling and L2 normalisation inside the
-  graph) and run with ONNX Runtime on the CPU. In fp32 its vectors equal torch's (cosine 1.00000);
-  with ``quantization="int8"`` the *passages* are encoded with weight matrices quantised per output
-  channel (ONNX Runtime dynamic quantisation, activations quantised per batch), about 1.6x faster per
-  CPU-second on AVX2, vectors at cosine ~0.993 to fp32 (docs/retrieval.md). Queries are always encoded
-  in fp32: per-batch activation scales would make a query's vector depend on the queries batched with
-  it, and queries are short, so fp32 costs little. The exported files live in
-  ``$RAYPIPE_CACHE/encoders``, keyed by the weights' sha256, and are written once under a lock.
-  ``int8`` is part of the encoder's name (``minilm-int8``), so an index and its query encoder always
-  agree on it.
+  graph) and run with ONNX Runtime on the CPU, one text per call. In fp32 its vectors equal torch's to
+  float32 precision, and they are the same on every x86-64 CPU to that precision (AVX2 or AVX-512:
+  largest distance between the two about 1e-6, docs/retrieval.md "Shipped vectors"), so the embedded
+  ``minilm`` runs it by default (``backend="auto"``): its index, the shipped vectors and its queries
+  agree on any machine. With ``quantization="int8"`` (a named speed option for large corpora) the
+  *passages* are encoded with weight matrices quantised per output channel (ONNX Runtime dynamic
+  quantisation, activations quantised per call), about 2x faster per CPU-second, vectors at cosine
+  ~0.993 to fp32; but ONNX Runtime's int8 kernels compute differently per instruction set
+  (:func:`int8_kernel_isa`: AVX2 saturates where AVX-512 VNNI does not), so int8 vectors of the same
+  text differ between CPU kinds (cosine down to 0.988): an int8 index is reproducible only on CPUs with
+  the same int8 kernels, and its manifest records which. Queries are always encoded in fp32: per-call
+  activation scales would make a query's vector depend on the queries batched with it, and queries are
+  short, so fp32 costs little. The exported files live in ``$RAYPIPE_CACHE/encoders``, keyed by the
+  weights' sha256, and are written once under a lock. ``int8`` is part of the encoder's name
+  (``minilm-int8``), so an index and its query encoder always agree on it.
 
 Both backends sort each call's texts by token length before batching, so a batch pads little.
 
@@ -91,8 +97,8 @@ class EncoderSpec:
     batch_size: int = 64  # texts per forward pass of the torch backend (ONNX runs one per call: OnnxEncoder._encode)
     device: str | None = None  # None: cuda when available, else cpu
     threads: int | None = None  # CPU threads for the encoder; None leaves the library default
-    backend: Backend = "auto"  # auto: onnx when quantised, else torch
-    quantization: Quantization = "none"  # auto: int8 for the embedded minilm (measured), none otherwise
+    backend: Backend = "auto"  # auto: onnx for the embedded minilm and when quantised, else torch
+    quantization: Quantization = "none"  # auto: int8 for minilm, none for others (the default of 2026-11-30 to 12-02)
 
     @property
     def is_hash(self) -> bool:
@@ -123,7 +129,9 @@ class EncoderSpec:
             if self.backend == "torch":
                 raise ValueError("int8 quantisation runs on ONNX Runtime: use encoder_backend=onnx (or auto)")
             return "onnx"
-        return "torch" if self.backend == "auto" else self.backend
+        if self.backend == "auto":
+            return "onnx" if self.ref == "minilm" else "torch"
+        return self.backend
 
     @property
     def name(self) -> str:
@@ -177,6 +185,24 @@ class EncoderSpec:
         rather than in each actor."""
         if self.resolved_backend == "onnx":
             onnx_model_file(Path(self.path()), self.resolved_quantization)  # int8 also writes fp32 (queries)
+
+
+# ONNX Runtime's int8 GEMM kernels (MLAS), the one it picks first on a CPU that has it: int8 vectors are
+# the same bit for bit only between CPUs on the same one (AVX2's pmaddubsw saturates, VNNI does not).
+INT8_KERNEL_ISAS = ("amx_int8", "avx512_vnni", "avx512bw", "avx_vnni", "avx2")
+
+
+def int8_kernel_isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The instruction set of the int8 kernels ONNX Runtime runs on this CPU (``INT8_KERNEL_ISAS``, from
+    the flags the kernel reports), ``older`` below AVX2, ``unknown`` where the flags cannot be read."""
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines()
+                      if line.startswith("flags")), None)
+    except OSError:
+        flags = None
+    if flags is None:
+        return "unknown"
+    return next((isa for isa in INT8_KERNEL_ISAS if isa in flags), "older")
 
 
 def hash_dimension(ref: str) -> int:

@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from raypipe.core.progress import Progress
 from raypipe.retrieval.build import Block, encode_docs, plan_blocks, read_block, write_doc_store
-from raypipe.retrieval.encoders import EncoderSpec
+from raypipe.retrieval.encoders import Encoder, EncoderSpec
 from raypipe.retrieval.index import (
     FAISS_FILE,
     IndexMismatchError,
@@ -59,38 +60,45 @@ def imported_settings(index) -> tuple[IndexSettings, str]:
     raise IndexMismatchError(f"cannot import a {type(index).__name__}: only flat inner-product indexes (IndexFlatIP, SQfp16)")
 
 
-def verify_sample(stored: Callable[[np.ndarray], np.ndarray], corpus: Path, blocks: list[Block], spec: EncoderSpec,
-                  size: int = VERIFY_SAMPLE, min_cosine: float = VERIFY_MIN_COSINE, seed: int = 0) -> dict[str, Any]:
-    """Re-encode ``size`` random passages and compare them with their stored rows (cosine); ``stored``
-    gives the stored vectors of corpus rows (ascending row numbers)."""
-    n = sum(b.n_rows for b in blocks)
-    rows = np.sort(np.random.default_rng(seed).choice(n, size=min(size, n), replace=False))
-    encoder = spec.load()
-    kept, fresh, ids = [], [], []
+def read_rows(corpus: Path, blocks: list[Block], rows: np.ndarray) -> pa.Table:
+    """The doc-store rows of corpus rows ``rows`` (ascending), reading only the blocks that hold them."""
+    parts = []
     for block in blocks:
         inside = rows[(rows >= block.start) & (rows < block.start + block.n_rows)]
-        if not len(inside):
-            continue
-        docs, _ = read_block(corpus, block)
-        taken = docs.take(inside - block.start)
-        vectors, _ = encode_docs(encoder, taken, 64)
-        fresh.append(vectors)
-        kept.append(np.asarray(stored(inside), dtype=np.float32))
-        ids += taken.column("doc_id").to_pylist()
-    stored_m, fresh_m = np.concatenate(kept), np.concatenate(fresh)
-    cosines = (stored_m * fresh_m).sum(1) / np.maximum(
-        np.linalg.norm(stored_m, axis=1) * np.linalg.norm(fresh_m, axis=1), 1e-12)
+        if len(inside):
+            parts.append(read_block(corpus, block)[0].take(inside - block.start))
+    return pa.concat_tables(parts)
+
+
+def cosines(stored: np.ndarray, fresh: np.ndarray) -> np.ndarray:
+    """Row-wise cosine in float64 (float32 sums carry about 1e-7 of noise, the size of what is checked)."""
+    a, b = np.asarray(stored, dtype=np.float64), np.asarray(fresh, dtype=np.float64)
+    return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-300)
+
+
+def verify_sample(stored: Callable[[np.ndarray], np.ndarray], corpus: Path, blocks: list[Block], spec: EncoderSpec,
+                  size: int = VERIFY_SAMPLE, min_cosine: float = VERIFY_MIN_COSINE, seed: int = 0,
+                  encoder: Encoder | None = None) -> dict[str, Any]:
+    """Re-encode ``size`` random passages and compare them with their stored rows (cosine); ``stored``
+    gives the stored vectors of corpus rows (ascending row numbers). ``encoder``: ``spec``'s, if loaded."""
+    n = sum(b.n_rows for b in blocks)
+    rows = np.sort(np.random.default_rng(seed).choice(n, size=min(size, n), replace=False))
+    taken = read_rows(corpus, blocks, rows)
+    fresh, _ = encode_docs(encoder or spec.load(), taken, 64)
+    stored_m = np.asarray(stored(rows), dtype=np.float32)
+    found = cosines(stored_m, fresh)
     result = {
-        "verified": bool((cosines >= min_cosine).all()),
+        "verified": bool((found >= min_cosine).all()),
         "sample_rows": len(rows),
         "min_cosine_required": min_cosine,
-        "cosine_min": round(float(cosines.min()), 6),
-        "cosine_mean": round(float(cosines.mean()), 6),
+        "cosine_min": round(float(found.min()), 9),
+        "cosine_mean": round(float(found.mean()), 9),
         "stored_norm_mean": round(float(np.linalg.norm(stored_m, axis=1).mean()), 6),
         "seed": seed,
     }
     if not result["verified"]:
-        bad = [f"row {int(r)} (id {d!r}): cosine {c:.4f}" for r, d, c in zip(rows, ids, cosines) if c < min_cosine]
+        ids = taken.column("doc_id").to_pylist()
+        bad = [f"row {int(r)} (id {d!r}): cosine {c:.6f}" for r, d, c in zip(rows, ids, found) if c < min_cosine]
         raise ImportVerificationError(
             f"{len(bad)} of {len(rows)} sampled passages re-encoded with {spec.name} (query/passage prefixes "
             f"{spec.prompts()!r}, max_length {spec.max_length}) do not match their stored vectors (cosine < "

@@ -2,9 +2,10 @@
 
 Layout of an index directory (written to a temporary sibling and renamed into place when complete)::
 
-    manifest.json        encoder name/path/prefixes/backend/quantization, dimension, count, corpus path + sha256,
-                         index type, fp16, FAISS factory string, index.faiss size, created (UTC),
-                         format version
+    manifest.json        encoder name/path/prefixes/backend/quantization (int8: the instruction set of the
+                         int8 kernels that encoded it), dimension, count, corpus path + sha256, where the
+                         vectors came from (encoded, shipped-float16, imported), index type, fp16, FAISS
+                         factory string, index.faiss size, created (UTC), format version
     index.faiss          the FAISS index; FAISS id i = row i of the doc store
     docs.arrow           doc store: doc_id, title, text (Arrow IPC, memory-mapped; ``docs.parquet`` in
                          indexes written before; the manifest's ``docstore`` names the file)
@@ -19,8 +20,9 @@ index from disk (``faiss.IO_FLAG_MMAP_IFC``) instead of copying them into its he
 stages on one node share the pages (``SearchParams.mmap``); GPU serving reads the index and clones it.
 
 Loading checks the directory, its files, the size of ``index.faiss`` against the manifest (a truncated
-file) and the manifest against the configured encoder (name and dimension, plus its prefixes) and
-raises :class:`IndexNotFoundError` / :class:`IndexMismatchError` before any model or index is loaded.
+file) and the manifest against the configured encoder (name, quantization, dimension, query prefix) and
+raises :class:`IndexNotFoundError` / :class:`IndexMismatchError` before any model or index is loaded; an
+int8 index encoded by other int8 kernels than this CPU's is loaded with a warning (:func:`check_encoder`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from raypipe.retrieval.encoders import EncoderSpec
+from raypipe.retrieval.encoders import EncoderSpec, int8_kernel_isa
 from raypipe.retrieval.store import LEGACY_STATS_FILE, LEXICON_FILES, CorpusStats, DocStore
 
 log = logging.getLogger(__name__)
@@ -130,9 +132,14 @@ def default_index_dir(cache: Path, corpus_sha256: str, encoder_name: str, settin
     return cache / "indexes" / f"{corpus_sha256[:12]}-{encoder_slug(encoder_name)}-{settings.slug}"
 
 
-def expected_manifest(spec: EncoderSpec, settings: IndexSettings, corpus: Path, corpus_sha256: str) -> dict[str, Any]:
-    """The manifest fields a build with these settings produces (without count/created/factory)."""
+def expected_manifest(spec: EncoderSpec, settings: IndexSettings, corpus: Path, corpus_sha256: str,
+                      vectors: str | None = None) -> dict[str, Any]:
+    """The manifest fields a build with these settings produces (without count/created/factory).
+
+    ``vectors``: the vector source the build must have (``encoded`` when shipped vectors are not
+    allowed); None accepts any (:func:`vector_source`)."""
     query_prefix, passage_prefix = spec.prompts()
+    quantization = spec.resolved_quantization
     return {
         "format_version": FORMAT_VERSION,
         "encoder": spec.name,
@@ -141,7 +148,9 @@ def expected_manifest(spec: EncoderSpec, settings: IndexSettings, corpus: Path, 
         "passage_prefix": passage_prefix,
         "max_length": spec.max_length,
         "encoder_backend": spec.resolved_backend,  # informational: fp32 onnx and torch give the same vectors
-        "quantization": spec.resolved_quantization,
+        "quantization": quantization,
+        **({"int8_isa": int8_kernel_isa()} if quantization == "int8" else {}),  # where int8 vectors are reproducible
+        **({"vectors": vectors} if vectors else {}),
         "dimension": spec.dimension(),
         "corpus": str(corpus),
         "corpus_sha256": corpus_sha256,
@@ -154,10 +163,12 @@ def expected_manifest(spec: EncoderSpec, settings: IndexSettings, corpus: Path, 
     }
 
 
-# Fields that must agree for an existing index to count as "the same build" (corpus path may move).
+# Fields that must agree for an existing index to count as "the same build" (corpus path may move). The
+# int8 kernels' instruction set is not one: an int8 index on shared storage serves any node (its queries
+# are fp32), with a warning where this CPU would encode its passages differently (check_encoder).
 BUILD_KEYS = (
     "format_version", "encoder", "quantization", "query_prefix", "passage_prefix", "max_length", "dimension",
-    "corpus_sha256", "index_type", "fp16", "ivf_nlist", "pq_m", "pq_nbits", "hnsw_m",
+    "corpus_sha256", "vectors", "index_type", "fp16", "ivf_nlist", "pq_m", "pq_nbits", "hnsw_m",
 )
 # Fields a searcher needs to agree with: the query encoder must embed into the same space (the same
 # model, quantised or not; the backend does not matter, fp32 ONNX and torch give the same vectors).
@@ -166,11 +177,28 @@ ENCODER_KEYS = ("encoder", "quantization", "dimension", "query_prefix")
 MANIFEST_DEFAULTS = {"quantization": "none"}
 
 
+def vector_source(manifest: dict[str, Any]) -> str:
+    """Where an index's vectors came from: ``encoded`` by its encoder, ``shipped-float16`` (the package's
+    vectors of the bundled corpus, rounded to float16) or ``imported`` (an existing FAISS file); read from
+    the build record of manifests written before the ``vectors`` field."""
+    if "vectors" in manifest:
+        return manifest["vectors"]
+    if "import" in manifest:
+        return "imported"
+    built = manifest.get("build", {}).get("vectors", {})
+    return f"shipped-{built.get('dtype', 'float16')}" if built.get("source") == "shipped" else "encoded"
+
+
+def manifest_field(manifest: dict[str, Any], key: str) -> Any:
+    """A manifest's value of ``key``, with the value indexes written before the field implicitly have."""
+    return vector_source(manifest) if key == "vectors" else manifest.get(key, MANIFEST_DEFAULTS.get(key))
+
+
 def manifest_differences(manifest: dict[str, Any], expected: dict[str, Any], keys=BUILD_KEYS) -> list[str]:
     return [
-        f"{key}: index has {manifest.get(key, MANIFEST_DEFAULTS.get(key))!r}, configured {expected[key]!r}"
+        f"{key}: index has {manifest_field(manifest, key)!r}, configured {expected[key]!r}"
         for key in keys
-        if key in expected and manifest.get(key, MANIFEST_DEFAULTS.get(key)) != expected[key]
+        if key in expected and manifest_field(manifest, key) != expected[key]
     ]
 
 
@@ -208,6 +236,16 @@ def check_encoder(manifest: dict[str, Any], spec: EncoderSpec, where: Path) -> N
     problems = manifest_differences(manifest, expected, ENCODER_KEYS)
     if problems:
         raise IndexMismatchError(f"index {where} does not match the configured encoder: " + "; ".join(problems))
+    here, there = int8_kernel_isa(), manifest.get("int8_isa")
+    if manifest_field(manifest, "quantization") == "int8" and there != here:
+        made_by = f"other int8 kernels than this CPU's ({there} there, {here} here)" if there else (
+            f"int8 kernels it does not record (built before the manifest did; this CPU's: {here})")
+        log.warning(
+            "index %s holds int8 passage vectors made by %s: its queries are encoded in fp32, alike on every CPU, "
+            "so searches return this index's results; but the same index built here may hold other vectors (cosine "
+            "~0.99) and rank differently. For results any machine reproduces, use the fp32 encoder "
+            "(retrieval.encoder_quantization=none) and rebuild.", where, made_by,
+        )
 
 
 def train_sample_rows(n: int, settings: IndexSettings, dim: int) -> np.ndarray:
@@ -259,6 +297,7 @@ def finish_index_dir(tmp: Path, target: Path, manifest: dict[str, Any]) -> Path:
 
     full = {
         **manifest,
+        "vectors": vector_source(manifest),
         "faiss_bytes": (tmp / FAISS_FILE).stat().st_size,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

@@ -1,20 +1,28 @@
 """Passage vectors shipped with the package for the bundled corpus, so a first run need not encode it.
 
-Encoding the bundled corpus's 13,844 passages is most of a fresh machine's first ``make run`` (about
-4.5 minutes on 2 cores). ``raypipe/data/mhqa/vectors/`` holds, per encoder, the index job's own vectors
-of that corpus: ``<encoder>.npy`` (float16, row i = line i of ``corpus.jsonl``) and ``<encoder>.json``
-(what they were made from: the corpus's sha256, the encoder's name, prefixes and token limit, and the
-command). A build of the bundled corpus with a matching encoder (``retrieval.shipped_vectors``, on by
-default) first re-encodes a random sample of passages and requires each to match its shipped row
-(cosine at least ``VERIFY_MIN_COSINE``), then takes every block's vectors from the file instead of
-encoding it; a sample that does not match is logged and the corpus is encoded as usual. The index's
-manifest records which happened.
+Encoding the bundled corpus's 13,844 passages would be most of a fresh machine's first ``make run``.
+``raypipe/data/mhqa/vectors/`` holds, per encoder build, the index job's own vectors of that corpus:
+``<encoder>-<quantization>.npy`` (e.g. ``minilm-fp32.npy``; float16, row i = line i of ``corpus.jsonl``)
+and its ``.json`` (what they were made from: the corpus's sha256, the encoder's name, prefixes and token
+limit, the ``.npy``'s sha256, the command and that build's timings).
 
-The file is reproducible: ``raypipe index --set retrieval.shipped_vectors=false --force`` encodes the
-corpus, and ``raypipe index --export-vectors DIR`` writes that index's vectors in this format; rounded to
-float16 they equal the shipped file (on the machine that made it: int8 kernels may differ by CPU in the
-last bits, which the cosine check allows). Float16 halves the file (10.6 MB for MiniLM's 384
-dimensions); an index built from it differs from an encoded one by that rounding only (cosine > 0.9999).
+A build of the bundled corpus with a matching encoder (``retrieval.shipped_vectors``, on by default)
+checks the file before taking every block's vectors from it:
+
+1. the ``.npy``'s sha256 equals the one its ``.json`` records (a changed file is not used);
+2. a random sample of passages, re-encoded, matches their shipped rows within ``MAX_DISTANCE``: the
+   float16 rounding of a unit vector (at most ``FLOAT16_ROUNDING``) plus the spread of the fp32 encoder
+   between instruction sets (``ISA_SPREAD``, measured: AVX2 against AVX-512, docs/retrieval.md);
+3. what matters for a run: for a fixed sample of bundled questions, the top-k passages searched in the
+   shipped vectors are those a fresh encoding ranks first, in the same order (passages whose fresh scores
+   differ by less than the tolerance may swap: their order is below the file's precision).
+
+A file that fails is logged and the corpus is encoded as usual. The index's manifest records which
+happened (``vectors``: ``shipped-float16`` or ``encoded``; ``build.vectors``: the checks' figures).
+
+The file is reproducible: ``raypipe index --set retrieval.shipped_vectors=false --force --export-vectors
+DIR`` encodes the corpus and writes that index's vectors in this format; rounded to float16 they equal the
+shipped file byte for byte on the machine that made it, and to float32 precision on any x86-64 CPU.
 """
 
 from __future__ import annotations
@@ -28,16 +36,27 @@ from typing import Any
 
 import numpy as np
 
-from raypipe.data.loaders import BUNDLED_DIR
-from raypipe.retrieval.build import Block, EncodedBlock, read_block
-from raypipe.retrieval.encoders import EncoderSpec
-from raypipe.retrieval.import_faiss import VERIFY_MIN_COSINE, ImportVerificationError, verify_sample
-from raypipe.retrieval.index import IndexMismatchError, load_index_dir
+from raypipe.data.loaders import BUNDLED_DATASETS, BUNDLED_DIR, load_datasets
+from raypipe.retrieval.build import Block, EncodedBlock, encode_docs, read_block
+from raypipe.retrieval.encoders import Encoder, EncoderSpec
+from raypipe.retrieval.import_faiss import ImportVerificationError, cosines, read_rows, verify_sample
+from raypipe.retrieval.index import IndexMismatchError, file_sha256, load_index_dir
 
 log = logging.getLogger(__name__)
 SHIPPED_DIR = BUNDLED_DIR / "vectors"
-SHIPPED_VERIFY_SAMPLE = 32
-FORMAT = "raypipe shipped vectors v1"
+SHIPPED_VERIFY_SAMPLE = 32  # random passages re-encoded
+SHIPPED_VERIFY_QUESTIONS = 12  # bundled questions whose top-k is compared
+SHIPPED_VERIFY_TOPK = 10
+FORMAT = "raypipe shipped vectors v2"  # v2: the .npy's sha256 is recorded and checked
+# ||float16(v) - v|| for a unit vector v: at most half a float16 ulp (2^-11 relative) per component, plus
+# the absolute error of components small enough to be subnormal (2^-25 each, 384 of them at most)
+FLOAT16_ROUNDING = 2.0**-11 + 384**0.5 * 2.0**-25
+# The largest distance between fp32 MiniLM vectors of one text encoded with AVX-512 and with AVX2 kernels,
+# with a margin of 20x (benchmarks/encoder_spread.py, AMD EPYC with AVX-512: ONNX Runtime under an emulated
+# AVX2 EPYC 5.3e-7, torch held to AVX2 9.4e-7, both against ONNX Runtime on AVX-512)
+ISA_SPREAD = 2e-5
+MAX_DISTANCE = FLOAT16_ROUNDING + ISA_SPREAD
+MIN_COSINE = 1 - MAX_DISTANCE**2 / 2  # unit vectors: ||a - b||^2 = 2 - 2 cos
 
 
 def encoder_identity(spec: EncoderSpec) -> dict[str, Any]:
@@ -45,6 +64,24 @@ def encoder_identity(spec: EncoderSpec) -> dict[str, Any]:
     _, passage_prefix = spec.prompts()
     return {"encoder": spec.name, "passage_prefix": passage_prefix, "max_length": spec.max_length,
             "dimension": spec.dimension()}
+
+
+def shipped_name(spec: EncoderSpec) -> str:
+    """The file stem of an encoder build's shipped vectors: the encoder and its quantization."""
+    return spec.name if spec.resolved_quantization == "int8" else f"{spec.name}-fp32"
+
+
+def sample_questions(size: int, seed: int = 0) -> list[str]:
+    """A fixed random sample of the bundled questions (all datasets): the queries the ranking check uses."""
+    questions = [q.question for q in load_datasets(list(BUNDLED_DATASETS))]
+    return [questions[i] for i in np.sort(np.random.default_rng(seed).choice(len(questions), size, replace=False))]
+
+
+def same_ranking(shipped_top: np.ndarray, fresh_top: np.ndarray, fresh_scores: dict[int, float], tie: float) -> bool:
+    """Whether the shipped top-k is the fresh top-k: the same passages in the same order, except passages
+    whose fresh scores are within ``tie`` of each other (position by position, the fresh scores of the two
+    lists may differ by ``tie`` at most)."""
+    return all(abs(fresh_scores[int(a)] - fresh_scores[int(b)]) <= tie for a, b in zip(shipped_top, fresh_top))
 
 
 @dataclass(frozen=True)
@@ -59,14 +96,53 @@ class ShippedVectors:
         return np.asarray(np.load(self.path, mmap_mode="r")[rows], dtype=np.float32)
 
     def verify(self, corpus: Path, blocks: list[Block], spec: EncoderSpec, size: int = SHIPPED_VERIFY_SAMPLE,
-               min_cosine: float = VERIFY_MIN_COSINE) -> dict[str, Any] | None:
-        """Re-encode a random sample and compare it with the shipped rows: the check's result, or None
-        (logged) when they do not match."""
+               questions: int = SHIPPED_VERIFY_QUESTIONS, k: int = SHIPPED_VERIFY_TOPK) -> dict[str, Any] | None:
+        """Re-encode a random sample of passages and the passages a sample of questions ranks first, and
+        compare them with the shipped rows: the checks' result, or None (logged) when they do not match."""
         try:
-            return verify_sample(self.rows, corpus, blocks, spec, size, min_cosine)
+            encoder = spec.load()
+            check = verify_sample(self.rows, corpus, blocks, spec, size, MIN_COSINE, encoder=encoder)
+            check.update(self.verify_rankings(corpus, blocks, encoder, sample_questions(questions), k))
         except ImportVerificationError as exc:
             log.warning("not using the shipped vectors %s: %s; encoding the corpus instead", self.path.name, exc)
             return None
+        return {"dtype": self.meta["dtype"], "sha256": self.meta["sha256"], **check}
+
+    def verify_rankings(self, corpus: Path, blocks: list[Block], encoder: Encoder, queries: list[str],
+                        k: int) -> dict[str, Any]:
+        """Search ``queries`` in the shipped vectors, re-encode every passage that could be in a top-k (the
+        top k, and those within twice ``MAX_DISTANCE`` of the k-th score: no other can overtake them if
+        every vector is within ``MAX_DISTANCE``, which is checked on them too) and require the fresh top-k
+        to be the shipped one."""
+        stored = np.asarray(np.load(self.path, mmap_mode="r"), dtype=np.float32)
+        k = min(k, len(stored))
+        query_vectors = encoder.encode_queries(queries)
+        scores = query_vectors @ stored.T
+        order = np.argsort(-scores, axis=1, kind="stable")
+        kth = scores[np.arange(len(queries)), order[:, k - 1]]
+        candidates = [order[i][scores[i, order[i]] >= kth[i] - 2 * MAX_DISTANCE] for i in range(len(queries))]
+        rows = np.unique(np.concatenate(candidates))
+        fresh, _ = encode_docs(encoder, read_rows(corpus, blocks, rows), 64)
+        found = cosines(stored[rows], fresh)
+        if (found < MIN_COSINE).any():
+            raise ImportVerificationError(
+                f"{int((found < MIN_COSINE).sum())} of the {len(rows)} passages the sample questions rank first, "
+                f"re-encoded, do not match their shipped vectors (least cosine {found.min():.9f} < {MIN_COSINE:.9f})")
+        fresh_of = dict(zip(rows.tolist(), range(len(rows))))
+        identical, differing = 0, []
+        for i, rows_i in enumerate(candidates):
+            fresh_scores = {int(r): float(query_vectors[i] @ fresh[fresh_of[int(r)]]) for r in rows_i}
+            fresh_top = sorted(rows_i.tolist(), key=lambda r: (-fresh_scores[r], r))[:k]
+            shipped_top = order[i, :k]
+            identical += bool(np.array_equal(shipped_top, fresh_top))
+            if not same_ranking(shipped_top, np.asarray(fresh_top), fresh_scores, 2 * MAX_DISTANCE):
+                differing.append(queries[i])
+        if differing:
+            raise ImportVerificationError(
+                f"{len(differing)} of {len(queries)} sample questions rank other passages first in the shipped "
+                f"vectors than in a fresh encoding (top {k}), e.g. {differing[0]!r}")
+        return {"rank_questions": len(queries), "rank_top_k": k, "rank_passages_encoded": len(rows),
+                "rank_identical": identical, "rank_cosine_min": round(float(found.min()), 9)}
 
     def encode_blocks(self, spec: EncoderSpec, corpus: Path, blocks: list[Block]) -> Iterator[EncodedBlock]:
         """An ``EncodeBlocks`` that reads each block and takes its vectors from the file (no encoder)."""
@@ -78,9 +154,10 @@ class ShippedVectors:
 
 
 def find_shipped(spec: EncoderSpec, corpus_sha256: str, directory: Path | None = None) -> ShippedVectors | None:
-    """The shipped vectors of this corpus (by sha256: the same lines, so the same row count) and encoder, if any."""
+    """The shipped vectors of this corpus (by sha256: the same lines, so the same row count) and encoder
+    build, if any and if the file is the one its manifest describes (sha256, shape)."""
     directory = directory or SHIPPED_DIR
-    meta_file = directory / f"{spec.name}.json"
+    meta_file = directory / f"{shipped_name(spec)}.json"
     if spec.is_hash or not meta_file.exists():
         return None
     meta = json.loads(meta_file.read_text())
@@ -93,6 +170,12 @@ def find_shipped(spec: EncoderSpec, corpus_sha256: str, directory: Path | None =
                  ", ".join(f"{k}={old!r} (this build: {new!r})" for k, (old, new) in differences.items()))
         return None
     path = meta_file.with_suffix(".npy")
+    digest = file_sha256(path)
+    if digest != meta.get("sha256"):
+        log.warning("not using the shipped vectors %s: its sha256 is %s, %s records %s (the file was changed after "
+                    "it was made; reinstalling raypipe restores it); encoding the corpus instead",
+                    path, digest, meta_file.name, meta.get("sha256"))
+        return None
     shape = np.load(path, mmap_mode="r").shape
     if shape != (meta.get("rows"), wanted["dimension"]):
         raise IndexMismatchError(f"{path} holds {shape[0]} x {shape[1]} vectors, its {meta_file.name} says "
@@ -101,7 +184,7 @@ def find_shipped(spec: EncoderSpec, corpus_sha256: str, directory: Path | None =
 
 
 def export_vectors(index_dir: Path, spec: EncoderSpec, out_dir: Path, command: str) -> Path:
-    """Write a flat index's vectors in the shipped format (``out_dir/<encoder>.npy`` and ``.json``)."""
+    """Write a flat index's vectors in the shipped format (``out_dir/<encoder>-<quantization>.npy`` and ``.json``)."""
     loaded = load_index_dir(index_dir, spec)
     manifest = loaded.manifest
     if manifest["index_type"] != "flat":
@@ -111,10 +194,11 @@ def export_vectors(index_dir: Path, spec: EncoderSpec, out_dir: Path, command: s
     index = loaded.faiss_index()
     vectors = index.reconstruct_n(0, index.ntotal).astype(np.float16)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{spec.name}.npy"
+    path = out_dir / f"{shipped_name(spec)}.npy"
     np.save(path, vectors)
+    encoder_build = {key: manifest[key] for key in ("encoder_backend", "quantization", "int8_isa") if key in manifest}
     meta = {"format": FORMAT, "corpus_sha256": manifest["corpus_sha256"], "rows": int(vectors.shape[0]),
-            "dtype": "float16", **encoder_identity(spec), "made_by": command,
-            "index_built": manifest.get("created"), "index_build": manifest.get("build", {})}
+            "dtype": "float16", "sha256": file_sha256(path), **encoder_identity(spec), **encoder_build,
+            "made_by": command, "index_built": manifest.get("created"), "index_build": manifest.get("build", {})}
     path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
     return path
