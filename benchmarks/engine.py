@@ -84,7 +84,8 @@ def main() -> None:
                for q in questions]
     row = asyncio.run(measure(engine, prompts, args.max_tokens, args.regex))
     asyncio.run(engine.close())
-    settings = f"{args.backend} {getattr(engine, 'dtype', args.dtype)} block={getattr(engine, 'block_size', '-')} eager={args.enforce_eager} threads={args.cpu_threads}"
+    record = engine.describe()
+    settings = f"{args.backend} {record['dtype']} block={record.get('block_size', '-')} eager={args.enforce_eager} threads={args.cpu_threads}"
     print(f"{settings}: start {start_s:.1f} s | " + " | ".join(
         f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
 

@@ -177,8 +177,7 @@ def run_variant(name: str, repeat: int, config: RunConfig, questions, engine, in
 
     config = variant_config(name, config)
     retriever = QueryBatcher(index.search_batch, config.retrieval.max_batch_size, config.retrieval.max_wait_ms / 1000)
-    if hasattr(engine, "reset_prefix_cache"):
-        asyncio.run(engine.reset_prefix_cache())
+    asyncio.run(engine.reset_prefix_cache())
     shared = SharedEngine(engine, reprefill=name == "sequential")
     if name == "turn-sync":
         async def lock_step():

@@ -76,6 +76,11 @@ class Engine(Protocol):
         gives up on a request whose grammar takes longer than its timeout."""
         ...
 
+    async def reset_prefix_cache(self) -> bool:
+        """Empty the engine's prefix cache, where it has one it controls; returns whether it was emptied
+        (benchmarks: runs on one engine must not inherit each other's cache)."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """What a run records about this engine (``raypipe.llm.common.engine_record`` and the backend's own
         settings)."""

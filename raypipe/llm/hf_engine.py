@@ -125,6 +125,10 @@ class TransformersEngine:
         """Nothing to prepare (no regex enforcement)."""
         return {}
 
+    async def reset_prefix_cache(self) -> bool:
+        """No prefix cache to empty."""
+        return False
+
     def describe(self) -> dict[str, Any]:
         return engine_record(self, self.config, self.model_path, self.dtype, self.start_seconds)
 

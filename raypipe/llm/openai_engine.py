@@ -165,6 +165,10 @@ class OpenAIEngine:
         """Nothing to prepare here: the server compiles grammars on its side."""
         return {}
 
+    async def reset_prefix_cache(self) -> bool:
+        """The server's cache is not this client's to empty."""
+        return False
+
     def describe(self) -> dict[str, Any]:
         return {
             **engine_record(self, self.config, self.model_path, self.config.dtype, self.start_seconds),

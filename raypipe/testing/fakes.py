@@ -61,6 +61,9 @@ class FakeEngine:
     async def warmup(self, regexes: Iterable[str] = ()) -> dict[str, float]:
         return {}
 
+    async def reset_prefix_cache(self) -> bool:
+        return False
+
     def describe(self) -> dict[str, Any]:
         return engine_record(self, None)
 
