@@ -175,3 +175,32 @@ def test_trajectories_from_tables_rejects_gaps():
     trs = conform([_trajectory_row("a", 2, 0.5, 14, 6)], "trajectories")
     with pytest.raises(ValueError, match="not 0..2"):
         trajectories_from_tables(its, trs)
+
+
+def test_exact_match_is_scored_from_the_recorded_answers_under_the_runs_rule():
+    rows = [{**_iteration_row("a", i, f), "probe_answer": ans}
+            for i, (f, ans) in enumerate([(0.0, None), (0.5, "The Paris"), (1.0, "paris_france")])]  # fmt: skip
+    trs = [{**_trajectory_row("a", 2, 1.0, 21, 9), "golden_answers": ["Paris France", "Paris"], "final_answer": "yes"}]
+    its, trs = conform(rows, "iterations"), conform(trs, "trajectories")
+    (hotpot,), _ = trajectories_from_tables(its, trs)
+    (r1,), _ = trajectories_from_tables(its, trs, "r1searcher")
+    assert hotpot.probe_em == (0.0, 1.0, 0.0) and hotpot.final_em == 0.0  # "The Paris" drops its article
+    assert r1.probe_em == (0.0, 1.0, 1.0)  # R1-Searcher's rule turns the underscore into a space
+    rollback = outcome(hotpot, Decision(decision_iteration=2, answer_iteration=1))
+    assert (rollback.f1, rollback.em, rollback.natural_em) == (0.5, 1.0, 0.0)  # the returned answer's own EM
+    assert outcome(hotpot, Decision(2)).em == 0.0
+
+
+def test_a_run_directory_scores_exact_match_under_its_recorded_metric(tmp_path):
+    import yaml
+
+    from raypipe.core.config import ConfigError
+    from raypipe.core.rundir import RunDir
+
+    run = RunDir(tmp_path)
+    assert run.metric_rule() == "hotpotqa"  # no config.yaml: the default rule
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"agent": {"metric": "r1searcher"}}))
+    assert run.metric_rule() == "r1searcher"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"agent": {"metric": "bleu"}}))
+    with pytest.raises(ConfigError, match="agent.metric 'bleu'"):
+        run.metric_rule()

@@ -51,8 +51,19 @@ EXPECTED = {
 }  # fmt: skip
 
 
+def em(f1: float) -> float:
+    """The hand-made trajectories' exact match: an answer is exact where its F1 is 1."""
+    return float(f1 == 1.0)
+
+
 def trajectories() -> list[Trajectory]:
-    return [Trajectory(q, ds, p, tokens, final, sum(tokens)) for q, (ds, p, tokens, final) in TRAJECTORIES.items()]
+    return [Trajectory(q, ds, p, tokens, final, sum(tokens), tuple(map(em, p)), em(final))
+            for q, (ds, p, tokens, final) in TRAJECTORIES.items()]  # fmt: skip
+
+
+def expected(policy: str, qid: str, metric: str) -> float:
+    f1, iterations, tokens = EXPECTED[policy][qid]
+    return {"f1": f1, "em": em(f1), "iterations": iterations, "tokens": tokens}[metric]
 
 
 def table() -> pd.DataFrame:
@@ -78,6 +89,8 @@ def test_each_rows_policy_is_replayed_per_question():
     assert policy_labels(table()) == list(EXPECTED)
     got = {(r.controller, r.qid): (r.f1, r.iterations, r.tokens) for r in outcomes.itertuples()}
     assert got == {(c, q): v for c, per_q in EXPECTED.items() for q, v in per_q.items()}
+    assert (outcomes["em"] == outcomes["f1"].map(em)).all()  # the returned answer's EM, not the natural one's
+    assert (outcomes["natural_em"] == outcomes["natural_f1"].map(em)).all()
     assert (outcomes["natural_f1"] == outcomes["qid"].map({q: v[0] for q, v in EXPECTED["natural"].items()})).all()
 
 
@@ -94,13 +107,14 @@ def test_only_the_test_questions_are_replayed_and_labels_stay_unique():
 def test_statistics_against_natural_stopping_match_scipy_and_holm_by_hand():
     outcomes = hand_outcomes()
     result = policy_tests(outcomes, ReportConfig(bootstrap_samples=300))
-    assert set(result["metric"]) == {"f1", "iterations", "tokens"} and set(result["baseline"]) == {"natural"}
-    assert len(result) == 3 * 3  # three policies x three metrics
-    for metric_index, metric in enumerate(("f1", "iterations", "tokens")):
+    metrics = ("f1", "em", "iterations", "tokens")
+    assert set(result["metric"]) == set(metrics) and set(result["baseline"]) == {"natural"}
+    assert len(result) == 3 * 4  # three policies x four metrics
+    for metric in metrics:
         family = result[result["metric"] == metric]
-        base = [EXPECTED["natural"][q][metric_index] for q in TRAJECTORIES]
+        base = [expected("natural", q, metric) for q in TRAJECTORIES]
         for row in family.itertuples():
-            policy = [EXPECTED[row.system][q][metric_index] for q in TRAJECTORIES]
+            policy = [expected(row.system, q, metric) for q in TRAJECTORIES]
             assert row.n == 6
             assert row.mean_diff == pytest.approx(np.mean(np.subtract(policy, base)))
             assert row.t_p == pytest.approx(stats.ttest_rel(policy, base).pvalue)
@@ -124,12 +138,39 @@ def test_table_pvalues_leave_natural_empty_and_name_the_correction():
     labels = policy_labels(table())
     pvalues = table_pvalues(result, labels, "03_significance.md")
     assert len(pvalues.numbers) == len(pvalues.cells) == 4
-    assert np.isnan(pvalues.numbers.loc[0, pvalue_column("f1", "t")]) and pvalues.cells.loc[0].tolist() == ["", ""]
+    assert np.isnan(pvalues.numbers.loc[0, pvalue_column("f1", "t")]) and pvalues.cells.loc[0].tolist() == ["", "", ""]
     cap_t = result[(result["system"] == "cap@1") & (result["metric"] == "iterations")]["t_p_adj"].iloc[0]
     assert pvalues.numbers.loc[1, "iterations_t_p_adj"] == pytest.approx(cap_t)
-    assert list(pvalues.cells.columns) == ["F1 p (t / W)", "iterations p (t / W)"]
+    assert list(pvalues.cells.columns) == ["F1 p (t / W)", "EM p (t / W)", "iterations p (t / W)"]
     assert pvalues.cells.loc[1, "iterations p (t / W)"].count(" / ") == 1
     assert "Holm-corrected" in pvalues.note and "03_significance.md" in pvalues.note
+
+
+def test_policies_against_each_other_when_asked():
+    from raypipe.analysis.policy_tests import significance_markdown
+
+    outcomes = hand_outcomes()
+    plain = policy_tests(outcomes, ReportConfig(bootstrap_samples=300))
+    pairs = policy_tests(outcomes, ReportConfig(bootstrap_samples=300, policy_pairs=True))
+    assert len(pairs) == (3 + 3) * 4  # three against natural and three pairs, four metrics
+    between = pairs[pairs["baseline"] != "natural"]
+    assert set(zip(between["baseline"], between["system"])) == {
+        ("cap@1", "heuristic[paper] g/w1 θ=(0.5, 0)"), ("cap@1", "heuristic[paper] g/w1 per_dataset"),
+        ("heuristic[paper] g/w1 θ=(0.5, 0)", "heuristic[paper] g/w1 per_dataset"),
+    }  # fmt: skip
+    row = between[(between["baseline"] == "cap@1") & (between["metric"] == "f1")].iloc[0]
+    a = [expected("cap@1", q, "f1") for q in TRAJECTORIES]
+    b = [expected(row.system, q, "f1") for q in TRAJECTORIES]
+    assert row.t_p == pytest.approx(stats.ttest_rel(b, a).pvalue)
+    # six tests in each family now: the corrected p-values against natural stopping can only grow
+    on_natural = pairs[pairs["baseline"] == "natural"].reset_index(drop=True)
+    assert (on_natural["t_p"].to_numpy() == pytest.approx(plain["t_p"].to_numpy()))
+    assert (on_natural["t_p_adj"].to_numpy() >= plain["t_p_adj"].to_numpy() - 1e-12).all()
+    pvalues = table_pvalues(pairs, policy_labels(table()), "03_significance.md")
+    assert pvalues.numbers.loc[1, "iterations_t_p_adj"] == pytest.approx(
+        on_natural[(on_natural["system"] == "cap@1") & (on_natural["metric"] == "iterations")]["t_p_adj"].iloc[0])
+    markdown = significance_markdown(pairs, "t", "intro")
+    assert "| baseline |" in markdown.replace("baseline mean", "") and "cap@1" in markdown
 
 
 # ---------------------------------------------------------------- the sweep's and Stop-RAG's tables, the report
@@ -178,7 +219,7 @@ def test_the_sweeps_markdown_carries_pvalues_against_natural_stopping(swept):
     out = run.path / "stopping"
     md = (out / "01_tradeoff.md").read_text()
     header = next(line for line in md.splitlines() if line.startswith("| controller"))
-    assert "| F1 p (t / W) | iterations p (t / W) |" in header
+    assert "| F1 p (t / W) | EM p (t / W) | iterations p (t / W) |" in header
     cells = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| cap@1 ")}
     assert set(cells) == {"cap@1"} and " / " in cells["cap@1"].split("|")[15]
     natural_row = next(line for line in md.splitlines() if line.startswith("| natural "))
@@ -192,7 +233,7 @@ def test_the_sweeps_markdown_carries_pvalues_against_natural_stopping(swept):
     assert set(significance["system"]) == set(policy_labels(shown)) - {"natural"}
     text = (out / "03_significance.md").read_text()
     assert text.startswith("# Early stopping: paired tests against natural stopping")
-    assert "## F1" in text and "## iterations" in text and "## tokens" in text and "Δ [CI]" in text
+    assert all(f"## {m}\n" in text for m in ("F1", "EM", "iterations", "tokens")) and "Δ [CI]" in text
 
 
 def test_the_report_shows_the_significance_tables(swept, tmp_path):
@@ -225,7 +266,7 @@ def test_stoprag_comparison_carries_pvalues(tmp_path):
     assert llm.n == 3  # paired on the questions it was run on
     assert llm.t_p == pytest.approx(stats.ttest_rel([0.5, 0.2, 1.0], [1.0, 0.2, 0.5]).pvalue)
     md = (tmp_path / "comparison.md").read_text()
-    assert "| F1 p (t / W) | iterations p (t / W) | note |" in md and "Holm-corrected" in md
+    assert "| F1 p (t / W) | EM p (t / W) | iterations p (t / W) | note |" in md and "Holm-corrected" in md
     csv = pd.read_csv(tmp_path / "comparison.csv")
     assert csv.loc[csv["controller"] == "cap@1", "iterations_t_p_adj"].notna().all()
     assert csv.loc[csv["controller"].str.startswith("natural"), "f1_t_p_adj"].isna().all()

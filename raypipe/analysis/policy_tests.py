@@ -3,9 +3,9 @@
 The sweep's trade-off table and Stop-RAG's comparison give each policy's means on the test questions. Here each
 policy's outcome on every test question (:func:`raypipe.stopping.per_question.tradeoff_outcomes` for the sweep's
 rows, :func:`raypipe.stoprag.comparison.comparison_rows`' outcomes for Stop-RAG's) is paired with natural
-stopping's on the same question, on the replay's figures: F1 of the returned answer, retrieval iterations (the
-cost counted to the decision) and generated tokens (agent + probes). The replay scores F1 only: there is no
-exact match to test. The statistics are :func:`raypipe.analysis.paired.paired_comparisons`': the mean difference
+stopping's on the same question, on the replay's figures: F1 and exact match of the returned answer (EM under the
+run's ``agent.metric`` rule, scored from the recorded answers), retrieval iterations (the cost counted to the
+decision) and generated tokens (agent + probes). The statistics are :func:`raypipe.analysis.paired.paired_comparisons`': the mean difference
 with a percentile bootstrap interval over resampled questions, the paired t test and the Wilcoxon signed-rank
 test, corrected (``report.correction``: Holm or Benjamini-Hochberg) across the policies of one table on each
 metric. A policy defined on fewer questions (the heuristic where predictions exist, LLM-Stop's subset) is
@@ -31,17 +31,19 @@ from raypipe.stopping.per_question import policy_labels, tradeoff_outcomes
 from raypipe.stopping.tradeoff import PValues
 
 NATURAL = "natural"
-METRICS = {"f1": "F1", "iterations": "iterations", "tokens": "tokens"}  # Outcome field -> the name tables show
-SHOWN = ("f1", "iterations")  # the metrics whose p-values the policy tables show beside their means
+METRICS = {"f1": "F1", "em": "EM", "iterations": "iterations", "tokens": "tokens"}  # Outcome field -> shown name
+SHOWN = ("f1", "em", "iterations")  # the metrics whose p-values the policy tables show beside their means
 TESTS = {"t": "t_p_adj", "wilcoxon": "wilcoxon_p_adj"}  # test -> paired_comparisons' corrected p-value column
 STOPRAG_SIGNIFICANCE = "significance"
 
 
 def policy_tests(outcomes: pd.DataFrame, options: ReportConfig, systems: Sequence[str] | None = None) -> pd.DataFrame:
     """Every controller of ``outcomes`` (one row per controller and question; or only ``systems``) against
-    natural stopping on :data:`METRICS`: :func:`~raypipe.analysis.paired.paired_comparisons`' rows."""
+    natural stopping on :data:`METRICS` (and each other, with ``report.policy_pairs``):
+    :func:`~raypipe.analysis.paired.paired_comparisons`' rows."""
     return paired_comparisons(
-        outcomes, list(METRICS), NATURAL, systems=systems, system_column="controller", key="qid",
+        outcomes, list(METRICS), NATURAL, systems=systems, against_each_other=options.policy_pairs,
+        system_column="controller", key="qid",
         correction=options.correction, samples=options.bootstrap_samples, confidence=options.confidence,
         seed=options.bootstrap_seed,
     )  # fmt: skip
@@ -55,7 +57,8 @@ def pvalue_column(metric: str, test: str) -> str:
 def table_pvalues(result: pd.DataFrame, labels: Sequence[str], details: str) -> PValues:
     """The tests of ``result`` for the rows of a policy table (``labels``, natural stopping and untested rows
     left empty); ``details`` names the file with the differences and intervals."""
-    lookup = result.set_index(["system", "metric"]) if not result.empty else pd.DataFrame()
+    against_natural = result[result["baseline"] == NATURAL] if not result.empty else result
+    lookup = against_natural.set_index(["system", "metric"]) if not result.empty else pd.DataFrame()
     numbers = pd.DataFrame(
         [{pvalue_column(m, test): _lookup(lookup, label, m, column) for m in METRICS for test, column in TESTS.items()}
          for label in labels]  # fmt: skip
@@ -88,9 +91,9 @@ def significance_markdown(result: pd.DataFrame, title: str, intro: str) -> str:
     if result.empty:
         return "\n\n".join([*parts, "No policy to test: the table holds natural stopping only."]) + "\n"
     shown = summary_table(result.assign(metric=result["metric"].map(METRICS)))
-    shown = shown.drop(columns="baseline").rename(
-        columns={"system": "policy", "baseline mean": "natural mean", "system mean": "policy mean"}
-    )
+    if (result["baseline"] == NATURAL).all():
+        shown = shown.drop(columns="baseline").rename(columns={"baseline mean": "natural mean"})
+    shown = shown.rename(columns={"system": "policy", "system mean": "policy mean"})
     for metric, part in shown.groupby("metric", sort=False):
         parts += [f"## {metric}", frame_markdown(part.drop(columns="metric"))]
     return "\n\n".join(parts) + "\n"
@@ -102,11 +105,13 @@ def significance_intro(result: pd.DataFrame, options: ReportConfig, policies: st
     correction = CORRECTION_NAMES[options.correction]
     return (
         f"{policies} against natural stopping, paired by question on up to {n} test questions. Δ = policy − natural "
-        "per question (F1 of the returned answer; iterations: retrieval iterations to the decision; tokens: generated "
+        "per question (F1 and EM of the returned answer; iterations: retrieval iterations to the decision; tokens: generated "
         f"tokens, agent + probes): its mean with a {options.confidence:.0%} percentile bootstrap interval "
         f"({options.bootstrap_samples} resamples of the questions, seed {options.bootstrap_seed}); paired t test and "
         f"Wilcoxon signed-rank test (zero differences dropped), p-values {correction}-corrected across the policies "
-        "on each metric (report.correction)."
+        "on each metric (report.correction)"
+        + ("; every pair of policies is tested too, in the same families (report.policy_pairs)." if options.policy_pairs
+           else ".")
     )
 
 

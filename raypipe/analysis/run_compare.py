@@ -23,7 +23,7 @@ from raypipe.analysis.blocks import RenderedSection, Table, Text, document_html,
 from raypipe.analysis.paired import CORRECTION_NAMES, Correction, paired_comparisons, summary_table
 from raypipe.analysis.setup_section import _show, lookup, run_tree
 from raypipe.analysis.stats import ALL, FAILED_STOPS
-from raypipe.core.metrics import DEFAULT_RULE, exact_match
+from raypipe.core.metrics import exact_match
 from raypipe.core.rundir import RunDir
 from raypipe.core.schema import TRAJECTORY_COSTS
 
@@ -67,7 +67,7 @@ def run_values(run: RunDir) -> pd.DataFrame:
     if not run.has("trajectories"):
         raise CompareError(f"{run.path} is not a run directory: no trajectories/ table (raypipe probe writes it)")
     frame = run.read("trajectories").to_pandas()
-    rule = (run_tree(run.path)[0].get("agent") or {}).get("metric", DEFAULT_RULE)  # the rule final_f1 used
+    rule = run.metric_rule()  # the rule final_f1 used
     answers = frame["final_answer"].astype(object).where(frame["final_answer"].notna(), None)
     frame["em"] = [exact_match(a, list(g), rule) for a, g in zip(answers, frame["golden_answers"])]
     for column in STORED:

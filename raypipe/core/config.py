@@ -340,6 +340,11 @@ class ReportConfig(StrictModel):
         "the sweep's and Stop-RAG's tables, runs against a baseline in raypipe compare): holm (Holm's step-down, the "
         "family-wise error rate) or bh (Benjamini-Hochberg, the false discovery rate).",
     )
+    policy_pairs: bool = Field(
+        default=False,
+        description="Also test every pair of stopping policies against each other (the sweep's and Stop-RAG's "
+        "significance tables), in the same correction families as the tests against natural stopping.",
+    )
 
 
 class StopRagConfig(StrictModel):

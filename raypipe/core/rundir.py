@@ -7,7 +7,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raypipe.core.config import RunConfig, dump_config
+import yaml
+
+from raypipe.core.config import ConfigError, RunConfig, dump_config
+from raypipe.core.metrics import DEFAULT_RULE, RULES, Rule
 
 PARTIAL_SUFFIX = ".parquet.tmp"  # a part being written; renamed to .parquet when complete
 
@@ -57,6 +60,16 @@ class RunDir:
         """Delete the temporary files of part writes that a crash cut short."""
         for tmp in self.table_dir(name).glob(f".*{PARTIAL_SUFFIX}"):
             tmp.unlink()
+
+    def metric_rule(self) -> Rule:
+        """The answer metric's rule its probe run scored with (``agent.metric`` in ``config.yaml``; the default
+        where the run does not record one)."""
+        path = self.path / "config.yaml"
+        recorded = yaml.safe_load(path.read_text()) if path.exists() else None
+        rule = ((recorded or {}).get("agent") or {}).get("metric", DEFAULT_RULE)
+        if rule not in RULES:
+            raise ConfigError(f"{path}: agent.metric {rule!r} is none of {', '.join(RULES)}")
+        return rule
 
     def write_config(self, config: RunConfig, stage: str = "config") -> Path:
         path = self.path / f"{stage}.yaml"

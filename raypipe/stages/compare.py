@@ -16,6 +16,7 @@ from raypipe.analysis.run_compare import (
     write_comparison,
 )
 from raypipe.analysis.tracking import Headline, StageTracker, run_tracking
+from raypipe.core.config import ConfigError
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.runtime.stage_main import tracking_or_exit
 
@@ -62,7 +63,7 @@ def main() -> None:
     try:
         comparison = compare_runs(runs, correction, options.bootstrap_samples, options.confidence,
                                   options.bootstrap_seed)  # fmt: skip
-    except CompareError as exc:
+    except (CompareError, ConfigError) as exc:
         sys.exit(f"error: {exc}")
     print(f"{comparison.shared} questions compared against {comparison.baseline}\n")
     for table in (Table("Questions per run", comparison.questions), *comparison_tables(comparison)):

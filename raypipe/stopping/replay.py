@@ -4,7 +4,8 @@ The API is generic so that every controller (the 4-state heuristic, caps, Stop-R
 scored the same way:
 
 - a :class:`Trajectory` is one recorded question: its probed answers' F1 per iteration (P_0..P_n),
-  the tokens each iteration cost, and the natural ending's F1 and tokens;
+  the tokens each iteration cost, and the natural ending's F1 and tokens (and, read from a run, the same
+  answers' exact match, for the paired tests; controllers decide on F1 and costs only);
 - an *offline controller* is any callable ``Trajectory -> Decision``; it sees the recorded trajectory
   (look up your own per-qid inputs, e.g. predictions, by ``trajectory.qid``) and says at which
   iteration it decided and whose probed answer it returns;
@@ -17,7 +18,8 @@ taken, even when a rollback returns an earlier answer. Iterations are retrieval 
 0 is the probe before any retrieval), so deciding after iteration d costs d iterations, and the tokens
 of iterations 0..d (agent + probe tokens). A decision at or past the last iteration is natural
 termination and costs what the recorded trajectory cost. ``Decision.answer_iteration=None`` returns the
-natural final answer (``final_f1``); otherwise the probed answer of that iteration (``probe_f1``).
+natural final answer (``final_f1``); otherwise the probed answer of that iteration (``probe_f1``), and
+the same answer's exact match where the trajectory has it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pyarrow as pa
 
+from raypipe.core.metrics import DEFAULT_RULE, Rule, exact_match
 from raypipe.core.rundir import RunDir
 from raypipe.core.schema import STOP_CONTROLLER, STOP_ENGINE_CRASH, STOP_ENGINE_ERROR, STOP_RETRIEVAL_ERROR
 
@@ -48,6 +51,8 @@ class Trajectory:
     iteration_tokens: tuple[int, ...]  # agent + probe tokens of each iteration 0..n
     final_f1: float  # F1 of the answer at natural termination
     total_tokens: int  # agent + probe tokens of the whole recorded trajectory
+    probe_em: tuple[float, ...] | None = None  # exact match of each probed answer, where known
+    final_em: float | None = None  # exact match of the natural final answer, where known
 
     def __post_init__(self):
         if not self.probe_f1:
@@ -56,6 +61,8 @@ class Trajectory:
             raise ValueError(
                 f"trajectory {self.qid}: {len(self.iteration_tokens)} token counts for {len(self.probe_f1)} iterations"
             )
+        if self.probe_em is not None and len(self.probe_em) != len(self.probe_f1):
+            raise ValueError(f"trajectory {self.qid}: {len(self.probe_em)} EM values for {len(self.probe_f1)} iterations")
 
     @property
     def n_iterations(self) -> int:
@@ -90,6 +97,8 @@ class Outcome:
     natural_iterations: int
     natural_tokens: int
     natural_f1: float
+    em: float | None = None  # exact match of the returned answer (None: the trajectory has no EM)
+    natural_em: float | None = None
 
 
 def outcome(trajectory: Trajectory, decision: Decision) -> Outcome:
@@ -113,7 +122,15 @@ def outcome(trajectory: Trajectory, decision: Decision) -> Outcome:
         natural_iterations=n,
         natural_tokens=trajectory.total_tokens,
         natural_f1=trajectory.final_f1,
+        em=_returned_em(trajectory, a),
+        natural_em=trajectory.final_em,
     )
+
+
+def _returned_em(trajectory: Trajectory, answer_iteration: int | None) -> float | None:
+    if answer_iteration is None:
+        return trajectory.final_em
+    return None if trajectory.probe_em is None else trajectory.probe_em[answer_iteration]
 
 
 def replay(trajectories: Iterable[Trajectory], controller: OfflineController) -> list[Outcome]:
@@ -210,13 +227,17 @@ def split_qids(qids: Iterable[str], val_fraction: float, seed: int = 0) -> tuple
     return val, test
 
 
-def trajectories_from_tables(iterations: pa.Table, trajectories: pa.Table) -> tuple[list[Trajectory], dict[str, int]]:
-    """Build :class:`Trajectory` records from the ITERATIONS and TRAJECTORIES tables.
+def trajectories_from_tables(
+    iterations: pa.Table, trajectories: pa.Table, rule: Rule = DEFAULT_RULE
+) -> tuple[list[Trajectory], dict[str, int]]:
+    """Build :class:`Trajectory` records from the ITERATIONS and TRAJECTORIES tables; exact match is scored
+    here (the tables store F1 only) under ``rule``, the run's ``agent.metric``.
 
     Returns the records and counts of the trajectories left out (by reason). A missing probe F1 (a
     probe that produced nothing) counts as 0.
     """
-    its = iterations.select(["qid", "iteration", "probe_f1", "tokens_generated", "probe_tokens"]).to_pylist()
+    columns = ["qid", "iteration", "probe_f1", "probe_answer", "tokens_generated", "probe_tokens"]
+    its = iterations.select(columns).to_pylist()
     by_qid: dict[str, dict[int, dict]] = {}
     for row in its:
         by_qid.setdefault(row["qid"], {})[row["iteration"]] = row
@@ -237,6 +258,7 @@ def trajectories_from_tables(iterations: pa.Table, trajectories: pa.Table) -> tu
         iteration_tokens = tuple((r["tokens_generated"] or 0) + (r["probe_tokens"] or 0) for r in ordered)
         total = (t["tokens_generated"] or 0) + (t["probe_tokens"] or 0)
         final_f1 = t["final_f1"] if t["final_f1"] is not None else 0.0
+        golds = list(t["golden_answers"])
         records.append(
             Trajectory(
                 qid=qid,
@@ -245,6 +267,8 @@ def trajectories_from_tables(iterations: pa.Table, trajectories: pa.Table) -> tu
                 iteration_tokens=iteration_tokens,
                 final_f1=float(final_f1),
                 total_tokens=max(total, sum(iteration_tokens)),
+                probe_em=tuple(exact_match(r["probe_answer"], golds, rule) for r in ordered),
+                final_em=exact_match(t["final_answer"], golds, rule),
             )
         )
     if excluded:
@@ -254,4 +278,4 @@ def trajectories_from_tables(iterations: pa.Table, trajectories: pa.Table) -> tu
 
 def load_trajectories(run_dir: str | RunDir) -> tuple[list[Trajectory], dict[str, int]]:
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    return trajectories_from_tables(run.read("iterations"), run.read("trajectories"))
+    return trajectories_from_tables(run.read("iterations"), run.read("trajectories"), run.metric_rule())
