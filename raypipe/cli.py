@@ -2,7 +2,7 @@
 
 Each command runs ``raypipe.stages.JOB.main`` with the remaining arguments, exactly as
 ``python jobs/JOB.py ARGS`` (and ``ray job submit -- python jobs/JOB.py ARGS``) would; the command is
-the job's name, except ``serve-retrieval`` (job ``serve``).
+the job's name, except ``serve-retrieval`` (job ``serve``) and ``serve-agent`` (job ``serve_agent``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ COMMANDS = {
     for name in ("index", "probe", "features", "train", "sweep", "stoprag", "report", "compare", "dashboard")
 }
 COMMANDS["serve-retrieval"] = "serve"
+COMMANDS["serve-agent"] = "serve_agent"
 JOBS = tuple(COMMANDS.values())  # the modules of raypipe.stages
 
 

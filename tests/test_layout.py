@@ -16,7 +16,7 @@ JOBS = PACKAGE.parent / "jobs"
 # Lowest first. A module may import its own layer and the layers before it, never one after it.
 DOMAIN = ["core", "data", "llm", "retrieval", "agents", "features", "predict", "stopping", "stoprag", "analysis"]
 LAYERS = [*DOMAIN, "runtime", "stages", "cli", "testing"]
-STAGE_JOBS = {"index", "probe", "features", "train", "sweep", "stoprag", "report", "serve", "compare", "dashboard"}
+STAGE_JOBS = {"index", "probe", "features", "train", "sweep", "stoprag", "report", "serve", "serve_agent", "compare", "dashboard"}
 
 
 def layer_of(module: str) -> str | None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,10 @@ ONLINE_COLUMNS = (
     "qid", "dataset", "iteration", "query", "doc_ids", "doc_scores", "reasoning",
     "probe_answer", "probe_token_logprobs", "tokens_generated", "probe_tokens",
 )  # fmt: skip
+
+
+# Told of each iteration row as it is added (the row without its private fields; costs not yet final).
+IterationObserver = Callable[[dict[str, Any]], None]
 
 
 @dataclass
@@ -126,9 +131,11 @@ class AgentLoop:
         self.controller = controller
         self.barrier = barrier
 
-    async def run(self, question: Question) -> TrajectoryOutput:
+    async def run(self, question: Question, observer: IterationObserver | None = None) -> TrajectoryOutput:
+        """One trajectory; ``observer`` (optional) is told of each iteration row as it is added (a service
+        streams them), before the controller decides on it."""
         started = time.monotonic()
-        run = _Run(self, question)
+        run = _Run(self, question, observer)
         try:
             await run.steps()
         except _Stop as stop:
@@ -146,8 +153,8 @@ class AgentLoop:
 class _Run:
     """The state of one trajectory."""
 
-    def __init__(self, loop: AgentLoop, question: Question):
-        self.loop, self.question = loop, question
+    def __init__(self, loop: AgentLoop, question: Question, observer: IterationObserver | None = None):
+        self.loop, self.question, self.observer = loop, question, observer
         self.protocol, self.agent = loop.protocol, loop.agent
         self.rows: list[dict[str, Any]] = []
         self.prompt = ""
@@ -180,7 +187,7 @@ class _Run:
             query = action.content if action.kind not in (ANSWER, INVALID) and turn < searching else None
             probe_prompt = protocol.probe_prompt(self.context, output) if agent.probe else None
             searched = await self._search_and_probe(row, query, probe_prompt)
-            self.rows.append(row)
+            self._append_row(row)
             self.context += protocol.joiner + output + protocol.close_action(output, action)
             if await self._controller_stops():
                 row["search_dropped"] = searched is not None
@@ -200,6 +207,11 @@ class _Run:
             pending = self._read(searched)
         if pending is not None and agent.at_limit == "forced":
             await self._forced_answer(pending)
+
+    def _append_row(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if self.observer is not None:
+            self.observer({k: v for k, v in row.items() if not k.startswith("_")})
 
     async def _phase_done(self) -> None:
         if self.loop.barrier is not None:
@@ -254,7 +266,7 @@ class _Run:
             row["tokens_generated"] = len(gen.token_ids)
             _charge(row, gen)
         answer = self.protocol.parse_probe(gen.text)
-        self.rows.append(row)
+        self._append_row(row)
         self.tail = prompt[len(self.context):] + gen.text + self.protocol.answer_close
         if not await self._controller_stops():
             self.final_answer = answer

@@ -26,13 +26,14 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pyarrow as pa
 
 from raypipe.agents import TrajectoryOutput, build_loop, build_protocol
 from raypipe.agents.hooks import StopController
+from raypipe.agents.protocol import AgentProtocol
 from raypipe.core.config import EngineConfig, RunConfig
 from raypipe.core.loopthread import LoopThread
 from raypipe.core.progress import Progress
@@ -87,14 +88,7 @@ class TrajectoryGenerator:
         self._thread.run(self.crash_ledger.engine_starting(self.name))
         started = time.perf_counter()
         engine = (engine_factory or build_engine)(self.config.engine)
-        self.engine: Engine = self._thread.run(engine) if inspect.isawaitable(engine) else engine
-        if agent.enforcement != "none" and not self.engine.supports_regex:
-            raise ValueError(
-                f"agent.enforcement={agent.enforcement} needs structured outputs, which the "
-                f"{self.config.engine.backend} backend does not offer; use engine.backend=vllm or agent.enforcement=none"
-            )
-        # compile the enforcement grammars before real requests (vLLM gives up after a timeout)
-        self._thread.run(self.engine.warmup(self.protocol.enforcement_regexes(agent)))
+        self.engine: Engine = self._thread.run(prepare_engine(engine, self.config, self.protocol))
         self.engine_start_s = time.perf_counter() - started
         self._thread.run(self.crash_ledger.engine_ready(self.name, self.engine_start_s))
         self.engine_info = json.dumps(
@@ -181,6 +175,21 @@ class TrajectoryGenerator:
     def close(self) -> None:
         self._thread.run(self.engine.close())
         self._thread.stop()
+
+
+async def prepare_engine(engine: Engine | Awaitable[Engine], config: RunConfig, protocol: AgentProtocol) -> Engine:
+    """A built engine (awaited when its factory is async), checked against the agent's enforcement and warmed
+    up: the enforcement grammars compile before real requests (vLLM gives up on one after a timeout)."""
+    if inspect.isawaitable(engine):
+        engine = await engine
+    agent = config.agent
+    if agent.enforcement != "none" and not engine.supports_regex:
+        raise ValueError(
+            f"agent.enforcement={agent.enforcement} needs structured outputs, which the "
+            f"{config.engine.backend} backend does not offer; use engine.backend=vllm or agent.enforcement=none"
+        )
+    await engine.warmup(protocol.enforcement_regexes(agent))
+    return engine
 
 
 def crashed_output(question: Question, record: CrashRecord) -> TrajectoryOutput:

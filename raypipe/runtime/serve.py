@@ -108,10 +108,11 @@ class ServeLimits:
 class RequestGate:
     """ASGI middleware in front of the routes: the bearer token, then the body's size, both checked before
     FastAPI reads or parses anything (a body is read up to the limit, never further). ``settings()`` gives
-    the serving replica's ``(token, max_body_bytes)``."""
+    the serving replica's ``(token, max_body_bytes)``; ``body_setting`` names the limit in the 413's detail."""
 
-    def __init__(self, app: Any, settings: Callable[[], tuple[str | None, int]]):
-        self.app, self.settings = app, settings
+    def __init__(self, app: Any, settings: Callable[[], tuple[str | None, int]],
+                 body_setting: str = "retrieval.serve_max_body_bytes"):  # fmt: skip
+        self.app, self.settings, self.body_setting = app, settings, body_setting
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -124,7 +125,7 @@ class RequestGate:
             await JSONResponse({"detail": detail}, 401, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
             return
         too_big = JSONResponse({"detail": f"a request body over this server's limit of {max_bytes:,} bytes "
-                                          "(retrieval.serve_max_body_bytes)"}, 413)  # fmt: skip
+                                          f"({self.body_setting})"}, 413)  # fmt: skip
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > max_bytes:
             await too_big(scope, receive, send)

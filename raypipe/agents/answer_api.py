@@ -1,0 +1,311 @@
+"""The agent service's HTTP contract, without Ray: requests parsed and checked, answers, events and chat replies.
+
+``raypipe serve-agent`` (:mod:`raypipe.runtime.serve_agent`) answers ``POST /v1/answer`` and the
+OpenAI-compatible ``POST /v1/chat/completions`` with one trajectory of the agent loop per request. This
+module says what a request may hold (:class:`AnswerRequest`, :class:`Policy`, :class:`ChatRequest`), refuses
+what it may not with an :class:`ApiError` (an HTTP status and a one-line ``detail``), and builds what goes
+back from the loop's :class:`~raypipe.agents.loop.TrajectoryOutput`: the answer, the stop reason, the
+retrieval iterations, the cost (the trajectory row's cost columns, ``raypipe.core.schema.TRAJECTORY_COSTS``)
+and, on request, the trajectory (queries, the ids of the documents the agent read, reasoning, probed answers
+and the P̂/Û a predictor controller made; null where none did).
+
+A question sent without ``golden_answers`` is not scored: its F1 columns are null in the answer and in the
+request log, never a made-up 0.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from raypipe.agents.loop import TrajectoryOutput
+from raypipe.core.config import PAPER_THETA_P, PAPER_THETA_U, PAPER_THETA_U_STRICT, HeuristicVariant, ServeAgentConfig
+from raypipe.data.loaders import Question
+from raypipe.retrieval.http_client import one_line
+
+NATURAL, HEURISTIC, CAP, STOPRAG = "natural", "heuristic", "cap", "stoprag"
+POLICIES = (NATURAL, HEURISTIC, CAP, STOPRAG)
+# Named (θ_P, θ_U) pairs a heuristic policy may ask for; without a preset or thetas: the server's stopping.theta_*.
+THRESHOLD_PRESETS = {"paper": (PAPER_THETA_P, PAPER_THETA_U), "paper_strict": (PAPER_THETA_P, PAPER_THETA_U_STRICT)}
+VARIANT_NAMES = get_args(HeuristicVariant)
+UNSCORED_GOLDS = [""]  # what the loop scores an unscored question against; its scores are then dropped
+SCORE_COLUMNS = ("probe_f1", "utility")
+
+
+class ApiError(Exception):
+    """A request answered with HTTP ``status`` and a one-line ``detail`` instead of an answer."""
+
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None):
+        super().__init__(detail)
+        self.status, self.detail, self.headers = status, detail, headers or {}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Policy(_Strict):
+    """How the request's trajectory may stop early (``"cap"`` alone is short for ``{"name": "cap"}``)."""
+
+    name: str = NATURAL
+    theta_p: float | None = None
+    theta_u: float | None = None
+    preset: str | None = None
+    variant: str | None = None
+    k: int | None = Field(default=None, ge=0)
+
+    def label(self) -> str:
+        """How answers and metrics name it."""
+        if self.name == CAP:
+            return f"cap{self.k}"
+        return self.name
+
+
+class AnswerRequest(_Strict):
+    question: str
+    policy: Policy = Field(default_factory=Policy)
+    max_turns: int | None = Field(default=None, ge=1)
+    return_trajectory: bool = False
+    stream: bool = False
+    golden_answers: list[str] | None = None  # scores the answer and the probes (F1), as in a probe run
+    dataset: str = "serve"  # the dataset name the rows carry (per-dataset thresholds, the question type)
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_by_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    @property
+    def scored(self) -> bool:
+        return bool(self.golden_answers)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):  # OpenAI's content parts: the text parts joined
+            return "".join(str(part.get("text", "")) for part in self.content if part.get("type") == "text")
+        return self.content or ""
+
+
+class ChatRequest(BaseModel):
+    """An OpenAI chat request; fields raypipe does not use (temperature, max_tokens, ...) are ignored: the
+    server's agent settings decide. ``policy`` and ``max_turns`` are raypipe's extras."""
+
+    model_config = ConfigDict(extra="allow")
+
+    messages: list[ChatMessage]
+    model: str | None = None
+    stream: bool = False
+    policy: Policy = Field(default_factory=Policy)
+    max_turns: int | None = Field(default=None, ge=1)
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_by_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    def answer_request(self) -> AnswerRequest:
+        """The last user message as the question, the trajectory returned (the reply's extra field)."""
+        questions = [m.text() for m in self.messages if m.role == "user"]
+        if not questions:
+            raise ApiError(422, "messages holds no user message: the last one is the question")
+        return AnswerRequest(question=questions[-1], policy=self.policy, max_turns=self.max_turns,
+                             return_trajectory=True)
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the body is not JSON: {one_line(str(exc))}") from None
+    if not isinstance(data, dict):
+        raise ApiError(422, "the body must be a JSON object")
+    return data
+
+
+def _validation_detail(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "body"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    if first["type"] == "extra_forbidden":
+        return f"{where}: unknown field{more}"
+    return f"{where}: {one_line(first['msg'])}{more}"
+
+
+def parse_answer_request(body: bytes, limits: ServeAgentConfig) -> AnswerRequest:
+    """``POST /v1/answer``'s body, checked (:class:`ApiError` with a one-line detail otherwise)."""
+    try:
+        request = AnswerRequest.model_validate(_json_object(body))
+    except ValidationError as exc:
+        raise ApiError(422, _validation_detail(exc)) from None
+    check_request(request, limits)
+    return request
+
+
+def parse_chat_request(body: bytes, limits: ServeAgentConfig) -> tuple[ChatRequest, AnswerRequest]:
+    """``POST /v1/chat/completions``'s body and the answer request it stands for."""
+    try:
+        chat = ChatRequest.model_validate(_json_object(body))
+    except ValidationError as exc:
+        raise ApiError(422, _validation_detail(exc)) from None
+    request = chat.answer_request()
+    check_request(request, limits)
+    return chat, request
+
+
+def check_request(request: AnswerRequest, limits: ServeAgentConfig) -> None:
+    """What the models cannot say alone: a question to answer, within the server's limits, and a policy it knows
+    with only the settings that policy takes."""
+    request.question = request.question.strip()
+    if not request.question:
+        raise ApiError(422, "question is empty")
+    if len(request.question) > limits.max_question_chars:
+        raise ApiError(422, f"question has {len(request.question)} characters, over this server's limit of "
+                            f"{limits.max_question_chars} (serve_agent.max_question_chars)")  # fmt: skip
+    if request.max_turns is not None and request.max_turns > limits.max_turns_limit:
+        raise ApiError(422, f"max_turns {request.max_turns} is over this server's limit of {limits.max_turns_limit} "
+                            "(serve_agent.max_turns_limit)")  # fmt: skip
+    if request.golden_answers is not None and not any(g.strip() for g in request.golden_answers):
+        raise ApiError(422, "golden_answers is empty: leave it out for an unscored question")
+    check_policy(request.policy)
+
+
+def check_policy(policy: Policy) -> None:
+    if policy.name not in POLICIES:
+        raise ApiError(400, f"unknown policy {policy.name!r}: this server knows {', '.join(POLICIES)}")
+    given = {name for name in ("theta_p", "theta_u", "preset", "variant", "k") if getattr(policy, name) is not None}
+    takes = {HEURISTIC: {"theta_p", "theta_u", "preset", "variant"}, CAP: {"k"}}.get(policy.name, set())
+    if given - takes:
+        raise ApiError(422, f"policy {policy.name} takes no {', '.join(sorted(given - takes))}"
+                            + (f" (it takes {', '.join(sorted(takes))})" if takes else ""))  # fmt: skip
+    if policy.name == CAP and policy.k is None:
+        raise ApiError(422, "policy cap needs k: the retrieval iterations it allows (0: answer before any search)")
+    if policy.preset is not None and policy.preset not in THRESHOLD_PRESETS:
+        raise ApiError(422, f"unknown preset {policy.preset!r}: one of {', '.join(THRESHOLD_PRESETS)}")
+    if policy.variant is not None and policy.variant not in VARIANT_NAMES:
+        raise ApiError(422, f"unknown variant {policy.variant!r}: one of {', '.join(VARIANT_NAMES)}")
+
+
+def request_question(request: AnswerRequest, qid: str) -> Question:
+    """The loop's question: a unique ``qid`` per request (controllers keep per-trajectory state by qid)."""
+    golds = list(request.golden_answers) if request.scored else list(UNSCORED_GOLDS)
+    return Question(qid=qid, dataset=request.dataset, question=request.question, golden_answers=golds)
+
+
+def drop_scores(output: TrajectoryOutput) -> TrajectoryOutput:
+    """An unscored question's output: its F1 columns null and no golden answers (what the rows say is true)."""
+    trajectory = {**output.trajectory, "golden_answers": [], "final_f1": None}
+    iterations = [{**row, **dict.fromkeys(SCORE_COLUMNS)} for row in output.iterations]
+    return TrajectoryOutput(trajectory, iterations)
+
+
+Predictions = dict[int, tuple[float, float]]  # iteration -> (P̂, Û), as a predictor controller made them
+
+
+@dataclass
+class Answer:
+    """One answered request: the loop's output (scores dropped when unscored) and how it stopped."""
+
+    request: AnswerRequest
+    output: TrajectoryOutput
+    policy: str  # the policy as run, e.g. heuristic(θ_P=0.3, θ_U=0.2, paper)
+    predictions: Predictions
+    visible: int  # documents the agent read per search
+    iterations_saved: int  # searching turns the limit allowed that a controller's stop left unrun
+
+
+def cost(trajectory: dict[str, Any]) -> dict[str, Any]:
+    """The trajectory's cost: tokens (prompt, of which cached and prefilled; generated by the turns and probes)
+    and seconds (retrieval, engine queue and engine, wall), searches a controller made moot."""
+    turn, probe = trajectory["tokens_generated"] or 0, trajectory["probe_tokens"] or 0
+    return {
+        "prompt_tokens": trajectory["prompt_tokens"],
+        "cached_tokens": trajectory["cached_tokens"],
+        "prefilled_tokens": trajectory["prefilled_tokens"],
+        "generated_tokens": turn + probe,
+        "turn_tokens": turn,
+        "probe_tokens": probe,
+        "retrieval_s": trajectory["retrieval_s"],
+        "queue_s": trajectory["queue_s"],
+        "engine_s": trajectory["engine_s"],
+        "wall_s": trajectory["wall_s"],
+        "searches_dropped": trajectory["searches_dropped"],
+    }
+
+
+def iteration_view(row: dict[str, Any], visible: int, prediction: tuple[float, float] | None = None) -> dict[str, Any]:
+    """One iteration as the API shows it (a streamed event, an entry of the trajectory)."""
+    return {
+        "iteration": row["iteration"],
+        "query": row["query"],
+        "doc_ids": None if row["doc_ids"] is None else list(row["doc_ids"][:visible]),
+        "reasoning": row["reasoning"],
+        "probe_answer": row["probe_answer"],
+        "probe_f1": row["probe_f1"],
+        "p_hat": None if prediction is None else prediction[0],
+        "u_hat": None if prediction is None else prediction[1],
+    }
+
+
+def answer_body(answer: Answer) -> dict[str, Any]:
+    """``POST /v1/answer``'s reply (the last event of a stream)."""
+    trajectory = answer.output.trajectory
+    body = {
+        "qid": trajectory["qid"],
+        "answer": trajectory["final_answer"],
+        "stop_reason": trajectory["stop_reason"],
+        "error": trajectory["error"],
+        "iterations": trajectory["n_iterations"],
+        "iterations_saved": answer.iterations_saved,
+        "policy": answer.policy,
+        "f1": trajectory["final_f1"],
+        "cost": cost(trajectory),
+    }
+    if answer.request.return_trajectory:
+        body["trajectory"] = {
+            "iterations": [iteration_view(r, answer.visible, answer.predictions.get(r["iteration"]))
+                           for r in answer.output.iterations],  # fmt: skip
+            "transcript": trajectory["transcript"],
+        }
+    return body
+
+
+def chat_body(body: dict[str, Any], model: str, reply_id: str, created: int) -> dict[str, Any]:
+    """The OpenAI ``chat.completion`` for an answer: the final answer as the message, raypipe's reply (the
+    trajectory included) under ``raypipe``."""
+    spent = body["cost"]
+    return {
+        "id": reply_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": body["answer"] or ""},
+                     "finish_reason": "stop"}],  # fmt: skip
+        "usage": {"prompt_tokens": spent["prompt_tokens"], "completion_tokens": spent["generated_tokens"],
+                  "total_tokens": spent["prompt_tokens"] + spent["generated_tokens"]},  # fmt: skip
+        "raypipe": body,
+    }
+
+
+def chat_chunks(reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """A ``chat.completion`` as OpenAI's stream sends it: the role, the content, the finish (with raypipe's extra)."""
+    base = {k: reply[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    content = reply["choices"][0]["message"]["content"]
+    deltas = [({"role": "assistant"}, None), ({"content": content}, None), ({}, "stop")]
+    chunks = [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": f}]} for d, f in deltas]
+    chunks[-1]["raypipe"] = reply["raypipe"]
+    return chunks
+
+
+def sse(data: dict[str, Any] | str, event: str | None = None) -> str:
+    """One server-sent event (``data`` as JSON unless it is a string already)."""
+    text = data if isinstance(data, str) else json.dumps(data)
+    return (f"event: {event}\n" if event else "") + f"data: {text}\n\n"

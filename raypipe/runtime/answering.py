@@ -1,0 +1,229 @@
+"""The body of a ``raypipe serve-agent`` replica, without Ray: one engine, one retriever, a trajectory per request.
+
+:class:`AgentAnswerer` starts its engine as a probe generation actor does (the same factory and warm-up,
+:func:`~raypipe.runtime.generation.prepare_engine`) and answers each request with the probe job's own loop
+(:func:`~raypipe.agents.factory.build_loop`), built per request for its stopping policy and turn limit, so
+every request in flight shares the engine (vLLM batches them continuously) and the retriever. Each request's
+question gets a unique qid: controllers that keep per-trajectory state key it by qid.
+
+:class:`PolicyBook` turns a request's :class:`~raypipe.agents.answer_api.Policy` into a controller: natural
+(none), Cap@k (:class:`~raypipe.stopping.cap_online.CapController`), the 4-state heuristic
+(:class:`~raypipe.stopping.online.OnlineController` with the request's thresholds, on the one predictor bundle
+the replica loaded, its P̂/Û recorded for the answer) and Stop-RAG (the replica's Q-network). A policy whose
+bundle the server did not load is a 400.
+
+:class:`RequestLog` (``--log-run RUN_DIR``) writes every answered request as rows of the probe job's
+``trajectories/`` and ``iterations/`` tables (:func:`~raypipe.runtime.generation.write_batch`, one part per
+request) under the run files the probe job writes, so the later stages read the log as a probe run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raypipe.agents import build_loop, build_protocol, visible_docs
+from raypipe.agents.answer_api import (
+    CAP,
+    HEURISTIC,
+    NATURAL,
+    SCORE_COLUMNS,
+    STOPRAG,
+    THRESHOLD_PRESETS,
+    Answer,
+    AnswerRequest,
+    ApiError,
+    Policy,
+    Predictions,
+    drop_scores,
+    request_question,
+)
+from raypipe.agents.hooks import StopController
+from raypipe.agents.loop import IterationObserver, TrajectoryOutput
+from raypipe.agents.probe_run import INFO_FILE, check_resumable, resolve_config, run_info
+from raypipe.core.config import EngineConfig, RunConfig, StoppingConfig
+from raypipe.core.rundir import RunDir
+from raypipe.core.schema import STOP_CONTROLLER
+from raypipe.llm.base import Engine
+from raypipe.llm.factory import build_engine
+from raypipe.retrieval.types import Retriever
+from raypipe.runtime.cluster import current_node_id
+from raypipe.runtime.generation import prepare_engine, to_table, write_batch
+from raypipe.stopping.cap_online import CapController
+from raypipe.stopping.heuristic import VARIANTS, Thresholds
+from raypipe.stopping.online import OnlineController, Predictor
+
+log = logging.getLogger(__name__)
+
+
+class RecordingPredictor:
+    """One request's view of the replica's shared predictor bundle: one prediction at a time (the bundle is not
+    meant for concurrent use), each recorded by iteration for the request's answer."""
+
+    def __init__(self, shared: Predictor, lock: threading.Lock, record: Predictions):
+        self.shared, self.lock, self.record = shared, lock, record
+
+    def predict(self, history_rows: list[dict[str, Any]], question: str) -> tuple[float, float]:
+        with self.lock:
+            p_hat, u_hat = self.shared.predict(history_rows, question)
+        self.record[int(history_rows[-1]["iteration"])] = (float(p_hat), float(u_hat))
+        return p_hat, u_hat
+
+
+class PolicyBook:
+    """The stopping policies a replica offers (module docstring). ``predictor``: the heuristic's bundle
+    (``--controller``); ``stoprag``: the Stop-RAG controller (``--stoprag``); ``stopping``: the server's
+    default thresholds and variant."""
+
+    def __init__(self, stopping: StoppingConfig, predictor: Predictor | None = None,
+                 stoprag: StopController | None = None):  # fmt: skip
+        self.stopping, self.predictor, self.stoprag = stopping, predictor, stoprag
+        self._lock = threading.Lock()
+
+    def check(self, policy: Policy) -> None:
+        """A 400 for a policy this server does not offer (its bundle not loaded)."""
+        if policy.name not in self.offered():
+            needs = {STOPRAG: "a Stop-RAG Q-network (start the server with --stoprag PATH)",
+                     HEURISTIC: "a predictor bundle (start the server with --controller BUNDLE)"}  # fmt: skip
+            needs = needs.get(policy.name)
+            raise ApiError(400, f"policy {policy.name} needs {needs}, which this server has not loaded" if needs
+                           else f"unknown policy {policy.name!r}")  # fmt: skip
+
+    def controller(self, policy: Policy) -> tuple[StopController | None, str, Predictions]:
+        """The controller of one request's policy, the policy as run, and where its predictions are recorded."""
+        self.check(policy)
+        predictions: Predictions = {}
+        if policy.name == NATURAL:
+            return None, NATURAL, predictions
+        if policy.name == CAP:
+            return CapController(policy.k), policy.label(), predictions
+        if policy.name == STOPRAG:
+            return self.stoprag, STOPRAG, predictions
+        theta_p, theta_u = THRESHOLD_PRESETS.get(policy.preset, (self.stopping.theta_p, self.stopping.theta_u))
+        thresholds = Thresholds(theta_p if policy.theta_p is None else policy.theta_p,
+                                theta_u if policy.theta_u is None else policy.theta_u)  # fmt: skip
+        variant = policy.variant or self.stopping.variant
+        recorder = RecordingPredictor(self.predictor, self._lock, predictions)
+        controller = OnlineController(None, thresholds, VARIANTS[variant], predictor_factory=lambda: recorder)
+        label = f"heuristic(theta_p={thresholds.theta_p:g}, theta_u={thresholds.theta_u:g}, {variant})"
+        return controller, label, predictions
+
+    def offered(self) -> list[str]:
+        return [NATURAL, CAP, *([HEURISTIC] if self.predictor is not None else []),
+                *([STOPRAG] if self.stoprag is not None else [])]  # fmt: skip
+
+
+class RequestLog:
+    """Answered requests as a probe run's tables in ``run_dir`` (module docstring); one part per request."""
+
+    def __init__(self, run_dir: RunDir, config: RunConfig, engine_json: str):
+        check_resumable(config, run_dir)  # a log of other agent/engine/retrieval settings is refused
+        run_dir.path.mkdir(parents=True, exist_ok=True)
+        run_dir.write_config(resolve_config(config))
+        service = {"command": "raypipe serve-agent", "deployment": config.serve_agent.deployment}
+        info = {**run_info(config), "service": service}
+        (run_dir.path / INFO_FILE).write_text(yaml.safe_dump(info, sort_keys=False))
+        self.run_dir, self.engine_json = run_dir, engine_json
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+        self.prefix = f"part-{stamp}-{uuid.uuid4().hex[:8]}"  # replicas write side by side
+        self.written = 0
+
+    def write(self, output: TrajectoryOutput) -> None:
+        self.written += 1
+        write_batch(self.run_dir, to_table([output], self.engine_json), f"{self.prefix}-{self.written:06d}")
+
+
+class AgentAnswerer:
+    """One replica's answers (module docstring); build it with :meth:`start`."""
+
+    def __init__(self, config: RunConfig, engine: Engine, retriever: Retriever, policies: PolicyBook,
+                 request_log: RequestLog | None = None):  # fmt: skip
+        self.config, self.engine, self.retriever, self.policies = config, engine, retriever, policies
+        self.request_log = request_log
+        self.protocol = build_protocol(config.agent)
+        self.visible = visible_docs(config, self.protocol)
+
+    @classmethod
+    async def start(cls, config: RunConfig, retriever: Retriever, policies: PolicyBook,
+                    engine_factory: Callable[[EngineConfig], Engine] | None = None,
+                    log_run: str | Path | None = None) -> AgentAnswerer:  # fmt: skip
+        """Start the engine (in a worker thread: vLLM's start blocks) and warm it up as a generation actor does."""
+        built = await asyncio.to_thread(engine_factory or build_engine, config.engine)
+        engine = await prepare_engine(built, config, build_protocol(config.agent))
+        request_log = None
+        if log_run is not None:
+            engine_json = json.dumps({**engine.describe(), "node_id": current_node_id()})
+            request_log = await asyncio.to_thread(RequestLog, RunDir(log_run), config, engine_json)
+        return cls(config, engine, retriever, policies, request_log)
+
+    def config_for(self, request: AnswerRequest) -> RunConfig:
+        """The config a request runs under: the server's, with the request's ``max_turns``."""
+        if request.max_turns is None:
+            return self.config
+        agent = self.config.agent.model_copy(update={"max_turns": request.max_turns})
+        return self.config.model_copy(update={"agent": agent})
+
+    async def answer(self, request: AnswerRequest, observer: IterationObserver | None = None) -> Answer:
+        """One trajectory for ``request`` (``observer`` is told of each iteration row as it is added); the row
+        is written to the request log, if any, before the answer returns."""
+        controller, policy, predictions = self.policies.controller(request.policy)
+        config = self.config_for(request)
+        loop = build_loop(config, self.engine, self.retriever, self.protocol, controller)
+        question = request_question(request, f"serve-{uuid.uuid4().hex}")
+        if observer is not None and not request.scored:
+            told = observer
+            observer = lambda row: told({**row, **dict.fromkeys(SCORE_COLUMNS)})  # noqa: E731
+        output = await loop.run(question, observer)
+        if not request.scored:
+            output = drop_scores(output)
+        if self.request_log is not None:
+            await asyncio.to_thread(self.request_log.write, output)
+        searching = self.protocol.turn_plan(config.agent)[1]
+        trajectory = output.trajectory
+        saved = max(searching - trajectory["n_iterations"], 0) if trajectory["stop_reason"] == STOP_CONTROLLER else 0
+        return Answer(request, output, policy, predictions, self.visible, saved)
+
+    def describe(self) -> dict[str, Any]:
+        """What ``/health`` shows of the replica's engine, agent and policies."""
+        return {"engine": self.engine.describe(), "protocol": self.protocol.name,
+                "max_turns": self.protocol.turn_limit(self.config.agent), "documents_read": self.visible,
+                "policies": self.policies.offered(),
+                "request_log": None if self.request_log is None else str(self.request_log.run_dir.path)}  # fmt: skip
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+class Admission:
+    """The bound on questions in flight on one replica: a request past it is refused at once (429), never queued
+    behind the engine's work (Serve's own queue, ``serve_agent.max_queued``, holds the ones not yet routed)."""
+
+    def __init__(self, limit: int):
+        self.limit, self.in_flight = limit, 0
+
+    def enter(self) -> None:
+        if self.in_flight >= self.limit:
+            raise ApiError(429, f"this replica is answering {self.in_flight} questions, its limit "
+                                "(serve_agent.max_in_flight): retry later", {"Retry-After": "1"})  # fmt: skip
+        self.in_flight += 1
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+
+async def within_deadline(work, timeout_s: float):
+    """``work``'s result, or a 408 :class:`ApiError` after ``timeout_s`` (the trajectory is cancelled: its engine
+    requests are aborted)."""
+    try:
+        return await asyncio.wait_for(work, timeout_s)
+    except asyncio.TimeoutError:  # TimeoutError itself only from Python 3.11
+        raise ApiError(408, f"no answer within {timeout_s:g} s (serve_agent.timeout_s)") from None

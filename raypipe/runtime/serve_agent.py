@@ -1,0 +1,295 @@
+"""The agent loop as a Ray Serve application (``raypipe serve-agent``): a question in, one trajectory, the answer out.
+
+``deploy_agent(config, index_path, host, port, ...)`` runs the application ``serve_agent.deployment``:
+``serve_agent.replicas`` replicas (or Serve's autoscaling with ``serve_agent.autoscaling``), each with
+``serve_agent.num_cpus`` / ``num_gpus`` / ``resources``, each holding one engine and one retriever
+(:class:`~raypipe.runtime.answering.AgentAnswerer`: the probe job's engine start and loop; retrieval through
+``retrieval.backend``: retrieval actors the replica starts over the index, a ``serve-retrieval`` deployment,
+or a Search-R1 ``/retrieve`` URL), behind Serve's HTTP proxy at ``http://HOST:PORT``:
+
+- ``POST /v1/answer``: :mod:`raypipe.agents.answer_api`'s request and reply; ``"stream": true`` answers with
+  server-sent events: one ``iteration`` event per iteration row, then ``answer`` (or ``error``).
+- ``POST /v1/chat/completions``: OpenAI's chat request (the last user message is the question) and reply
+  (the answer as the message, raypipe's reply under ``raypipe``), streamed as OpenAI streams on request;
+  ``GET /v1/models``.
+- ``GET /health`` (the replica, its engine, policies, limits and counts) and ``GET /ready`` (503 while the
+  replica is full).
+
+Limits: a replica answers at most ``serve_agent.max_in_flight`` questions at once and refuses more at once
+with 429 (``Retry-After``); Serve holds at most ``serve_agent.max_queued`` requests not yet routed and
+refuses more with 503; a question past ``serve_agent.timeout_s`` gets 408 and its trajectory is cancelled;
+bodies over ``serve_agent.max_body_bytes`` get 413 before they are read. With a token (``--token`` or
+:data:`~raypipe.retrieval.http_client.TOKEN_ENV`, as ``serve-retrieval``) every request needs
+``Authorization: Bearer TOKEN``. Bad requests get a 4xx whose JSON ``detail`` is one line.
+
+Metrics (Ray's Prometheus export, through ``ray.serve.metrics``): ``raypipe_agent_requests`` (by policy and
+outcome), ``raypipe_agent_iterations``, ``raypipe_agent_iterations_saved`` (searching turns the limit allowed
+that a controller's stop left unrun), ``raypipe_agent_tokens`` (by kind), ``raypipe_agent_latency_s``,
+``raypipe_agent_in_flight``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import Counter as Tally
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+from ray.serve.exceptions import RayServeException
+from ray.serve.metrics import Counter, Gauge, Histogram
+
+from raypipe.agents.answer_api import (
+    Answer,
+    AnswerRequest,
+    ApiError,
+    answer_body,
+    chat_body,
+    chat_chunks,
+    iteration_view,
+    parse_answer_request,
+    parse_chat_request,
+    sse,
+)
+from raypipe.agents.loop import IterationObserver
+from raypipe.core.config import EngineConfig, RunConfig
+from raypipe.llm.base import Engine
+from raypipe.retrieval.http_client import TOKEN_ENV, one_line
+from raypipe.retrieval.types import Retriever
+from raypipe.runtime.answering import Admission, AgentAnswerer, PolicyBook, within_deadline
+from raypipe.runtime.retrieval import open_retrieval
+from raypipe.runtime.serve import LOOPBACK, RequestGate, replica_gate
+
+HEADROOM = 8  # Serve lets this many requests more than max_in_flight reach a replica: /health, /ready, the 429s
+LATENCY_BUCKETS = [1, 2, 5, 10, 20, 30, 60, 120, 300, 600]
+
+log = logging.getLogger(__name__)
+
+api = FastAPI(title="raypipe agent", description="Questions answered by raypipe's agent loop, with early stopping")
+api.add_middleware(RequestGate, settings=replica_gate, body_setting="serve_agent.max_body_bytes")
+
+
+@api.exception_handler(ApiError)
+async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
+    return JSONResponse({"detail": exc.detail}, exc.status, exc.headers)
+
+
+def load_policies(config: RunConfig, controller: str | None, stoprag: str | None) -> PolicyBook:
+    """The replica's policies: the predictor bundle at ``controller`` and the Q-network at ``stoprag`` loaded
+    (both optional; imported here, as they pull in torch and the feature extractors)."""
+    predictor = stoprag_controller = None
+    if controller is not None:
+        from raypipe.stopping.online import load_bundle_predictor
+
+        predictor = load_bundle_predictor(controller, config)
+    if stoprag is not None:
+        from raypipe.stoprag.qnet import StopRagController
+
+        stoprag_controller = StopRagController(stoprag)
+    return PolicyBook(config.stopping, predictor, stoprag_controller)
+
+
+class ServiceMetrics:
+    """The replica's Prometheus metrics (module docstring) and the same counts for ``/health``."""
+
+    def __init__(self):
+        self.requests = Counter("raypipe_agent_requests", "Questions by policy and outcome", ("policy", "outcome"))
+        self.iterations = Counter("raypipe_agent_iterations", "Retrieval iterations run", ("policy",))
+        self.saved = Counter("raypipe_agent_iterations_saved",
+                             "Searching turns a controller's stop left unrun, of those the turn limit allowed",
+                             ("policy",))  # fmt: skip
+        self.tokens = Counter("raypipe_agent_tokens", "Engine tokens by kind (prompt, cached, generated)", ("kind",))
+        self.latency = Histogram("raypipe_agent_latency_s", "Seconds from arrival to answer", LATENCY_BUCKETS,
+                                 ("policy",))  # fmt: skip
+        self.in_flight = Gauge("raypipe_agent_in_flight", "Questions being answered")
+        self.counts: Tally[str] = Tally()
+
+    def answered(self, answer: Answer, seconds: float) -> None:
+        policy, trajectory = answer.request.policy.name, answer.output.trajectory
+        self.outcome(policy, "answered")
+        generated = (trajectory["tokens_generated"] or 0) + (trajectory["probe_tokens"] or 0)
+        for counter, value, tags in (
+            (self.iterations, trajectory["n_iterations"], {"policy": policy}),
+            (self.saved, answer.iterations_saved, {"policy": policy}),
+            (self.tokens, trajectory["prompt_tokens"], {"kind": "prompt"}),
+            (self.tokens, trajectory["cached_tokens"], {"kind": "cached"}),
+            (self.tokens, generated, {"kind": "generated"}),
+        ):
+            if value:  # a Ray counter takes positive steps only (null: a backend that does not report it)
+                counter.inc(value, tags)
+        self.latency.observe(seconds, {"policy": policy})
+        self.counts.update({"iterations": trajectory["n_iterations"], "iterations_saved": answer.iterations_saved,
+                            "generated_tokens": generated})  # fmt: skip
+
+    def outcome(self, policy: str, outcome: str) -> None:
+        self.requests.inc(1, {"policy": policy, "outcome": outcome})
+        self.counts[outcome] += 1
+
+
+@serve.deployment
+@serve.ingress(api)
+class AgentDeployment:
+    """One replica: an :class:`AgentAnswerer` behind the routes, its admission bound and its metrics."""
+
+    async def __init__(self, config: dict[str, Any], index_path: str | None, token: str | None = None,
+                       controller: str | None = None, stoprag: str | None = None, log_run: str | None = None,
+                       engine_factory: Callable[[EngineConfig], Engine] | None = None,
+                       retriever: Retriever | None = None):  # fmt: skip
+        self.config = RunConfig.model_validate(config)
+        self.limits, self.token = self.config.serve_agent, token  # replica_gate reads both
+        if retriever is None:
+            retriever = await asyncio.to_thread(open_retrieval, self.config, lambda _config: Path(str(index_path)))
+        policies = await asyncio.to_thread(load_policies, self.config, controller, stoprag)
+        self.answerer = await AgentAnswerer.start(self.config, retriever, policies, engine_factory, log_run)
+        self.admission = Admission(self.limits.max_in_flight)
+        self.metrics = ServiceMetrics()
+
+    @api.post("/v1/answer")
+    async def answer(self, request: Request) -> Any:
+        parsed = parse_answer_request(await request.body(), self.limits)
+        if parsed.stream:
+            rows: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+            work = self._admitted(parsed, rows.put_nowait)  # refused (429, 400) before the stream starts
+            return StreamingResponse(self._events(work, rows), media_type="text/event-stream")
+        return answer_body(await self._admitted(parsed))
+
+    @api.post("/v1/chat/completions")
+    async def chat(self, request: Request) -> Any:
+        chat, parsed = parse_chat_request(await request.body(), self.limits)
+        reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if chat.stream:
+            work = self._admitted(parsed, None)
+
+            async def chunks() -> AsyncIterator[str]:
+                try:
+                    reply = chat_body(answer_body(await work), self.limits.model_name, reply_id, created)
+                except ApiError as exc:
+                    yield sse({"error": {"message": exc.detail, "code": exc.status}})
+                    return
+                for chunk in chat_chunks(reply):
+                    yield sse(chunk)
+                yield sse("[DONE]")
+
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+        return chat_body(answer_body(await self._admitted(parsed)), self.limits.model_name, reply_id, created)
+
+    @api.get("/v1/models")
+    async def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": self.limits.model_name, "object": "model", "owned_by": "raypipe"}]}
+
+    @api.get("/health")
+    async def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "replica": serve.get_replica_context().replica_id.unique_id,
+            **self.answerer.describe(),
+            "in_flight": self.admission.in_flight,
+            "counts": dict(self.metrics.counts),
+            "limits": {k: v for k, v in self.limits.model_dump().items()
+                       if k in ("max_in_flight", "max_queued", "timeout_s", "max_body_bytes", "max_question_chars",
+                                "max_turns_limit")},  # fmt: skip
+            "token": self.token is not None,
+        }
+
+    @api.get("/ready")
+    async def ready(self) -> JSONResponse:
+        full = self.admission.in_flight >= self.limits.max_in_flight
+        return JSONResponse({"ready": not full, "in_flight": self.admission.in_flight}, 503 if full else 200)
+
+    def _admitted(self, parsed: AnswerRequest, observer: IterationObserver | None = None) -> asyncio.Future:
+        """Check the policy is offered (400), take an in-flight slot (429 when none is left) and start the request's
+        trajectory, which gives the slot back when it ends however it ends (a stream's client may never read it)."""
+        try:
+            self.answerer.policies.check(parsed.policy)
+            self.admission.enter()
+        except ApiError:
+            self.metrics.outcome(parsed.policy.name, "rejected")
+            raise
+        self.metrics.in_flight.set(self.admission.in_flight)
+        return asyncio.ensure_future(self._run(parsed, observer))
+
+    async def reset_prefix_cache(self) -> bool:
+        """Handle call (benchmarks): empty the engine's prefix cache, so no run inherits another's."""
+        return await self.answerer.engine.reset_prefix_cache()
+
+    async def _run(self, parsed: AnswerRequest, observer: IterationObserver | None) -> Answer:
+        started = time.monotonic()
+        try:
+            answer = await within_deadline(self.answerer.answer(parsed, observer), self.limits.timeout_s)
+        except ApiError as exc:
+            self.metrics.outcome(parsed.policy.name, "timeout" if exc.status == 408 else "refused")
+            raise
+        except Exception:
+            self.metrics.outcome(parsed.policy.name, "error")
+            raise
+        finally:
+            self.admission.leave()
+            self.metrics.in_flight.set(self.admission.in_flight)
+        self.metrics.answered(answer, time.monotonic() - started)
+        return answer
+
+    async def _events(self, work: asyncio.Future, rows: asyncio.Queue) -> AsyncIterator[str]:
+        """The stream of one admitted request: its iteration rows as they come, then the answer (or the error)."""
+        work.add_done_callback(lambda _: rows.put_nowait(None))
+        try:
+            while (row := await rows.get()) is not None:
+                yield sse(iteration_view(row, self.answerer.visible), "iteration")
+            try:
+                yield sse(answer_body(await work), "answer")
+            except ApiError as exc:
+                yield sse({"status": exc.status, "detail": exc.detail}, "error")
+            except Exception as exc:  # noqa: BLE001 - the stream has begun (200): its last event says what failed
+                yield sse({"status": 500, "detail": one_line(f"{type(exc).__name__}: {exc}")}, "error")
+        finally:
+            work.cancel()  # the client went away: the trajectory stops (a finished one is not affected)
+
+
+def agent_app(config: RunConfig, index_path: str | Path | None, token: str | None = None, controller: str | None = None,
+              stoprag: str | None = None, log_run: str | None = None,
+              engine_factory: Callable[[EngineConfig], Engine] | None = None,
+              retriever: Retriever | None = None):  # fmt: skip
+    """The Serve application; ``engine_factory`` and ``retriever`` (tests, benchmarks) must pickle."""
+    cfg = config.serve_agent
+    options: dict[str, Any] = {
+        "ray_actor_options": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "resources": cfg.resources},
+        "max_ongoing_requests": cfg.max_in_flight + HEADROOM,
+        "max_queued_requests": cfg.max_queued,
+        "logging_config": {"enable_access_log": False},
+    }
+    if cfg.autoscaling is not None:
+        options["autoscaling_config"] = cfg.autoscaling
+    else:
+        options["num_replicas"] = cfg.replicas
+    return AgentDeployment.options(**options).bind(
+        config.model_dump(mode="json"), None if index_path is None else str(index_path), token, controller, stoprag,
+        None if log_run is None else str(Path(log_run).resolve()), engine_factory, retriever,
+    )  # fmt: skip
+
+
+def deploy_agent(config: RunConfig, index_path: str | Path | None, host: str = "127.0.0.1", port: int = 8000,
+                 token: str | None = None, **app_args: Any) -> str:  # fmt: skip
+    """Start Serve's HTTP proxy at ``host:port`` (on the connected Ray), run the application and wait until every
+    replica has started its engine; returns the base URL. ``app_args``: :func:`agent_app`'s."""
+    if host not in LOOPBACK and not token:
+        log.warning("listening on %s without a token: anyone who can reach port %d can spend this server's engine; "
+                    "set --token or %s", host, port, TOKEN_ENV)  # fmt: skip
+    serve.start(http_options={"host": host, "port": port})
+    cfg = config.serve_agent
+    serve.run(agent_app(config, index_path, token, **app_args), name=cfg.deployment, route_prefix=cfg.route_prefix)
+    return f"http://{host}:{port}{cfg.route_prefix.rstrip('/')}"
+
+
+def undeploy_agent(config: RunConfig) -> None:
+    """Delete the application, then Serve itself (its proxy and controller) if nothing else runs on it."""
+    try:
+        serve.delete(config.serve_agent.deployment)
+    except RayServeException:  # Serve never started (the deployment failed first): nothing to delete
+        return
+    if not serve.status().applications:
+        serve.shutdown()
