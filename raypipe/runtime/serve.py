@@ -349,9 +349,13 @@ def deploy_retrieval(config: RunConfig, index_path: str | Path, host: str = "127
 
 
 def undeploy_retrieval(config: RunConfig) -> None:
-    """Delete the application, then Serve itself (its proxy and controller) if nothing else runs on it."""
+    undeploy_app(config.retrieval.deployment)
+
+
+def undeploy_app(name: str) -> None:
+    """Delete the Serve application ``name``, then Serve itself (its proxy and controller) if nothing else runs on it."""
     try:
-        serve.delete(config.retrieval.deployment)
+        serve.delete(name)
     except RayServeException:  # Serve never started (the deployment failed first): nothing to delete
         return
     if not serve.status().applications:

@@ -42,7 +42,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
-from ray.serve.exceptions import RayServeException
 from ray.serve.metrics import Counter, Gauge, Histogram
 
 from raypipe.agents.answer_api import (
@@ -64,7 +63,7 @@ from raypipe.retrieval.http_client import TOKEN_ENV, one_line
 from raypipe.retrieval.types import Retriever
 from raypipe.runtime.answering import Admission, AgentAnswerer, PolicyBook, within_deadline
 from raypipe.runtime.retrieval import open_retrieval
-from raypipe.runtime.serve import LOOPBACK, RequestGate, replica_gate
+from raypipe.runtime.serve import LOOPBACK, RequestGate, replica_gate, undeploy_app
 
 HEADROOM = 8  # Serve lets this many requests more than max_in_flight reach a replica: /health, /ready, the 429s
 LATENCY_BUCKETS = [1, 2, 5, 10, 20, 30, 60, 120, 300, 600]
@@ -286,10 +285,4 @@ def deploy_agent(config: RunConfig, index_path: str | Path | None, host: str = "
 
 
 def undeploy_agent(config: RunConfig) -> None:
-    """Delete the application, then Serve itself (its proxy and controller) if nothing else runs on it."""
-    try:
-        serve.delete(config.serve_agent.deployment)
-    except RayServeException:  # Serve never started (the deployment failed first): nothing to delete
-        return
-    if not serve.status().applications:
-        serve.shutdown()
+    undeploy_app(config.serve_agent.deployment)

@@ -7,6 +7,7 @@ The deployment is :mod:`raypipe.runtime.serve`; jobs (the probe and the features
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -54,24 +55,35 @@ def serve_until_stopped(
         undeploy_retrieval(config)
 
 
-def main() -> None:
-    parser = job_parser(DESCRIPTION)
+def service_parser(description: str) -> argparse.ArgumentParser:
+    """A job parser with the flags of every raypipe HTTP service (serve-retrieval, serve-agent)."""
+    parser = job_parser(description)
     parser.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000, Search-R1's)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (0.0.0.0: every machine that reaches this one; set a token)")
     parser.add_argument("--token", default=os.environ.get(TOKEN_ENV),
                         help=f"bearer token every HTTP request must carry (default: ${TOKEN_ENV}, which keeps it out "
                         "of the process list; the HTTP client sends it from there; none: no authentication)")
-    args = parser.parse_args()
+    return parser
+
+
+def stop_on_signals() -> threading.Event:
+    """The event SIGINT and SIGTERM set; a service serves until it is set."""
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    return stop
+
+
+def main() -> None:
+    args = service_parser(DESCRIPTION).parse_args()
     setup_logging(args.verbose)
     config = config_from_args(args)
 
     import ray
 
     init_ray(config)
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = stop_on_signals()
     try:
         serve_until_stopped(config, args.host, args.port, stop, args.token or None)
     except (ConfigError, DataError, FileNotFoundError, RetrievalIndexError) as exc:

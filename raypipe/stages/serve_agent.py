@@ -8,23 +8,21 @@ HTTP contract :mod:`raypipe.agents.answer_api`. docs/serve-agent.md has the API 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from raypipe.core.config import ConfigError, EngineConfig, RunConfig
-from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.core.jobargs import config_from_args, setup_logging
 from raypipe.core.models import locate_llm
 from raypipe.data.loaders import DataError
 from raypipe.llm.base import Engine
-from raypipe.retrieval.http_client import TOKEN_ENV
 from raypipe.retrieval.index import RetrievalIndexError
 from raypipe.retrieval.types import Retriever
 from raypipe.runtime.cluster import init_ray
 from raypipe.stages.index import ensure_index
+from raypipe.stages.serve import service_parser, stop_on_signals
 
 DESCRIPTION = """Answer questions live with the agent loop, each stopped by its own policy: POST /v1/answer (Ray Serve).
 
@@ -87,13 +85,7 @@ def serve_until_stopped(config: RunConfig, host: str, port: int, stop: threading
 
 
 def main() -> None:
-    parser = job_parser(DESCRIPTION)
-    parser.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (0.0.0.0: every machine that reaches this one; set a token)")
-    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV),
-                        help=f"bearer token every HTTP request must carry (default: ${TOKEN_ENV}, as serve-retrieval; "
-                        "none: no authentication)")
+    parser = service_parser(DESCRIPTION)
     parser.add_argument("--controller", metavar="BUNDLE",
                         help="offer the heuristic policy: the predictor bundle at BUNDLE (a bundle folder or a run "
                         "directory with models/, from `raypipe train`); default thresholds: stopping.theta_p/theta_u, "
@@ -113,9 +105,7 @@ def main() -> None:
     import ray
 
     init_ray(config)
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = stop_on_signals()
     try:
         serve_until_stopped(config, args.host, args.port, stop, args.token or None, args.controller, args.stoprag,
                             args.log_run)  # fmt: skip
