@@ -41,6 +41,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -110,8 +111,28 @@ class SharedEngine:
         self.engine, self.reprefill = engine, reprefill
         self.requests = self.generated = self.prompt = self.cached = 0
 
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def supports_regex(self) -> bool:
+        return self.engine.supports_regex
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.engine.apply_chat_template(messages, add_generation_prompt)
+
+    def count_tokens(self, text: str) -> int:
+        return self.engine.count_tokens(text)
+
+    async def warmup(self, regexes: Iterable[str] = ()) -> dict[str, float]:
+        return await self.engine.warmup(regexes)
+
+    async def reset_prefix_cache(self) -> bool:
+        return await self.engine.reset_prefix_cache()
+
+    def describe(self) -> dict[str, Any]:
+        return self.engine.describe()
 
     async def generate(self, request: GenerationRequest) -> Generation:
         if self.reprefill:
