@@ -31,8 +31,6 @@ POLICIES = (NATURAL, HEURISTIC, CAP, STOPRAG)
 # Named (θ_P, θ_U) pairs a heuristic policy may ask for; without a preset or thetas: the server's stopping.theta_*.
 THRESHOLD_PRESETS = {"paper": (PAPER_THETA_P, PAPER_THETA_U), "paper_strict": (PAPER_THETA_P, PAPER_THETA_U_STRICT)}
 VARIANT_NAMES = get_args(HeuristicVariant)
-UNSCORED_GOLDS = [""]  # what the loop scores an unscored question against; its scores are then dropped
-SCORE_COLUMNS = ("probe_f1", "utility")
 
 
 class ApiError(Exception):
@@ -196,15 +194,8 @@ def check_policy(policy: Policy) -> None:
 
 def request_question(request: AnswerRequest, qid: str) -> Question:
     """The loop's question: a unique ``qid`` per request (controllers keep per-trajectory state by qid)."""
-    golds = list(request.golden_answers) if request.scored else list(UNSCORED_GOLDS)
+    golds = list(request.golden_answers or [])  # none: the loop leaves every F1 column null
     return Question(qid=qid, dataset=request.dataset, question=request.question, golden_answers=golds)
-
-
-def drop_scores(output: TrajectoryOutput) -> TrajectoryOutput:
-    """An unscored question's output: its F1 columns null and no golden answers (what the rows say is true)."""
-    trajectory = {**output.trajectory, "golden_answers": [], "final_f1": None}
-    iterations = [{**row, **dict.fromkeys(SCORE_COLUMNS)} for row in output.iterations]
-    return TrajectoryOutput(trajectory, iterations)
 
 
 Predictions = dict[int, tuple[float, float]]  # iteration -> (P̂, Û), as a predictor controller made them
@@ -212,7 +203,7 @@ Predictions = dict[int, tuple[float, float]]  # iteration -> (P̂, Û), as a pre
 
 @dataclass
 class Answer:
-    """One answered request: the loop's output (scores dropped when unscored) and how it stopped."""
+    """One answered request: the loop's output (F1 columns null when unscored) and how it stopped."""
 
     request: AnswerRequest
     output: TrajectoryOutput

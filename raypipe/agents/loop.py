@@ -275,14 +275,19 @@ class _Run:
         gen = await self._generate(prompt, self.agent.probe_max_tokens, 0.0, (self.protocol.answer_close,), logprobs=True)
         _charge(row, gen, probe=True)
         answer = self.protocol.parse_probe(gen.text)
-        golds = self.question.golden_answers
         row["probe_answer"] = answer
         row["probe_token_logprobs"] = list(gen.token_logprobs or [])
         row["probe_tokens"] = len(gen.token_ids)
-        row["probe_f1"] = f1_score(answer, golds, self.agent.metric)
-        if self.rows and self.rows[-1]["probe_f1"] is not None:
+        row["probe_f1"] = self._score(answer)
+        if self.rows and self.rows[-1]["probe_f1"] is not None and row["probe_f1"] is not None:
             row["utility"] = row["probe_f1"] - self.rows[-1]["probe_f1"]
         return gen
+
+    def _score(self, answer: str | None) -> float | None:
+        """F1 of ``answer`` against the question's golden answers; None for a question without any (one asked
+        live, ``raypipe serve-agent``: the loaders refuse a dataset question without them)."""
+        golds = self.question.golden_answers
+        return f1_score(answer, golds, self.agent.metric) if golds else None
 
     async def _controller_stops(self) -> bool:
         controller = self.loop.controller
@@ -356,14 +361,13 @@ class _Run:
             cached = row["cached_tokens"]
             row["prefilled_tokens"] = None if cached is None else row["prompt_tokens"] - cached
         iterations = [{k: v for k, v in row.items() if not k.startswith("_")} for row in self.rows]
-        golds = self.question.golden_answers
         trajectory = {
             "qid": self.question.qid,
             "dataset": self.question.dataset,
             "question": self.question.question,
-            "golden_answers": list(golds),
+            "golden_answers": list(self.question.golden_answers),
             "final_answer": self.final_answer,
-            "final_f1": f1_score(self.final_answer, golds, self.agent.metric),
+            "final_f1": self._score(self.final_answer),
             "n_iterations": self.retrievals,
             "stop_reason": self.stop_reason,
             "error": self.error,

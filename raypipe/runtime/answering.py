@@ -36,7 +36,6 @@ from raypipe.agents.answer_api import (
     CAP,
     HEURISTIC,
     NATURAL,
-    SCORE_COLUMNS,
     STOPRAG,
     THRESHOLD_PRESETS,
     Answer,
@@ -44,7 +43,6 @@ from raypipe.agents.answer_api import (
     ApiError,
     Policy,
     Predictions,
-    drop_scores,
     request_question,
 )
 from raypipe.agents.hooks import StopController
@@ -179,12 +177,7 @@ class AgentAnswerer:
         config = self.config_for(request)
         loop = build_loop(config, self.engine, self.retriever, self.protocol, controller)
         question = request_question(request, f"serve-{uuid.uuid4().hex}")
-        if observer is not None and not request.scored:
-            told = observer
-            observer = lambda row: told({**row, **dict.fromkeys(SCORE_COLUMNS)})  # noqa: E731
         output = await loop.run(question, observer)
-        if not request.scored:
-            output = drop_scores(output)
         if self.request_log is not None:
             await asyncio.to_thread(self.request_log.write, output)
         searching = self.protocol.turn_plan(config.agent)[1]
