@@ -19,7 +19,7 @@ CONSTRAINTS="$(mktemp)"
 trap 'rm -f "$CONSTRAINTS"' EXIT
 if [ "$EXTRA" = "cpu" ]; then echo "torch==2.13.0" > "$CONSTRAINTS"; else echo "torch==2.14.0" > "$CONSTRAINTS"; fi
 
-if [ "$INSTALLER" = "uv" ] && ! "${PIP[@]}" install -q "uv==$UV_VERSION"; then
+if [ "$INSTALLER" = "uv" ] && ! "${PIP[@]}" install -qq "uv==$UV_VERSION"; then
   echo "[install] could not install uv $UV_VERSION: installing with pip" >&2
   INSTALLER=pip
 fi

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from raypipe.core.models import COMPLETE, converted_folder, needs_conversion
+from raypipe.core.models import COMPLETE, convert_in_background, converted_folder, needs_conversion
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("uv_pip", ROOT / "scripts" / "uv_pip.py")
@@ -88,3 +88,19 @@ def test_a_gguf_model_needs_conversion_until_its_folder_is_complete(tmp_path, mo
     hf_folder.mkdir()
     (hf_folder / "config.json").write_text("{}")
     assert not needs_conversion(str(hf_folder))  # a Hugging Face folder loads as it is
+
+
+def test_a_background_conversion_runs_only_when_needed_and_logs_to_its_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYPIPE_CACHE", str(tmp_path / "cache"))
+    hf_folder = tmp_path / "hf"
+    hf_folder.mkdir()
+    (hf_folder / "config.json").write_text("{}")
+    assert convert_in_background(str(hf_folder), tmp_path / "logs" / "none.log") is None
+
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf file")
+    log_file = tmp_path / "logs" / "model-conversion.log"
+    process = convert_in_background(str(broken), log_file)
+    assert process is not None and process.wait(timeout=120) != 0
+    assert "broken.gguf" in log_file.read_text()  # the process's own error, for the engine to meet again
+    assert needs_conversion(str(broken))  # nothing half-made counts as converted

@@ -18,6 +18,8 @@ import importlib.util
 import json
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,21 @@ def needs_conversion(ref: str) -> bool:
     return path.is_file() and not (converted_folder(path) / COMPLETE).exists()
 
 
+def convert_in_background(ref: str, log_file: Path) -> subprocess.Popen | None:
+    """Start converting ``ref``'s GGUF file into the cache in a process of its own, if it needs converting.
+
+    For a driver with other work before its engines start (Ray, the index): a first run's engine then finds
+    the folder made, or waits for it on the cache's file lock, instead of converting it (about 30 s of CPU)
+    only after that work. The process's output goes to ``log_file``; a failure there surfaces again in the
+    engine, which converts the model itself.
+    """
+    if not needs_conversion(ref):
+        return None
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("a") as out:
+        return subprocess.Popen([sys.executable, "-m", "raypipe.core.models", ref], stdout=out, stderr=subprocess.STDOUT)
+
+
 def converted_folder(gguf: Path) -> Path:
     """Where the cache keeps a GGUF file's safetensors folder (keyed by the file's path, size and time)."""
     stat = gguf.stat()
@@ -145,3 +162,8 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     if "rope_theta" not in cfg and "rope_theta" in rope:
         cfg["rope_theta"] = rope["rope_theta"]  # older readers look for it at the top level
     config_path.write_text(json.dumps(cfg, indent=2))
+
+
+if __name__ == "__main__":  # python -m raypipe.core.models REF: resolve (convert) one model into the cache
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print(resolve_llm(sys.argv[1]))

@@ -374,8 +374,16 @@ def _export_onnx(folder: Path, target: Path) -> None:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
+    from transformers.utils import logging as hf_logging
+
     pooling = _pooling_mode(folder)
-    model = AutoModel.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager").eval()
+    bar_shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a blink for a small encoder: its bar would only add a terminal line
+    try:
+        model = AutoModel.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager").eval()
+    finally:
+        if bar_shown:
+            hf_logging.enable_progress_bar()
 
     class Pooled(torch.nn.Module):
         def __init__(self, inner):

@@ -40,21 +40,6 @@ def init_ray(config: RunConfig, log_to_driver: bool = True) -> None:
         ray.init(num_cpus=config.ray.num_cpus, include_dashboard=False, log_to_driver=log_to_driver)
 
 
-def convert_model_meanwhile(ref: str) -> None:
-    """Convert a GGUF model into the cache in a Ray task, beside whatever the driver does next.
-
-    Otherwise a first run's generation actor converts it (about 30 s on 2 cores) only after the index is
-    built and the retrieval service is up; started here, the two overlap. The actor then waits for the
-    conversion on the cache's file lock, or converts the model itself if this task has not begun.
-    """
-    import ray
-
-    from raypipe.core.models import needs_conversion, resolve_llm
-
-    if needs_conversion(ref):
-        ray.remote(num_cpus=0)(resolve_llm).remote(ref)
-
-
 def current_node_id() -> str | None:
     """The Ray node this process runs on (None outside Ray): recorded to show where actors were placed."""
     import ray

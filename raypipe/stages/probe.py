@@ -51,7 +51,7 @@ from raypipe.analysis.probe_summary import format_summary, summarize
 from raypipe.analysis.tracking import StageTracker
 from raypipe.core.config import ConfigError, EngineConfig, RunConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
-from raypipe.core.models import locate_llm
+from raypipe.core.models import convert_in_background, locate_llm
 from raypipe.core.progress import waiting
 from raypipe.core.retry import retry_transient
 from raypipe.core.rundir import RunDir
@@ -61,7 +61,7 @@ from raypipe.retrieval.http_client import RetrievalServerError
 from raypipe.retrieval.index import RetrievalIndexError
 from raypipe.retrieval.types import ReplicaService, Retriever, SharedRetrievalService
 from raypipe.runtime.batch_stage import BatchStage, BatchUDF
-from raypipe.runtime.cluster import convert_model_meanwhile, init_ray, route_driver_logs, route_ray_data_logs
+from raypipe.runtime.cluster import init_ray, route_driver_logs, route_ray_data_logs
 from raypipe.runtime.crashes import start_crash_ledger
 from raypipe.runtime.generation import (
     INPUT_COLUMNS,
@@ -150,11 +150,11 @@ def run_probe(
     if not relay_worker_logs:
         route_driver_logs(logs)
     started = time.perf_counter()
+    if engine_factory is None and config.engine.backend != "openai":  # beside Ray's start and the index build
+        convert_in_background(config.engine.model, logs / "model-conversion.log")
     with waiting("starting Ray", log):
         init_ray(config, log_to_driver=relay_worker_logs)
     route_ray_data_logs(logs)
-    if engine_factory is None and config.engine.backend != "openai":
-        convert_model_meanwhile(config.engine.model)  # beside the index build and the retrieval service's start
     if retriever is None:
         with waiting("starting the retrieval service", log):
             service = client = open_retrieval(config, ensure_index)
