@@ -1,8 +1,10 @@
 """Benchmark of the probe stage against the peers' schedules: throughput, probing overhead, cost, memory.
 
-Every variant runs on the same questions, the same engine (started once; its prefix cache emptied
-before each run, so no run inherits another's) and the same retriever (in process, behind the batcher
-a retrieval replica runs), ``--repeats`` times in alternating order (forward, backward, ...):
+Every variant runs on the same questions, the same engine settings (its prefix cache emptied before each
+run, so no run inherits another's) and the same retriever (in process, behind the batcher a retrieval
+replica runs), ``--repeats`` times in alternating order (forward, backward, ...). One vLLM engine is alive
+at a time: raypipe's async engine, or vLLM's offline ``LLM`` for ``offline-turn-sync`` (that variant runs
+last in the order, so the engine changes as seldom as the alternation allows); each start is timed.
 
 * ``probe``: the stage (raypipe.runtime.generation.TrajectoryGenerator, a generation actor's body):
   per-trajectory asynchronous loops on one engine, a turn's search beside its probe, prefix caching, probing on;
@@ -11,6 +13,10 @@ a retrieval replica runs), ``--repeats`` times in alternating order (forward, ba
   own engine and retriever (raypipe.agents.barrier.TurnBarrier): per turn one batch of generations for
   all live trajectories, then one batch of searches, then one batch of probes; prefix caching on,
   probing on;
+* ``offline-turn-sync``: the peers' own design, the same schedule on vLLM's offline ``LLM`` as pyterrier-rag's
+  ``VLLMBackend`` and Search-R1's ``generation.py`` use it: per turn ONE blocking ``LLM.generate`` over
+  every live trajectory, then one batch of searches, then one ``LLM.generate`` for all the probes
+  (``offline_engine.py`` here: the async engine's settings, environment and request parameters);
 * ``sequential`` (with ``--sequential-questions N``): Search-R1's ``infer.py`` and the seed paper's code:
   one question at a time, the whole context re-encoded by every request (the prefix cache emptied
   before each), probing on; on N of the questions, evenly spaced, and ``probe`` is timed on the same N.
@@ -18,13 +24,16 @@ a retrieval replica runs), ``--repeats`` times in alternating order (forward, ba
 It prints one row per variant (median over repeats, and the spread): trajectories/min, tokens, the
 prompt tokens served from the prefix cache and those prefilled, retrieval and engine seconds (from the
 cost columns of iterations/, raypipe.core.schema.ITERATION_COSTS); the ratios with their per-repeat
-range; how many agent transcripts differ between variants (probing must not change the agent's own
-turns; batch numerics may); per variant, the rows against the engine's own counters (vLLM's Prometheus
-totals of prompt, cached and generated tokens and finished requests over the run: counted by its scheduler,
-not derived from the rows); the peak memory (PSS, and summed RSS) of the whole process tree. ``--job`` also
-runs ``jobs/probe.py`` and reports its wall and memory.
+range; for the lock-step variants, how full the barrier leaves the decode slots and what dropping it can
+gain in decode steps; how many agent transcripts differ between variants (probing must not change the
+agent's own turns; batch numerics may; ``--show-differences`` lists where each first differs); per
+variant, the rows against the engine's own counters (vLLM's Prometheus totals of prompt, cached and
+generated tokens and finished requests over the run: counted by its scheduler, not derived from the rows);
+the peak memory (PSS, and summed RSS) of the whole process tree. ``--job`` also runs ``jobs/probe.py`` and
+reports its wall and memory.
 
-    python benchmarks/probe.py [--config PRESET] [--set KEY=VALUE ...] [--limit N] [--repeats 3] [--job]
+    python benchmarks/probe.py [--config PRESET] [--set KEY=VALUE ...] [--limit N] [--repeats 3]
+        [--variants probe,offline-turn-sync] [--show-differences] [--job]
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +158,43 @@ class SharedEngine:
         pass
 
 
+ASYNC_ENGINE, OFFLINE_LLM = "async engine", "offline LLM"
+
+
+class Engines:
+    """The benchmark's engine, started when a run needs it: raypipe's async engine, or vLLM's offline ``LLM`` for
+    offline-turn-sync. One at a time: two do not fit one GPU at the configured memory share, and the engine started
+    last takes vLLM's Prometheus counters over. Each start is timed (``starts``), then warmed up as the stage warms
+    its engine (the enforcement grammars compiled), so that no timed run compiles them."""
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.starts: dict[str, list[float]] = {ASYNC_ENGINE: [], OFFLINE_LLM: []}
+        self.kind: str | None = None
+        self.engine: Any = None
+
+    def get(self, kind: str) -> Any:
+        if kind != self.kind:
+            from offline_engine import start_offline_engine  # benchmarks/: the script's own folder
+
+            from raypipe.agents import build_protocol
+            from raypipe.llm.factory import build_engine
+            from raypipe.runtime.generation import prepare_engine
+
+            self.close()
+            started = time.perf_counter()
+            start = start_offline_engine if kind == OFFLINE_LLM else build_engine
+            self.engine, self.kind = start(self.config.engine), kind
+            self.starts[kind].append(time.perf_counter() - started)
+            asyncio.run(prepare_engine(self.engine, self.config, build_protocol(self.config.agent)))
+        return self.engine
+
+    def close(self) -> None:
+        if self.engine is not None:
+            asyncio.run(self.engine.close())
+        self.engine = self.kind = None
+
+
 @dataclass
 class Result:
     name: str
@@ -156,6 +203,7 @@ class Result:
     outputs: list[TrajectoryOutput]
     engine: SharedEngine
     counters: dict[str, float] | None = None  # the engine's own totals over the run (engine_counters), if it keeps any
+    batches: list[int] | None = None  # offline-turn-sync: the requests of each LLM.generate call
 
     @property
     def questions(self) -> int:
@@ -177,7 +225,9 @@ class Result:
         return {o.trajectory["qid"]: o.trajectory["transcript"] for o in self.outputs}
 
 
-VARIANTS = ("probe", "no-probe", "turn-sync")
+OFFLINE = "offline-turn-sync"
+VARIANTS = ("probe", "no-probe", "turn-sync", OFFLINE)
+LOCKSTEP = ("turn-sync", OFFLINE)  # the variants under a turn barrier
 
 
 def variant_config(name: str, config: RunConfig) -> RunConfig:
@@ -200,9 +250,11 @@ def run_variant(name: str, repeat: int, config: RunConfig, questions, engine, in
     retriever = QueryBatcher(index.search_batch, config.retrieval.max_batch_size, config.retrieval.max_wait_ms / 1000)
     asyncio.run(engine.reset_prefix_cache())
     shared = SharedEngine(engine, reprefill=name == "sequential")
-    if name == "turn-sync":
+    if name in LOCKSTEP:
         async def lock_step():
-            loop = build_loop(config, shared, retriever, barrier=TurnBarrier(len(questions)))
+            parties = len(questions)
+            barrier = engine.lockstep_barrier(parties) if name == OFFLINE else TurnBarrier(parties)
+            loop = build_loop(config, shared, retriever, barrier=barrier)
             return list(await asyncio.gather(*(loop.run(q) for q in questions)))
 
         before = settled_counters()
@@ -215,6 +267,8 @@ def run_variant(name: str, repeat: int, config: RunConfig, questions, engine, in
         outputs = stage.run(questions)
         stage.close()
     result = Result(name, repeat, time.perf_counter() - started, outputs, shared)
+    if name == OFFLINE:
+        result.batches = list(engine.batch_sizes)
     after = settled_counters()
     if before is not None and after is not None:
         result.counters = {key: after[key] - before[key] for key in after}
@@ -306,36 +360,102 @@ def differing(a: Result, b: Result) -> int:
     return sum(ta[q] != tb.get(q) for q in ta)
 
 
-def lockstep_fill(rows: Iterable[dict]) -> float:
-    """What a turn barrier leaves filled of the engine's decode slots on these trajectories' iteration rows.
+@dataclass
+class Difference:
+    """Where one question's agent transcript first differs between two runs."""
 
-    The barrier keeps every live trajectory at the same turn and phase: turn t's generations (row ``iteration``
-    t, ``tokens_generated``), then its probes (``probe_tokens``). In each phase every trajectory in it holds a
-    slot until the longest generation of the phase ends, so the phase fills sum(tokens) of max(tokens) x
-    trajectories; the fill is the sum over phases of the one over the sum of the other. A row that generated
-    nothing in a phase (a turn without a probe, a forced answer's turn) holds no slot in it. 1.0: equal
-    generations, a barrier costs nothing. The async loops' largest possible gain over lock-step is about
-    1 / fill (when decode steps cost the same whatever their batch, as on a GPU; on CPU a step's cost grows
-    with its batch, so less)."""
+    qid: str
+    iteration: int | None  # the first row whose agent output differs; None: every row agrees, what followed differs
+    a: str  # a window of each run's text from a few characters before the first differing one
+    b: str
+
+
+def first_difference(x: str, y: str, before: int = 10, after: int = 50) -> tuple[str, str]:
+    """Windows of two texts around the first character where they differ."""
+    at = len(os.path.commonprefix([x, y]))
+    start = max(at - before, 0)
+    return x[start : at + after], y[start : at + after]
+
+
+def transcript_differences(a: Result, b: Result) -> list[Difference]:
+    """Per question whose agent transcript differs (:func:`differing`): the first iteration whose agent output (the
+    row's ``reasoning``) differs, a row missing in one run counting as empty, and windows of the two outputs there;
+    where every row agrees (the documents read or the forced answer differ), windows of the two transcripts."""
+    rows_a, rows_b = ({o.trajectory["qid"]: o.iterations for o in r.outputs} for r in (a, b))
+    ta, tb = a.transcripts, b.transcripts
+    out = []
+    for qid, transcript in ta.items():
+        other = tb.get(qid, "")
+        if transcript == other:
+            continue
+        pairs = list(zip_longest((r["reasoning"] for r in rows_a[qid]), (r["reasoning"] for r in rows_b.get(qid, [])),
+                                 fillvalue=""))  # fmt: skip
+        iteration = next((i for i, (x, y) in enumerate(pairs) if x != y), None)
+        x, y = (transcript, other) if iteration is None else pairs[iteration]
+        out.append(Difference(qid, iteration, *first_difference(x, y)))
+    return out
+
+
+def _lockstep_phases(rows: Iterable[dict]) -> dict[tuple[int, str], list[int]]:
+    """The tokens decoded in each phase of a turn under a turn barrier: turn t's generations (row ``iteration`` t,
+    ``tokens_generated``), then its probes (``probe_tokens``); a row that generated nothing in a phase (a turn
+    without a probe, a forced answer's turn) is not in it."""
     phases: dict[tuple[int, str], list[int]] = {}
     for row in rows:
         for column in ("tokens_generated", "probe_tokens"):
             if row[column]:
                 phases.setdefault((row["iteration"], column), []).append(row[column])
+    return phases
+
+
+def lockstep_fill(rows: Iterable[dict]) -> float:
+    """What a turn barrier leaves filled of the engine's decode slots on these trajectories' iteration rows.
+
+    The barrier keeps every live trajectory at the same turn and phase (:func:`_lockstep_phases`). In each phase
+    every trajectory in it holds a slot until the longest generation of the phase ends, so the phase fills
+    sum(tokens) of max(tokens) x trajectories; the fill is the sum over phases of the one over the sum of the
+    other. 1.0: equal generations, no slot idles. It describes the idle slots, not what they cost: 1 / fill is
+    neither a bound on nor an estimate of what dropping the barrier gains (:func:`lockstep_gain`)."""
+    phases = _lockstep_phases(rows)
     held = sum(max(tokens) * len(tokens) for tokens in phases.values())
     return sum(map(sum, phases.values())) / held if held else 1.0
 
 
-def print_report(results: list[Result], config: RunConfig, engine_start_s: float) -> None:
+def lockstep_gain(rows: Iterable[dict]) -> float:
+    """The most that dropping the turn barrier can gain on these trajectories where a decode step costs the same
+    whatever its batch (a GPU below saturation): lock-step's decode steps over the async loops' fewest.
+
+    Under the barrier each phase lasts its longest generation: sum over phases of max(tokens) steps. Without it
+    the trajectories decode side by side and the run lasts at least its longest trajectory's own tokens (a
+    trajectory's turns and probes follow one another; the stage overlaps only a probe with a search). An idle
+    slot costs such an engine nothing, so the fill does not enter: two trajectories whose turns generate (100, 100,
+    100) and (1) tokens fill 75% of the slots yet gain nothing (1 / fill = 1.33), and four of (100, 1), (1, 1, 100),
+    (100, 1), (100, 2) fill 80% yet gain 1.98x (1 / fill = 1.25). Prefill and searches are left out; where the engine's
+    batch (``max_num_seqs``) or the stage's ``max_concurrent_trajectories`` holds fewer than all trajectories,
+    or a step's cost grows with its batch (a CPU), the gain is smaller."""
+    rows = list(rows)
+    steps = sum(map(max, _lockstep_phases(rows).values()))
+    own: dict[str, int] = {}
+    for row in rows:
+        own[row["qid"]] = own.get(row["qid"], 0) + row["tokens_generated"] + row["probe_tokens"]
+    longest = max(own.values(), default=0)
+    return steps / longest if longest else 1.0
+
+
+def print_report(
+    results: list[Result], config: RunConfig, engine_starts: dict[str, list[float]], show_differences: bool = False
+) -> None:
     by_name: dict[str, list[Result]] = {}
     for r in results:
         by_name.setdefault(r.name, []).append(r)
     first = results[0]
+    starts = ", ".join(f"{kind} started {len(seconds)}x, {_median(seconds):.1f} s"
+                       for kind, seconds in engine_starts.items() if seconds)  # fmt: skip
     print(f"\n{first.questions} questions ({', '.join(config.data.datasets)}), model {config.engine.model} on "
-          f"{config.engine.backend} (engine started once: {engine_start_s:.1f} s), enforcement "
+          f"{config.engine.backend} ({starts}), enforcement "
           f"{config.agent.enforcement}, protocol {config.agent.protocol}, {len(by_name[first.name])} repeats; "
           "per trajectory: median over repeats\n")  # fmt: skip
-    head = (f"{'run':<14}{'n':>4}{'wall s':>8}{'(range)':>13}{'traj/min':>10}{'gen tok/s':>10}{'prompt tok':>11}"
+    head = (f"{'run':<18}{'n':>4}{'wall s':>8}{'(range)':>13}{'traj/min':>10}{'gen tok/s':>10}{'prompt tok':>11}"
             f"{'cached':>8}{'prefilled':>10}{'turn tok':>9}{'probe tok':>10}{'retr s':>8}{'engine s':>9}{'F1':>7}")  # fmt: skip
     print(head)
     print("-" * len(head))
@@ -351,7 +471,7 @@ def print_report(results: list[Result], config: RunConfig, engine_start_s: float
         gen_rate = _median([(r.total("tokens_generated") + r.total("probe_tokens")) / r.wall_s for r in runs])
         engine_s = "null" if all(o.trajectory["engine_s"] is None for o in runs[0].outputs) else f"{per('engine_s'):.2f}"
         f1 = _median([sum(o.trajectory["final_f1"] for o in r.outputs) / n for r in runs])
-        print(f"{name:<14}{n:>4}{_median(walls):>8.1f}{_spread(walls):>13}{_median([r.per_min for r in runs]):>10.1f}"
+        print(f"{name:<18}{n:>4}{_median(walls):>8.1f}{_spread(walls):>13}{_median([r.per_min for r in runs]):>10.1f}"
               f"{gen_rate:>10.1f}{per('prompt_tokens'):>11.0f}{cached / prompt if prompt else 0:>8.0%}"
               f"{per('prefilled_tokens'):>10.0f}{per('tokens_generated'):>9.1f}{per('probe_tokens'):>10.1f}"
               f"{per('retrieval_s'):>8.2f}{engine_s:>9}{f1:>7.3f}")  # fmt: skip
@@ -366,19 +486,35 @@ def print_report(results: list[Result], config: RunConfig, engine_start_s: float
         print(f"{label}: {_median(values):.2f}x (repeats {_spread(values, '.2f')})   ({target})")
 
     ratio("probe", "turn-sync", "trajectories/min of the stage over the turn-synchronous baseline", "target >= 1.25x")
-    if "turn-sync" in by_name:
-        fills = [lockstep_fill(row for o in r.outputs for row in o.iterations) for r in by_name["turn-sync"]]
-        print(f"turn-sync: decode slots the barrier leaves filled (tokens / longest x trajectories, per turn and "
-              f"phase): {_median(fills):.0%} "
-              f"(repeats {_spread([f * 100 for f in fills], '.0f')} %); the stage's gain from dropping the barrier is "
-              f"at most about {1 / _median(fills):.2f}x where a decode step costs the same at any batch (a GPU)")
+    ratio("probe", OFFLINE, "trajectories/min of the stage over the peers' own design (turn-synchronous on vLLM's "
+          "offline LLM)", "target >= 1.25x")  # fmt: skip
+    for name in LOCKSTEP:
+        if name not in by_name:
+            continue
+        rows = [[row for o in r.outputs for row in o.iterations] for r in by_name[name]]
+        fills, gains = [lockstep_fill(r) for r in rows], [lockstep_gain(r) for r in rows]
+        print(f"{name}: decode slots the barrier leaves filled (tokens / longest x trajectories, per turn and phase): "
+              f"{_median(fills):.0%} (repeats {_spread([f * 100 for f in fills], '.0f')} %); dropping the barrier "
+              f"gains at most {_median(gains):.2f}x (repeats {_spread(gains, '.2f')}) where a decode step costs the "
+              "same at any batch (lock-step's decode steps / the longest trajectory's tokens)")  # fmt: skip
+    if OFFLINE in by_name:
+        calls = [f"{len(r.batches)} for {sum(r.batches)} requests (largest {max(r.batches)})" for r in by_name[OFFLINE]]
+        print(f"{OFFLINE}: LLM.generate calls per repeat: {'; '.join(calls)}")
     ratio("probe-subset", "sequential", "trajectories/min of the stage over the sequential baseline (same questions)",
           "target >= 5x")  # fmt: skip
     ratio("probe", "no-probe", "probing overhead (wall with probing / without)", "target <= 1.10x", invert=True)
-    for a, b in (("probe", "no-probe"), ("probe", "turn-sync"), ("probe-subset", "sequential")):
+    pairs = [("probe", "no-probe"), ("probe", "turn-sync"), ("probe", OFFLINE), ("turn-sync", OFFLINE),
+             ("probe-subset", "sequential")]  # fmt: skip
+    for a, b in pairs:
         if a in by_name and b in by_name:
             counts = [differing(x, y) for x, y in zip(by_name[a], by_name[b])]
             print(f"agent transcripts that differ, {a} vs {b}: {', '.join(map(str, counts))} of {by_name[a][0].questions} per repeat")
+            if show_differences:
+                for x, y in zip(by_name[a], by_name[b]):
+                    for d in transcript_differences(x, y):
+                        where = f"iteration {d.iteration}" if d.iteration is not None else "the transcript (rows agree)"
+                        print(f"  repeat {x.repeat}, {d.qid}, first differs at {where}:\n"
+                              f"    {a + ':':<19}{d.a!r}\n    {b + ':':<19}{d.b!r}")  # fmt: skip
     if len(by_name.get("probe", [])) > 1:
         runs = by_name["probe"]
         counts = [differing(runs[0], r) for r in runs[1:]]
@@ -432,6 +568,8 @@ def main() -> None:
     parser.add_argument("--sequential-questions", type=int, default=0,
                         help="also run the sequential baseline (and the stage) on this many of the questions (slow)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {', '.join(VARIANTS)}")
+    parser.add_argument("--show-differences", action="store_true",
+                        help="list where each differing agent transcript first differs between variants")
     parser.add_argument("--job", action="store_true", help="also run jobs/probe.py and measure it")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
@@ -442,7 +580,6 @@ def main() -> None:
     config = config_from_args(args, extra)
     questions = load_datasets(config.data.datasets, config.data.limit, config.data.limit_files)
 
-    from raypipe.llm.factory import build_engine
     from raypipe.retrieval import encoder_spec, search_params
     from raypipe.runtime.retrieval import open_replica
     from raypipe.stages.index import ensure_index
@@ -454,18 +591,18 @@ def main() -> None:
     if args.sequential_questions:
         subset = evenly_spaced(questions, args.sequential_questions)
         plan += [("probe-subset", subset), ("sequential", subset)]
+    plan.sort(key=lambda item: item[0] == OFFLINE)  # last: its engine replaces the async one at most once a repeat
     with MemorySampler() as memory:
-        started = time.perf_counter()
-        engine = build_engine(config.engine)
-        engine_start_s = time.perf_counter() - started
+        engines = Engines(config)
         results = []
         for repeat in range(args.repeats):
             for name, items in plan if repeat % 2 == 0 else reversed(plan):
+                engine = engines.get(OFFLINE_LLM if name == OFFLINE else ASYNC_ENGINE)
                 results.append(run_variant(name, repeat, config, items, engine, index))
-        asyncio.run(engine.close())
+        engines.close()
     order = {name: i for i, (name, _) in enumerate(plan)}
     results.sort(key=lambda r: (order[r.name], r.repeat))
-    print_report(results, config, engine_start_s)
+    print_report(results, config, engines.starts, args.show_differences)
     print(f"peak memory of the process tree: {gib(memory.peak_pss)} PSS ({gib(memory.peak_rss)} summed RSS)"
           "   (target < 8 GB)")
     if args.job:
