@@ -127,6 +127,8 @@ def test_vllm_engine_arguments_on_cpu_and_gpu():
     gpu = module.engine_kwargs(EngineConfig(block_size=None, tensor_parallel_size=2), "/m", on_cpu=False)
     assert "kv_cache_memory_bytes" not in gpu and "block_size" not in gpu
     assert (gpu["gpu_memory_utilization"], gpu["tensor_parallel_size"]) == (0.9, 2)
+    levers = {"max_num_batched_tokens", "enable_chunked_prefill", "speculative_config"}  # unset: vLLM's defaults
+    assert not levers & cpu.keys() and not levers & gpu.keys()
 
 
 def test_vllm_environment(monkeypatch):

@@ -208,6 +208,24 @@ class EngineConfig(StrictModel):
         "turns on vLLM's stats collection (no periodic log lines without a server).",
     )
     max_num_seqs: int | None = Field(default=None, ge=1, description="vLLM's cap on sequences per step; None = its default.")
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="vLLM's token budget per scheduler step (prompt chunks plus one token per decoding sequence); "
+        "None = its default (2048 on CPU with chunked prefill).",
+    )
+    enable_chunked_prefill: bool | None = Field(
+        default=None,
+        description="vLLM: split long prompts into chunks that share steps with decoding sequences; None = its default.",
+    )
+    speculative_ngram_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="vLLM n-gram speculative decoding (prompt lookup, no draft model): tokens proposed per step by "
+        "matching the context's last n-gram earlier in it; None = off. vLLM then disables async scheduling.",
+    )
+    speculative_ngram_max: int = Field(default=4, ge=1, description="Longest n-gram looked up (speculative_ngram_tokens).")
+    speculative_ngram_min: int = Field(default=2, ge=1, description="Shortest n-gram looked up (speculative_ngram_tokens).")
     structured_outputs_backend: Literal["xgrammar", "guidance", "outlines", "auto"] = Field(
         default="xgrammar", description="vLLM structured-output backend for regex enforcement (changes model choices)."
     )
@@ -223,6 +241,22 @@ class EngineConfig(StrictModel):
     request_timeout_s: float = Field(default=300.0, gt=0, description="Per HTTP request (backend=openai).")
     max_retries: int = Field(default=3, ge=0, description="Retries with exponential backoff (backend=openai).")
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_engine_levers(self) -> "EngineConfig":
+        """Lever combinations vLLM would refuse only after loading the model."""
+        if self.speculative_ngram_min > self.speculative_ngram_max:
+            raise ValueError(
+                f"speculative_ngram_min={self.speculative_ngram_min} must be <= "
+                f"speculative_ngram_max={self.speculative_ngram_max}"
+            )
+        budget = self.max_num_batched_tokens
+        if self.enable_chunked_prefill is False and budget is not None and budget < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens={budget} < max_model_len={self.max_model_len} without chunked prefill: "
+                "a longer prompt could never be scheduled; raise max_num_batched_tokens or enable chunked prefill"
+            )
+        return self
 
 
 # Enforcement bounds vs max_new_tokens: the protocols' tags around a think and an action, and English BPE's

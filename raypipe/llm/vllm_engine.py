@@ -28,6 +28,8 @@ from raypipe.llm.common import LocalTokenizer, check_request, engine_record, fit
 
 log = logging.getLogger(__name__)
 GiB = 1 << 30
+# EngineConfig fields passed to AsyncEngineArgs under the same name, only when set
+OPTIONAL_ENGINE_ARGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill")
 
 
 def vllm_environment(config: EngineConfig, on_cpu: bool) -> dict[str, str]:
@@ -65,10 +67,16 @@ def engine_kwargs(config: EngineConfig, model_path: str, on_cpu: bool) -> dict[s
         kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * GiB)
     else:
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
-    if config.block_size is not None:
-        kwargs["block_size"] = config.block_size
-    if config.max_num_seqs is not None:
-        kwargs["max_num_seqs"] = config.max_num_seqs
+    for name in OPTIONAL_ENGINE_ARGS:  # unset: vLLM's own default
+        if getattr(config, name) is not None:
+            kwargs[name] = getattr(config, name)
+    if config.speculative_ngram_tokens is not None:
+        kwargs["speculative_config"] = {
+            "method": "ngram",
+            "num_speculative_tokens": config.speculative_ngram_tokens,
+            "prompt_lookup_max": config.speculative_ngram_max,
+            "prompt_lookup_min": config.speculative_ngram_min,
+        }
     return kwargs
 
 
