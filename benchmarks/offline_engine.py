@@ -25,7 +25,7 @@ from raypipe.agents.barrier import TurnBarrier
 from raypipe.core.config import EngineConfig
 from raypipe.core.models import cache_dir, resolve_llm
 from raypipe.llm.base import EngineError, Generation, GenerationRequest
-from raypipe.llm.common import LocalTokenizer, check_request, engine_record, fit_max_tokens
+from raypipe.llm.common import LocalTokenizer, engine_record, tokenized_request
 from raypipe.llm.vllm_engine import VLLMEngine, engine_kwargs, sampling_params, to_generation, vllm_environment
 
 
@@ -100,9 +100,7 @@ class OfflineBatchEngine:
         return self.tokenizer.count_tokens(text)
 
     async def generate(self, request: GenerationRequest) -> Generation:
-        check_request(request)
-        prompt_ids = self.tokenizer.encode(request.prompt)
-        max_tokens = fit_max_tokens(len(prompt_ids), request.max_tokens, self.max_model_len)
+        prompt_ids, max_tokens = tokenized_request(self.tokenizer, request, self.max_model_len)
         pending = _Pending(prompt_ids, sampling_params(request, max_tokens), request.logprobs,
                            asyncio.get_running_loop().create_future())  # fmt: skip
         self._pending.append(pending)

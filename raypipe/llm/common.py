@@ -78,6 +78,13 @@ def check_request(request: GenerationRequest) -> None:
         raise EngineError("stop strings must be non-empty")
 
 
+def tokenized_request(tokenizer: LocalTokenizer, request: GenerationRequest, max_model_len: int) -> tuple[list[int], int]:
+    """A checked request's prompt token ids and the number of new tokens to ask for (the context policy above)."""
+    check_request(request)
+    prompt_ids = tokenizer.encode(request.prompt)
+    return prompt_ids, fit_max_tokens(len(prompt_ids), request.max_tokens, max_model_len)
+
+
 def find_stop(text: str, stops: tuple[str, ...], new_chars: int) -> tuple[int, str] | None:
     """The stop string that ends ``text`` now, checking only where the last ``new_chars`` characters could
     complete one (so the first occurrence wins when called after every token). Returns (index, stop).

@@ -24,7 +24,7 @@ from raypipe.core.config import EngineConfig
 from raypipe.core.loopthread import LoopThread
 from raypipe.core.models import cache_dir, resolve_llm
 from raypipe.llm.base import EngineDiedError, EngineError, Generation, GenerationRequest
-from raypipe.llm.common import LocalTokenizer, check_request, engine_record, fit_max_tokens, resolve_dtype
+from raypipe.llm.common import LocalTokenizer, engine_record, resolve_dtype, tokenized_request
 
 log = logging.getLogger(__name__)
 GiB = 1 << 30
@@ -67,9 +67,7 @@ def engine_kwargs(config: EngineConfig, model_path: str, on_cpu: bool) -> dict[s
         kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * GiB)
     else:
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
-    for name in OPTIONAL_ENGINE_ARGS:  # unset: vLLM's own default
-        if getattr(config, name) is not None:
-            kwargs[name] = getattr(config, name)
+    kwargs.update(config.model_dump(include=set(OPTIONAL_ENGINE_ARGS), exclude_none=True))  # unset: vLLM's default
     if config.speculative_ngram_tokens is not None:
         kwargs["speculative_config"] = {
             "method": "ngram",
@@ -191,9 +189,7 @@ class VLLMEngine:
         return self.tokenizer.count_tokens(text)
 
     async def generate(self, request: GenerationRequest) -> Generation:
-        check_request(request)
-        prompt_ids = self.tokenizer.encode(request.prompt)
-        max_tokens = fit_max_tokens(len(prompt_ids), request.max_tokens, self.max_model_len)
+        prompt_ids, max_tokens = tokenized_request(self.tokenizer, request, self.max_model_len)
         return await self._loop.call(self._generate(prompt_ids, request, max_tokens))
 
     async def _generate(self, prompt_ids: list[int], request: GenerationRequest, max_tokens: int) -> Generation:
