@@ -4,6 +4,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -76,12 +77,15 @@ def test_stage_turns_a_batch_into_both_tables():
 def test_run_writes_parts_resumes_and_keeps_bad_rows(ray_local, tmp_path):
     run = RunDir(tmp_path / "run")
     qs = questions(7, bad=True)
+    started = time.perf_counter()
     assert run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=scripted_engine) == 8
+    elapsed = time.perf_counter() - started
     first_t, first_i = run.read("trajectories"), run.read("iterations")
     assert sorted(first_t.column("qid").to_pylist()) == sorted(q.qid for q in qs)
     assert len(list(run.table_dir("trajectories").glob("*.parquet"))) == 3  # one part per batch of 3
     assert (run.path / "config.yaml").exists() and (run.path / "probe_info.yaml").exists()
-    assert yaml.safe_load((run.path / "probe_info.yaml").read_text())["setup_seconds"] > 0  # Ray and retrieval
+    # Ray and retrieval, before the first actor: here Ray is already up and the retriever given, so it may round to 0
+    assert 0 <= yaml.safe_load((run.path / "probe_info.yaml").read_text())["setup_seconds"] <= elapsed
     assert load_config(run.path / "config.yaml").agent.max_turns == 4  # resolved and loadable by later stages
 
     # a crash between the two writes leaves an orphan iterations part: the rerun removes it
