@@ -124,26 +124,31 @@ def test_unreported_cache_and_timings_are_null_not_zero():
     conform([out.trajectory], "trajectories")
 
 
-def test_the_search_runs_while_the_probe_is_generated():
-    probe_started = asyncio.Event()
+@pytest.mark.parametrize("overlap", [True, False], ids=["probe beside the next turns", "probe before them"])
+def test_the_search_runs_while_the_probe_is_generated(overlap):
+    probes_in_flight = 0
 
     class ProbeWaits(FakeEngine):
         async def generate(self, request):
-            if request.logprobs:
-                probe_started.set()
-                await asyncio.sleep(0.01)
+            nonlocal probes_in_flight
+            if not request.logprobs:
+                return await super().generate(request)
+            probes_in_flight += 1
+            await asyncio.sleep(0.01)
+            probes_in_flight -= 1
             return await super().generate(request)
 
     class NeedsProbeInFlight(FakeRetriever):
         async def search(self, queries, k):
-            self.overlapped = getattr(self, "overlapped", []) + [probe_started.is_set()]
-            probe_started.clear()
+            await asyncio.sleep(0.002)
+            self.overlapped = getattr(self, "overlapped", []) + [probes_in_flight > 0]
             return await super().search(queries, k)
 
     retriever = NeedsProbeInFlight(n=5)
-    out = asyncio.run(make_loop(ProbeWaits(scripted), retriever).run(QUESTIONS[3]))
+    agent = AgentConfig(max_turns=5, probe_overlap=overlap)
+    out = asyncio.run(make_loop(ProbeWaits(scripted), retriever, agent=agent).run(QUESTIONS[3]))
     assert out.trajectory["n_iterations"] == 3
-    assert retriever.overlapped == [True, True, True]  # each search started while its turn's probe ran
+    assert retriever.overlapped == [True, True, True]  # each search ran while its turn's probe did
 
 
 def test_a_search_the_controller_makes_moot_is_dropped_and_counted():

@@ -19,10 +19,14 @@ final answer. In the pyterrier format a search that returns no documents ends th
 
 A turn's search does not depend on its probe, so the two run together; the search's documents enter
 the context only after the controller (if any) has let the trajectory go on: a search the controller
-makes moot is dropped (``search_dropped``), its cost still counted. Under a :class:`TurnBarrier` the
-loop follows instead the peers' turn-synchronous schedule (pyterrier-rag's agents, Search-R1's
-``generation.py``): every live trajectory generates its turn, then all search, then all probe.
-Outputs are the same either way: only the order of independent requests changes.
+makes moot is dropped (``search_dropped``), its cost still counted. Nor does the next turn depend on the
+probe unless a controller reads it: with ``agent.probe_overlap`` (the default) and no controller, a
+probe runs beside the trajectory's following turns instead of before them, off its critical path. Its
+row is completed (and told to the observer) when the probe ends, in order; a probe that fails ends the
+trajectory where it would have ended had the probe run first (the later turns are undone). Under a
+:class:`TurnBarrier` the loop follows instead the peers' turn-synchronous schedule (pyterrier-rag's
+agents, Search-R1's ``generation.py``): every live trajectory generates its turn, then all search, then
+all probe. Outputs are the same in every schedule: only the order of independent requests changes.
 
 Each row records the cost of its turn (``raypipe.core.schema.ITERATION_COSTS``): prompt tokens of its
 requests and those served from the prefix cache, the time of the search the turn issued, and the
@@ -89,6 +93,15 @@ class _Retrieval:
     query: str
     result: SearchResult
     visible: int
+
+
+@dataclass
+class _State:
+    """What a trajectory returns to when a probe run beside its later turns fails."""
+
+    context: str
+    rows: int
+    retrievals: int
 
 
 @dataclass
@@ -164,8 +177,22 @@ class _Run:
         self.stop_reason = STOP_MAX_TURNS
         self.error: str | None = None
         self.retrievals = 0
+        # probes running beside the later turns, oldest first, each with the state to return to if it fails
+        self.overlap = self.agent.probe and self.agent.probe_overlap and loop.controller is None and loop.barrier is None
+        self.pending_probes: list[tuple[asyncio.Future, _State]] = []
 
     async def steps(self) -> None:
+        try:
+            await self._turns()
+        except _Stop:
+            await self._join_probes()  # a failed earlier probe ended the trajectory first
+            raise
+        except BaseException:
+            await self._cancel_probes(self.pending_probes)
+            raise
+        await self._join_probes()
+
+    async def _turns(self) -> None:
         agent, protocol = self.agent, self.protocol
         try:
             self.prompt = protocol.prompt(self.question.question, self.loop.engine.apply_chat_template)
@@ -186,8 +213,12 @@ class _Run:
             action = protocol.parse_action(protocol.restore_stop(gen.text, gen.stop_string))  # before any cleaning
             query = action.content if action.kind not in (ANSWER, INVALID) and turn < searching else None
             probe_prompt = protocol.probe_prompt(self.context, output) if agent.probe else None
-            searched = await self._search_and_probe(row, query, probe_prompt)
-            self._append_row(row)
+            if self.overlap:
+                self._probe_beside(row, probe_prompt)
+                searched = await self._search(row, query)
+            else:
+                searched = await self._search_and_probe(row, query, probe_prompt)
+                self._append_row(row)
             self.context += protocol.joiner + output + protocol.close_action(output, action)
             if await self._controller_stops():
                 row["search_dropped"] = searched is not None
@@ -210,12 +241,56 @@ class _Run:
 
     def _append_row(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
+        self._tell(row)
+
+    def _tell(self, row: dict[str, Any]) -> None:
         if self.observer is not None:
             self.observer({k: v for k, v in row.items() if not k.startswith("_")})
+
+    def _probe_beside(self, row: dict[str, Any], prompt: str) -> None:
+        """Start the turn's probe and go on; the row joins the trajectory now, its probe columns later."""
+        previous = self.pending_probes[-1][0] if self.pending_probes else None
+        before = _State(self.context, len(self.rows), self.retrievals)
+        self.rows.append(row)
+        self.pending_probes.append((asyncio.ensure_future(self._finish_probe(row, prompt, previous)), before))
+
+    async def _finish_probe(self, row: dict[str, Any], prompt: str, previous: asyncio.Future | None) -> None:
+        gen = await self._probe_generate(prompt)
+        if previous is not None:  # rows are completed and told in order (a utility needs the row before)
+            await previous
+        self._record_probe(row, gen)
+        self._tell(row)
+
+    async def _join_probes(self) -> None:
+        """Wait for the probes still running; the first that failed puts the trajectory back to where it was
+        when that probe started, and its failure ends the trajectory."""
+        pending, self.pending_probes = self.pending_probes, []
+        for index, (task, before) in enumerate(pending):
+            try:
+                await task
+            except BaseException:
+                await self._cancel_probes(pending[index + 1 :])
+                self.context, self.retrievals = before.context, before.retrievals
+                del self.rows[before.rows :]
+                self.final_answer, self.tail = None, ""
+                raise
+
+    @staticmethod
+    async def _cancel_probes(pending: list[tuple[asyncio.Future, _State]]) -> None:
+        for task, _ in pending:
+            task.cancel()
+        await asyncio.gather(*(task for task, _ in pending), return_exceptions=True)
 
     async def _phase_done(self) -> None:
         if self.loop.barrier is not None:
             await self.loop.barrier.wait()
+
+    async def _search(self, row: dict[str, Any], query: str | None) -> _Searched | None:
+        if query is None:
+            return None
+        searched = await self._retrieve(query)
+        row["retrieval_s"] = searched.seconds
+        return searched
 
     async def _search_and_probe(self, row: dict[str, Any], query: str | None, probe_prompt: str | None) -> _Searched | None:
         """The turn's search (if it issued one) and its probe (if probing): together, or under a barrier
@@ -257,6 +332,7 @@ class _Run:
 
     async def _forced_answer(self, pending: _Retrieval) -> None:
         """The turn budget is spent after a search: one forced answer reads the last documents."""
+        await self._join_probes()  # its probe's utility needs the row before
         prompt = self.protocol.forced_answer_prompt(self.context)
         row = self._row(len(self.rows), pending, "", 0)
         if self.agent.probe:
@@ -272,16 +348,26 @@ class _Run:
             self.final_answer = answer
 
     async def _probe(self, row: dict[str, Any], prompt: str) -> Generation:
-        gen = await self._generate(prompt, self.agent.probe_max_tokens, 0.0, (self.protocol.answer_close,), logprobs=True)
+        """The probe of a row not yet in the trajectory, run before the trajectory goes on."""
+        gen = await self._probe_generate(prompt)
+        self._record_probe(row, gen)
+        return gen
+
+    async def _probe_generate(self, prompt: str) -> Generation:
+        return await self._generate(prompt, self.agent.probe_max_tokens, 0.0, (self.protocol.answer_close,), logprobs=True)
+
+    def _record_probe(self, row: dict[str, Any], gen: Generation) -> None:
+        """The probe's columns; U_i against the row before ``row`` in the trajectory (or the last row)."""
         _charge(row, gen, probe=True)
         answer = self.protocol.parse_probe(gen.text)
         row["probe_answer"] = answer
         row["probe_token_logprobs"] = list(gen.token_logprobs or [])
         row["probe_tokens"] = len(gen.token_ids)
         row["probe_f1"] = self._score(answer)
-        if self.rows and self.rows[-1]["probe_f1"] is not None and row["probe_f1"] is not None:
-            row["utility"] = row["probe_f1"] - self.rows[-1]["probe_f1"]
-        return gen
+        index = next((i for i, r in enumerate(self.rows) if r is row), len(self.rows))
+        previous = self.rows[index - 1] if index > 0 else None
+        if previous is not None and previous["probe_f1"] is not None and row["probe_f1"] is not None:
+            row["utility"] = row["probe_f1"] - previous["probe_f1"]
 
     def _score(self, answer: str | None) -> float | None:
         """F1 of ``answer`` against the question's golden answers; None for a question without any (one asked

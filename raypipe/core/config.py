@@ -285,6 +285,12 @@ class AgentConfig(StrictModel):
     enforce_answer_chars: int = Field(default=58, ge=1, description="Enforcement regex bound on an answer.")
     probe: bool = Field(default=True, description="Force an answer after every turn (the seed paper's probing).")
     probe_max_tokens: int = Field(default=64, ge=1)
+    probe_overlap: bool = Field(
+        default=True,
+        description="A turn's probe runs beside the trajectory's next turns (off its critical path) instead of "
+        "before them; the same requests and outputs. Not with an online controller (it reads the probe before "
+        "the next turn) nor under a turn barrier (the peers' schedule).",
+    )
     at_limit: Literal["none", "forced"] = Field(
         default="none",
         description="When the turn limit ends a trajectory after a search: none = no final answer (F1 0) and "
