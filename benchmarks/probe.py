@@ -7,8 +7,11 @@ at a time: raypipe's async engine, or vLLM's offline ``LLM`` for ``offline-turn-
 last in the order, so the engine changes as seldom as the alternation allows); each start is timed.
 
 * ``probe``: the stage (raypipe.runtime.generation.TrajectoryGenerator, a generation actor's body):
-  per-trajectory asynchronous loops on one engine, a turn's search beside its probe, prefix caching, probing on;
+  per-trajectory asynchronous loops on one engine, a turn's search and its trajectory's next turns beside its
+  probe (``agent.probe_overlap``), prefix caching, probing on;
 * ``no-probe``: the same with probing off -> probing overhead = wall(probe) / wall(no-probe);
+* ``probe-first``: the stage with each probe run before its trajectory's next turn (``agent.probe_overlap=false``,
+  the schedule before the overlap, and the one an online controller needs) -> its own probing overhead;
 * ``turn-sync``: the peers' schedule (pyterrier-rag's agents, Search-R1's ``generation.py``) on raypipe's
   own engine and retriever (raypipe.agents.barrier.TurnBarrier): per turn one batch of generations for
   all live trajectories, then one batch of searches, then one batch of probes; prefix caching on,
@@ -25,10 +28,11 @@ It prints one row per variant (median over repeats, and the spread): trajectorie
 prompt tokens served from the prefix cache and those prefilled, retrieval and engine seconds (from the
 cost columns of iterations/, raypipe.core.schema.ITERATION_COSTS); the ratios with their per-repeat
 range; for the lock-step variants, how full the barrier leaves the decode slots and what dropping it can
-gain in decode steps; how many agent transcripts differ between variants (probing must not change the
+gain in decode steps; for ``probe-first``, what running the probes beside the next turns can gain in decode steps; how many agent transcripts differ between variants (probing must not change the
 agent's own turns; batch numerics may; ``--show-differences`` lists where each first differs); per
 variant, the rows against the engine's own counters (vLLM's Prometheus totals of prompt, cached and
-generated tokens and finished requests over the run: counted by its scheduler, not derived from the rows);
+generated tokens and finished requests over the run: counted by its scheduler, not derived from the rows)
+and its steps (how many, the tokens each computed, wall ms per step, preemptions);
 the peak memory (PSS, and summed RSS) of the whole process tree. ``--job`` also runs ``jobs/probe.py`` and
 reports its wall and memory.
 
@@ -226,7 +230,7 @@ class Result:
 
 
 OFFLINE = "offline-turn-sync"
-VARIANTS = ("probe", "no-probe", "turn-sync", OFFLINE)
+VARIANTS = ("probe", "no-probe", "probe-first", "turn-sync", OFFLINE)
 LOCKSTEP = ("turn-sync", OFFLINE)  # the variants under a turn barrier
 
 
@@ -234,6 +238,8 @@ def variant_config(name: str, config: RunConfig) -> RunConfig:
     variant = config.model_copy(deep=True)
     if name == "no-probe":
         variant.agent.probe = False
+    if name == "probe-first":
+        variant.agent.probe_overlap = False
     if name == "sequential":
         variant.generation.max_concurrent_trajectories = 1
     return variant
@@ -290,11 +296,15 @@ def quality(outputs: list[TrajectoryOutput]) -> dict[str, float]:
 
 # vLLM's Prometheus counters (raypipe's key -> metric): kept by its scheduler and output processor in this
 # process while it records stats (engine.request_timings, the default), whatever raypipe writes in its rows.
+# The values are (metric, sample): a counter's running total, or a histogram's count of observations (one
+# per engine step for the tokens a step computed).
 VLLM_COUNTERS = {
-    "prompt": "vllm:prompt_tokens",
-    "cached": "vllm:prompt_tokens_cached",
-    "generated": "vllm:generation_tokens",
-    "requests": "vllm:request_success",
+    "prompt": ("vllm:prompt_tokens", "vllm:prompt_tokens_total"),
+    "cached": ("vllm:prompt_tokens_cached", "vllm:prompt_tokens_cached_total"),
+    "generated": ("vllm:generation_tokens", "vllm:generation_tokens_total"),
+    "requests": ("vllm:request_success", "vllm:request_success_total"),
+    "steps": ("vllm:iteration_tokens_total", "vllm:iteration_tokens_total_count"),
+    "preemptions": ("vllm:num_preemptions", "vllm:num_preemptions_total"),
 }
 
 
@@ -305,9 +315,9 @@ def engine_counters(registry=None) -> dict[str, float] | None:
 
     totals = {}
     for metric in (registry or REGISTRY).collect():
-        for key, name in VLLM_COUNTERS.items():
+        for key, (name, sample) in VLLM_COUNTERS.items():
             if metric.name == name:
-                totals[key] = sum(s.value for s in metric.samples if s.name == f"{name}_total")
+                totals[key] = sum(s.value for s in metric.samples if s.name == sample)
     return totals if totals.keys() == VLLM_COUNTERS.keys() else None
 
 
@@ -345,6 +355,17 @@ def counter_problems(result: Result) -> list[str] | None:
         problems.append(f"{where}: generated {rows['generated']:,.0f} in the rows, more than the engine's "
                         f"{engine['generated']:,.0f}")
     return problems
+
+
+def step_summary(runs: list[Result]) -> str:
+    """The engine's steps per run and what a step did and cost, median over the runs: the cost model's terms
+    (a step's wall time is the run's wall over its steps, retrieval waits included)."""
+    steps = [r.counters["steps"] for r in runs]
+    computed = [r.counters["prompt"] - r.counters["cached"] + r.counters["generated"] for r in runs]
+    return (f"{_median(steps):,.0f} per run ({_spread(steps, ',.0f')}), "
+            f"{_median([c / s for c, s in zip(computed, steps)]):.1f} tokens computed per step, "
+            f"{_median([r.wall_s / s * 1000 for r, s in zip(runs, steps)]):.1f} ms of wall per step, "
+            f"{_median([r.counters['preemptions'] for r in runs]):.0f} preemptions")  # fmt: skip
 
 
 def _median(values: list[float]) -> float:
@@ -426,8 +447,9 @@ def lockstep_gain(rows: Iterable[dict]) -> float:
     whatever its batch (a GPU below saturation): lock-step's decode steps over the async loops' fewest.
 
     Under the barrier each phase lasts its longest generation: sum over phases of max(tokens) steps. Without it
-    the trajectories decode side by side and the run lasts at least its longest trajectory's own tokens (a
-    trajectory's turns and probes follow one another; the stage overlaps only a probe with a search). An idle
+    the trajectories decode side by side and the run lasts at least its longest trajectory's own tokens (its
+    turns and probes one after another, as ``probe-first`` runs them; :func:`overlap_gain` is what the stage's
+    probes beside the next turns take off that). An idle
     slot costs such an engine nothing, so the fill does not enter: two trajectories whose turns generate (100, 100,
     100) and (1) tokens fill 75% of the slots yet gain nothing (1 / fill = 1.33), and four of (100, 1), (1, 1, 100),
     (100, 1), (100, 2) fill 80% yet gain 1.98x (1 / fill = 1.25). Prefill and searches are left out; where the engine's
@@ -442,6 +464,25 @@ def lockstep_gain(rows: Iterable[dict]) -> float:
     return steps / longest if longest else 1.0
 
 
+def overlap_gain(rows: Iterable[dict]) -> float:
+    """The most that running each probe beside its trajectory's next turns (``agent.probe_overlap``) can gain on
+    these trajectories where a decode step costs the same whatever its batch: the longest trajectory's own decode
+    steps with each probe before its next turn, over those with the probes beside (the turns one after another,
+    each probe from the end of its turn). Trajectories (30, 10, 30, 5) and (50, 5) in (turn, probe) tokens take
+    75 and 55 steps one after the other, 65 and 55 with the probes beside: 75 / 65. Prefill and searches are left
+    out; where a step's cost grows with its batch (a CPU) the gain is smaller, or a loss."""
+    first: dict[str, int] = {}
+    turns: dict[str, int] = {}
+    beside: dict[str, int] = {}
+    for row in sorted(rows, key=lambda r: (r["qid"], r["iteration"])):
+        qid = row["qid"]
+        first[qid] = first.get(qid, 0) + row["tokens_generated"] + row["probe_tokens"]
+        turns[qid] = turns.get(qid, 0) + row["tokens_generated"]
+        beside[qid] = max(beside.get(qid, 0), turns[qid] + row["probe_tokens"])
+    longest = max(beside.values(), default=0)
+    return max(first.values()) / longest if longest else 1.0
+
+
 def print_report(
     results: list[Result], config: RunConfig, engine_starts: dict[str, list[float]], show_differences: bool = False
 ) -> None:
@@ -451,7 +492,11 @@ def print_report(
     first = results[0]
     starts = ", ".join(f"{kind} started {len(seconds)}x, {_median(seconds):.1f} s"
                        for kind, seconds in engine_starts.items() if seconds)  # fmt: skip
-    print(f"\n{first.questions} questions ({', '.join(config.data.datasets)}), model {config.engine.model} on "
+    from first_run import cpu_description  # benchmarks/: the script's own folder
+
+    model, flags, cores = cpu_description()
+    print(f"\nCPU: {model}; {cores} cores; flags: {flags}")
+    print(f"{first.questions} questions ({', '.join(config.data.datasets)}), model {config.engine.model} on "
           f"{config.engine.backend} ({starts}), enforcement "
           f"{config.agent.enforcement}, protocol {config.agent.protocol}, {len(by_name[first.name])} repeats; "
           "per trajectory: median over repeats\n")  # fmt: skip
@@ -497,13 +542,20 @@ def print_report(
               f"{_median(fills):.0%} (repeats {_spread([f * 100 for f in fills], '.0f')} %); dropping the barrier "
               f"gains at most {_median(gains):.2f}x (repeats {_spread(gains, '.2f')}) where a decode step costs the "
               "same at any batch (lock-step's decode steps / the longest trajectory's tokens)")  # fmt: skip
+    if "probe-first" in by_name:
+        gains = [overlap_gain(row for o in r.outputs for row in o.iterations) for r in by_name["probe-first"]]
+        print(f"probe-first: running each probe beside its next turns instead gains at most {_median(gains):.2f}x "
+              f"(repeats {_spread(gains, '.2f')}) where a decode step costs the same at any batch (the longest "
+              "trajectory's decode steps with the probes on its path / beside it)")  # fmt: skip
     if OFFLINE in by_name:
         calls = [f"{len(r.batches)} for {sum(r.batches)} requests (largest {max(r.batches)})" for r in by_name[OFFLINE]]
         print(f"{OFFLINE}: LLM.generate calls per repeat: {'; '.join(calls)}")
     ratio("probe-subset", "sequential", "trajectories/min of the stage over the sequential baseline (same questions)",
           "target >= 5x")  # fmt: skip
     ratio("probe", "no-probe", "probing overhead (wall with probing / without)", "target <= 1.10x", invert=True)
-    pairs = [("probe", "no-probe"), ("probe", "turn-sync"), ("probe", OFFLINE), ("turn-sync", OFFLINE),
+    ratio("probe-first", "no-probe", "probing overhead with each probe before its next turn", "for comparison",
+          invert=True)  # fmt: skip
+    pairs = [("probe", "no-probe"), ("probe", "probe-first"), ("probe", "turn-sync"), ("probe", OFFLINE), ("turn-sync", OFFLINE),
              ("probe-subset", "sequential")]  # fmt: skip
     for a, b in pairs:
         if a in by_name and b in by_name:
@@ -531,6 +583,7 @@ def print_report(
         problems = [p for c in checks for p in c]
         print(f"rows against the engine's own counters (prompt, cached, requests equal; generated at most), {name}: "
               f"{'yes' if not problems else 'NO: ' + '; '.join(problems[:3])}")
+        print(f"engine steps, {name}: {step_summary(runs)}")
     print(f"quality of {results[0].name}, repeat 0:")
     for key, value in quality(results[0].outputs).items():
         print(f"{key}: {value:.2f}" if "F1" in key or "mean" in key else f"{key}: {value:.0%}")

@@ -54,23 +54,31 @@ def test_lockstep_fill_without_tokens_is_full(bench):
     assert bench.lockstep_fill([]) == 1.0
 
 
-def vllm_registry(prompt: float, cached: float, generated: float, requests: dict[str, float]):
-    """A registry with vLLM's counters, labelled as vLLM labels them."""
+def vllm_registry(prompt: float, cached: float, generated: float, requests: dict[str, float],
+                  step_tokens: tuple[int, ...] = (), preemptions: float = 0):  # fmt: skip
+    """A registry with vLLM's counters and its histogram of tokens per engine step, labelled as vLLM labels them."""
     prometheus = pytest.importorskip("prometheus_client")  # vLLM's dependency
     CollectorRegistry, Counter = prometheus.CollectorRegistry, prometheus.Counter
     registry = CollectorRegistry()
     labels = ["model_name", "engine"]
-    for name, value in (("prompt_tokens", prompt), ("prompt_tokens_cached", cached), ("generation_tokens", generated)):
+    for name, value in (("prompt_tokens", prompt), ("prompt_tokens_cached", cached), ("generation_tokens", generated),
+                        ("num_preemptions", preemptions)):  # fmt: skip
         Counter(f"vllm:{name}", name, labels, registry=registry).labels("m", "0").inc(value)
     success = Counter("vllm:request_success", "finished", [*labels, "finished_reason"], registry=registry)
     for reason, count in requests.items():
         success.labels("m", "0", reason).inc(count)
+    steps = prometheus.Histogram("vllm:iteration_tokens_total", "tokens per step", labels, registry=registry,
+                                 buckets=[1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048])  # fmt: skip
+    for tokens in step_tokens:
+        steps.labels("m", "0").observe(tokens)
     return registry
 
 
 def test_engine_counters_read_vllms_totals_or_none(bench):
-    registry = vllm_registry(1200, 800, 90, {"stop": 5, "length": 2})
-    assert bench.engine_counters(registry) == {"prompt": 1200, "cached": 800, "generated": 90, "requests": 7}
+    registry = vllm_registry(1200, 800, 90, {"stop": 5, "length": 2}, step_tokens=(400, 12, 12, 3), preemptions=1)
+    assert bench.engine_counters(registry) == {
+        "prompt": 1200, "cached": 800, "generated": 90, "requests": 7, "steps": 4, "preemptions": 1,
+    }  # fmt: skip
     assert bench.settled_counters(registry, wait_s=0.01) == bench.engine_counters(registry)
     assert bench.engine_counters(pytest.importorskip("prometheus_client").CollectorRegistry()) is None  # not checked
 
@@ -97,3 +105,13 @@ def test_rows_against_the_engines_counters_can_fail(bench):
         "probe (repeat 0): requests 4 in the rows, 3 by the engine",
         "probe (repeat 0): generated 25 in the rows, more than the engine's 20",
     ]
+
+
+def test_step_summary_is_the_cost_models_terms(bench):
+    counters = {"prompt": 250, "cached": 60, "generated": 27, "requests": 3, "steps": 10, "preemptions": 2}
+    one, other = result(bench, counters), result(bench, {**counters, "steps": 20, "preemptions": 0})
+    other.wall_s = 3.0
+    # (250 - 60 + 27) tokens computed: 21.7 and 10.85 a step; 1 s / 10 steps and 3 s / 20 steps
+    assert bench.step_summary([one, other]) == (
+        "15 per run (10-20), 16.3 tokens computed per step, 125.0 ms of wall per step, 1 preemptions"
+    )

@@ -245,3 +245,17 @@ def test_transcript_differences_name_the_first_differing_iteration(bench):
     assert where["tail"] == (None, "a forced Paris", "a forced Rome")  # every row agrees: the transcripts
     window = bench.first_difference("y" * 100 + "A" + "z" * 100, "y" * 100 + "B" + "z" * 100)
     assert window == ("y" * 10 + "A" + "z" * 49, "y" * 10 + "B" + "z" * 49)
+
+
+@pytest.mark.parametrize(
+    "trajectories, gain",
+    [
+        (([(30, 10), (30, 5)], [(50, 5)]), 75 / 65),  # the docstring's case
+        (([(100, 20)], [(100, 10)]), 1.0),  # one turn each: its probe is on the path either way
+        (([(10, 50), (10, 5)], [(5, 1)]), 75 / 60),  # a probe longer than the next turn still ends the trajectory
+        (([(40, 0), (40, 0)], [(10, 30), (10, 30)]), 80 / 80),  # the longest trajectory has no probe tokens
+    ],
+)
+def test_overlap_gain_counts_the_longest_trajectorys_steps(bench, trajectories, gain):
+    assert bench.overlap_gain(rows(*trajectories)) == pytest.approx(gain, rel=1e-12)
+    assert bench.overlap_gain([]) == 1.0
