@@ -98,6 +98,12 @@ def cmdline(process: psutil.Process) -> str:
         return ""
 
 
+def job_state(proc: subprocess.Popen, processes: list[psutil.Process], tmp_path: Path) -> str:
+    """What a failed wait shows: the job's exit code, its process tree and the end of its log."""
+    tree = "\n".join(f"  {p.pid}: {cmdline(p)[:100] or '(exited)'}" for p in processes)
+    return f"job exit code {proc.poll()}; processes under the job:\n{tree}\n{(tmp_path / 'job.log').read_text()[-3000:]}"
+
+
 @pytest.mark.slow
 def test_sigint_during_generation_stops_the_job_within_5_s_and_the_rerun_resumes(setup, killed_once, tmp_path):
     import ray
@@ -113,12 +119,13 @@ def test_sigint_during_generation_stops_the_job_within_5_s_and_the_rerun_resumes
     with open(tmp_path / "job.log", "wb") as log:
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            deadline = time.monotonic() + 400
-            while not RunDir(out).has("trajectories"):  # the first batch written: the second is generating
-                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "job.log").read_text()[-3000:]
+            # wait for the first batch written while an engine generates the next one (polled: a CI run once
+            # saw no EngineCore at the very moment its first part landed)
+            deadline, processes = time.monotonic() + 400, []
+            while not (RunDir(out).has("trajectories") and any("EngineCore" in cmdline(p) for p in processes)):
+                assert proc.poll() is None and time.monotonic() < deadline, job_state(proc, processes, tmp_path)
                 time.sleep(0.2)
-            processes = psutil.Process(proc.pid).children(recursive=True)  # local Ray, its workers, the engine
-            assert any("EngineCore" in cmdline(p) for p in processes), "no EngineCore under the job"
+                processes = psutil.Process(proc.pid).children(recursive=True)  # local Ray, its workers, the engine
             proc.send_signal(signal.SIGINT)
             signalled = time.monotonic()
             code = proc.wait(timeout=60)
