@@ -32,7 +32,10 @@ gain in decode steps; for ``probe-first``, what running the probes beside the ne
 agent's own turns; batch numerics may; ``--show-differences`` lists where each first differs); per
 variant, the rows against the engine's own counters (vLLM's Prometheus totals of prompt, cached and
 generated tokens and finished requests over the run: counted by its scheduler, not derived from the rows)
-and its steps (how many, the tokens each computed, wall ms per step, preemptions);
+and its steps (how many, the tokens each computed, wall ms per step, preemptions); the CPU seconds of the
+process tree per run and the machine's steal time over it, and the probing overhead in CPU seconds beside
+the wall ratio (where the spread between repeats comes from: CPU seconds near cores x wall say the run kept
+the cores busy, steal says whether the hypervisor took them; what is left is the cores' own speed);
 the peak memory (PSS, and summed RSS) of the whole process tree. ``--job`` also runs ``jobs/probe.py`` and
 reports its wall and memory.
 
@@ -207,6 +210,8 @@ class Result:
     outputs: list[TrajectoryOutput]
     engine: SharedEngine
     counters: dict[str, float] | None = None  # the engine's own totals over the run (engine_counters), if it keeps any
+    cpu_s: float | None = None  # CPU seconds of this process tree over the run (tree_cpu_seconds)
+    steal_s: float | None = None  # CPU seconds the hypervisor gave other guests over the run (steal_seconds)
     batches: list[int] | None = None  # offline-turn-sync: the requests of each LLM.generate call
 
     @property
@@ -264,15 +269,16 @@ def run_variant(name: str, repeat: int, config: RunConfig, questions, engine, in
             return list(await asyncio.gather(*(loop.run(q) for q in questions)))
 
         before = settled_counters()
-        started = time.perf_counter()
+        cpu, steal, started = tree_cpu_seconds(), steal_seconds(), time.perf_counter()
         outputs = asyncio.run(lock_step())
     else:
         stage = TrajectoryGenerator(config, retriever, engine_factory=lambda _: shared)
         before = settled_counters()  # after the stage's engine warm-up, whose requests have no rows
-        started = time.perf_counter()
+        cpu, steal, started = tree_cpu_seconds(), steal_seconds(), time.perf_counter()
         outputs = stage.run(questions)
         stage.close()
-    result = Result(name, repeat, time.perf_counter() - started, outputs, shared)
+    result = Result(name, repeat, time.perf_counter() - started, outputs, shared,
+                    cpu_s=tree_cpu_seconds() - cpu, steal_s=steal_seconds() - steal)  # fmt: skip
     if name == OFFLINE:
         result.batches = list(engine.batch_sizes)
     after = settled_counters()
@@ -366,6 +372,32 @@ def step_summary(runs: list[Result]) -> str:
             f"{_median([c / s for c, s in zip(computed, steps)]):.1f} tokens computed per step, "
             f"{_median([r.wall_s / s * 1000 for r, s in zip(runs, steps)]):.1f} ms of wall per step, "
             f"{_median([r.counters['preemptions'] for r in runs]):.0f} preemptions")  # fmt: skip
+
+
+def tree_cpu_seconds(root: psutil.Process | None = None) -> float:
+    """User and system CPU seconds of ``root`` (default: this process) and of every live process under it
+    (vLLM's EngineCore)."""
+    root = root or psutil.Process()
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def steal_seconds() -> float:
+    """The machine's CPU seconds stolen by the hypervisor for other guests so far (0 where not reported)."""
+    return getattr(psutil.cpu_times(), "steal", 0.0)
+
+
+def cpu_summary(runs: list[Result]) -> str:
+    """CPU seconds of the process tree and the machine's steal per run, median and range over the runs."""
+    cpu, steal = [r.cpu_s for r in runs], [r.steal_s for r in runs]
+    return (f"{_median(cpu):.1f} CPU s of the process tree ({_spread(cpu)}), "
+            f"{_median(steal):.1f} s stolen from the machine ({_spread(steal)})")  # fmt: skip
 
 
 def _median(values: list[float]) -> float:
@@ -523,11 +555,11 @@ def print_report(
     print("\n(engine s: seconds from a request's first scheduling to its last token, summed over its requests; "
           "concurrent requests overlap)\n")
 
-    def ratio(a: str, b: str, label: str, target: str, invert: bool = False) -> None:
+    def ratio(a: str, b: str, label: str, target: str, invert: bool = False, measure: str = "wall_s") -> None:
         if a not in by_name or b not in by_name:
             return
-        pairs = list(zip(by_name[a], by_name[b]))
-        values = [(y.wall_s / x.wall_s) if not invert else (x.wall_s / y.wall_s) for x, y in pairs]
+        pairs = [(getattr(x, measure), getattr(y, measure)) for x, y in zip(by_name[a], by_name[b])]
+        values = [(y / x) if not invert else (x / y) for x, y in pairs]
         print(f"{label}: {_median(values):.2f}x (repeats {_spread(values, '.2f')})   ({target})")
 
     ratio("probe", "turn-sync", "trajectories/min of the stage over the turn-synchronous baseline", "target >= 1.25x")
@@ -555,6 +587,8 @@ def print_report(
     ratio("probe", "no-probe", "probing overhead (wall with probing / without)", "target <= 1.10x", invert=True)
     ratio("probe-first", "no-probe", "probing overhead with each probe before its next turn", "for comparison",
           invert=True)  # fmt: skip
+    ratio("probe", "no-probe", "probing overhead in CPU seconds of the process tree", "for comparison", invert=True,
+          measure="cpu_s")  # fmt: skip
     pairs = [("probe", "no-probe"), ("probe", "probe-first"), ("probe", "turn-sync"), ("probe", OFFLINE), ("turn-sync", OFFLINE),
              ("probe-subset", "sequential")]  # fmt: skip
     for a, b in pairs:
@@ -584,6 +618,8 @@ def print_report(
         print(f"rows against the engine's own counters (prompt, cached, requests equal; generated at most), {name}: "
               f"{'yes' if not problems else 'NO: ' + '; '.join(problems[:3])}")
         print(f"engine steps, {name}: {step_summary(runs)}")
+    for name, runs in by_name.items():
+        print(f"CPU, {name}: {cpu_summary(runs)}")
     print(f"quality of {results[0].name}, repeat 0:")
     for key, value in quality(results[0].outputs).items():
         print(f"{key}: {value:.2f}" if "F1" in key or "mean" in key else f"{key}: {value:.0%}")

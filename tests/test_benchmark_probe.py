@@ -4,9 +4,12 @@ fill under a turn barrier, and the rows checked against the engine's own counter
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from raypipe.agents import TrajectoryOutput
@@ -115,3 +118,25 @@ def test_step_summary_is_the_cost_models_terms(bench):
     assert bench.step_summary([one, other]) == (
         "15 per run (10-20), 16.3 tokens computed per step, 125.0 ms of wall per step, 1 preemptions"
     )
+
+
+def test_tree_cpu_seconds_counts_the_processes_under_this_one(bench):
+    before = bench.tree_cpu_seconds()
+    burn = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", burn])
+    try:
+        process, deadline = psutil.Process(child.pid), time.monotonic() + 20
+        while sum(process.cpu_times()[:2]) < 0.5:  # user + system: the burn is done, the child sleeps
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert bench.tree_cpu_seconds() - before >= 0.5  # the living child's CPU time is the tree's
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_cpu_summary_is_median_and_range_over_the_runs(bench):
+    runs = [result(bench, None), result(bench, None), result(bench, None)]
+    for run, cpu, steal in zip(runs, (100.0, 130.0, 110.0), (0.0, 4.0, 1.5)):
+        run.cpu_s, run.steal_s = cpu, steal
+    assert bench.cpu_summary(runs) == "110.0 CPU s of the process tree (100.0-130.0), 1.5 s stolen from the machine (0.0-4.0)"
