@@ -74,7 +74,7 @@ from raypipe.analysis.stats import (
     utility_distribution,
 )
 from raypipe.core.config import ReportConfig
-from raypipe.core.rundir import RunDir
+from raypipe.core.rundir import RunDir, model_notes
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +292,7 @@ def render_overview(ctx: ReportContext) -> list[Block]:
     rows = [("run directory", str(ctx.run.path.resolve())), ("run name", meta.name), ("agent protocol", meta.agent),
             ("model", meta.model), ("engine backend", meta.backend)]
     rows += [("compared run", f"{r.path.resolve()} (agent {agent})") for r, agent in ctx.agent_labels()[1:]]
-    blocks: list[Block] = []
+    blocks: list[Block] = [Text(f"{note}.", "note") for note in model_notes(r for r, _ in ctx.agent_labels())]
     if not meta.config_found:
         blocks.append(Text("No config.yaml in the run directory: the agent is labelled 'unknown-agent'.", "missing"))
     for name in ("trajectories", "iterations"):

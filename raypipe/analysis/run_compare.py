@@ -24,7 +24,7 @@ from raypipe.analysis.paired import CORRECTION_NAMES, Correction, paired_compari
 from raypipe.analysis.setup_section import _show, lookup, run_tree
 from raypipe.analysis.stats import ALL, FAILED_STOPS
 from raypipe.core.metrics import exact_match
-from raypipe.core.rundir import RunDir
+from raypipe.core.rundir import RunDir, model_notes
 from raypipe.core.schema import TRAJECTORY_COSTS
 
 KEY = ["dataset", "qid"]
@@ -179,7 +179,8 @@ def comparison_tables(comparison: Comparison) -> list[Table]:
 def comparison_sections(comparison: Comparison) -> list[RenderedSection]:
     counts = Text(f"{comparison.shared} questions compared, paired by dataset and qid; baseline "
                   f"{comparison.baseline} ({comparison.paths[0]}).")  # fmt: skip
-    blocks = [counts, Table("Questions per run", comparison.questions)]
+    notes = [Text(f"{note}.", "note") for note in model_notes(RunDir(path) for path in comparison.paths)]
+    blocks = [*notes, counts, Table("Questions per run", comparison.questions)]
     if comparison.skipped_metrics:
         blocks.append(Text(f"Not compared (no values in some run): {', '.join(comparison.skipped_metrics)}.", "note"))
     diff = comparison.config_diff

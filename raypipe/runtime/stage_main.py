@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from raypipe.analysis.tracking import Headline, StageTracker, TrackingError
 from raypipe.core.config import ConfigError, RunConfig
 from raypipe.core.jobargs import job_parser, run_config_from_args, setup_logging
-from raypipe.core.rundir import RunDir, RunDirError
+from raypipe.core.rundir import RunDir, RunDirError, model_notes
 from raypipe.core.train_run import add_train_run_argument, resolve_train_run
 from raypipe.runtime.cluster import init_ray
 
@@ -92,6 +92,13 @@ class RunDirStage:
             return step(stage)
         except self.errors as exc:
             raise SystemExit(f"error: {exc}") from None
+
+
+def print_model_note(*runs: RunDir) -> None:
+    """Under a stage's printed figures: the runs' :meth:`~raypipe.core.rundir.RunDir.model_note`, each
+    distinct one once."""
+    for note in model_notes(runs):
+        print(f"\nnote: {note}.")
 
 
 def tracking_or_exit(step: Callable[..., T], *args) -> T:

@@ -18,7 +18,8 @@ from raypipe.analysis.run_compare import (
 from raypipe.analysis.tracking import Headline, StageTracker, run_tracking
 from raypipe.core.config import ConfigError
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
-from raypipe.runtime.stage_main import tracking_or_exit
+from raypipe.core.rundir import RunDir
+from raypipe.runtime.stage_main import print_model_note, tracking_or_exit
 
 DESCRIPTION = """Compare runs question by question against a baseline run: paired t and Wilcoxon tests.
 
@@ -73,6 +74,7 @@ def main() -> None:
     if not comparison.config_diff.empty:
         print(f"settings that differ: {', '.join(comparison.config_diff['setting'])}")
     html, md = write_comparison(comparison, args.out or baseline / "compare")
+    print_model_note(*(RunDir(run) for run in runs))
     print(f"(page: {html})")
     params = {"compare": {"baseline": str(baseline.resolve()), "runs": [str(r.resolve()) for r in runs],
                           "correction": correction}}  # fmt: skip

@@ -74,6 +74,7 @@ from raypipe.runtime.generation import (
 from raypipe.runtime.generation_progress import GenerationReporter, engine_start_hint, show_actor_logs
 from raypipe.runtime.interrupt import shutdown_now
 from raypipe.runtime.retrieval import open_retrieval
+from raypipe.runtime.stage_main import print_model_note
 from raypipe.stages.index import ensure_index
 from raypipe.stopping.online import controller_from_path
 
@@ -276,3 +277,4 @@ def main() -> None:
             ray.shutdown()
     print(f"\n{written} new trajectories -> {run.path}\n")
     print(format_summary(summarize(run)))
+    print_model_note(run)

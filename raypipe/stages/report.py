@@ -17,7 +17,7 @@ from raypipe.analysis.tracking import Headline, StageTracker, run_tracking
 from raypipe.core.config import ReportConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.core.rundir import RunDir
-from raypipe.runtime.stage_main import tracking_or_exit
+from raypipe.runtime.stage_main import print_model_note, tracking_or_exit
 
 DESCRIPTION = """Write RUN_DIR/report/: statistics, bootstrap intervals, plots and one HTML page (plus Markdown).
 
@@ -121,6 +121,7 @@ def main() -> None:
     table2 = next((b for b in rq1.blocks if isinstance(b, Table)), None) if rq1 else None
     if table2 is not None:
         print(table_markdown(table2))
+        print_model_note(RunDir(args.run_dir))
     if args.screenshot:
         png = result.html.parent / "screenshot.png"
         try:

@@ -49,7 +49,7 @@ from raypipe.core.rundir import RunDir
 from raypipe.core.train_run import StackedRun
 from raypipe.llm.base import Engine
 from raypipe.llm.factory import build_engine
-from raypipe.runtime.stage_main import RunDirStage, StageRun
+from raypipe.runtime.stage_main import RunDirStage, StageRun, print_model_note
 from raypipe.runtime.trainer import run_training, torch_trainer
 from raypipe.stopping.replay import load_trajectories
 from raypipe.stoprag.comparison import baseline_controllers, comparison_rows, write_comparison
@@ -222,6 +222,7 @@ STAGE = RunDirStage(
 
 
 def main() -> None:
-    _, report = STAGE.main(_stoprag)
+    stage, report = STAGE.main(_stoprag)
     log.info("questions %s, left out %s, %.0f s; wrote %s", report.splits, report.excluded or "none", report.seconds, report.out)
     print((report.out / "comparison.md").read_text())
+    print_model_note(stage.run)

@@ -41,7 +41,7 @@ from raypipe.analysis.tracking import Headline
 from raypipe.core.config import HeadRefit, ReportConfig, StoppingConfig, TrainConfig
 from raypipe.core.rundir import RunDir
 from raypipe.predict.qtypes import run_question_types
-from raypipe.runtime.stage_main import RunDirStage, StageRun, tune_callbacks
+from raypipe.runtime.stage_main import RunDirStage, StageRun, print_model_note, tune_callbacks
 from raypipe.stopping.grid import HeadKey, choose_thresholds, evaluate_grid, predictions_by_head, score_choice
 from raypipe.stopping.heuristic import VARIANTS, Predictions
 from raypipe.stopping.inputs import SweepInputs, check_inputs, load_inputs
@@ -262,12 +262,13 @@ STAGE = RunDirStage(
 
 
 def main() -> None:
-    _, report = STAGE.main(_sweep)
+    stage, report = STAGE.main(_sweep)
     q = report.selected["questions"]
     print(
         f"\n{q['val']} validation / {q['test']} test questions, {report.seconds:.0f} s; left out: {report.excluded or 'none'}\n"
     )
     print((report.out_dir / f"{TRADEOFF}.md").read_text())
+    print_model_note(stage.run)
     print(
         f"(tables, {FIGURE} and selected.json in {report.out_dir}; TensorBoard: raypipe dashboard {report.out_dir.parent})"
     )

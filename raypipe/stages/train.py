@@ -49,7 +49,7 @@ from raypipe.predict.runs import read_runs
 from raypipe.predict.splits import assign_folds, fold_column, protocol_note
 from raypipe.predict.tables import plot_curves, write_tables
 from raypipe.predict.window import TYPE_COLUMN
-from raypipe.runtime.stage_main import RunDirStage, StageRun
+from raypipe.runtime.stage_main import RunDirStage, StageRun, print_model_note
 from raypipe.runtime.trainer import MAX_FAILURES, run_training, torch_trainer
 
 DESCRIPTION = """Train the P_i / U_i predictors of a run: cross-encoders on Ray Train, the windowed head, Tables 3-4.
@@ -247,4 +247,5 @@ def main() -> None:
           f"{summary['protocol']}\n")
     for name in ("crossencoders.md", "table3_signal_groups.md", "table4_unsup_sources.md"):
         print((tables / name).read_text())
+    print_model_note(run)
     print(f"(tables in {tables}; bundle in {run.path / 'models'})")
