@@ -17,7 +17,7 @@ import pyarrow as pa
 from raypipe.core.config import load_config
 from raypipe.core.progress import HEARTBEAT_S, Heartbeat, waiting
 from raypipe.retrieval.encoders import EncoderSpec
-from raypipe.runtime.cluster import DRIVER_LOG, route_driver_logs
+from raypipe.runtime.cluster import DRIVER_LOG, NoActionNotices, route_driver_logs
 from raypipe.runtime.crashes import CrashLedger
 from raypipe.runtime.generation_progress import GenerationReporter, engine_start_hint, show_actor_logs
 from raypipe.stages import probe
@@ -64,6 +64,33 @@ def test_the_driver_line_comes_every_15_s_from_engine_start_to_the_last_trajecto
     assert all("/min" in line and ("ETA" in line or "took" in line) for line in working)
     assert working[-1].startswith("generation: 12/12 trajectories,") and "took 2m" in working[-1]
     assert sum("engine started" in line for line in working) == 1
+
+
+def test_the_eta_counts_the_turns_in_flight_so_side_by_side_trajectories_do_not_put_it_minutes_out():
+    clock = Clock()
+    ledger = CrashLedger(clock=clock)
+    by_count = GenerationReporter(12, clock=clock)
+    by_turns = GenerationReporter(12, clock=clock, turn_limit=4)
+    early = CrashLedger(clock=clock)
+    asyncio.run(_start(early, ["a", "b"]))
+    early.turn_done("a")  # less than one trajectory's work in all (1 of 5 turns): no ETA yet
+    assert GenerationReporter(2, clock=clock, turn_limit=4).line(asyncio.run(early.status())) == (
+        "generation: 0/2 trajectories, 0.0/min, ETA ?, 2 in flight")
+    asyncio.run(_start(ledger, [f"q{i}" for i in range(12)]))
+    for second in range(1, 32):  # every trajectory a turn each 10 s; q0 answers after its third
+        clock.now += 1
+        if second % 10 == 0:
+            for i in range(12):
+                ledger.turn_done(f"q{i}")
+        if second == 30:
+            asyncio.run(ledger.finished("q0"))
+    ledger.turn_done("q0")  # a late report of a finished trajectory counts for nothing
+    status = asyncio.run(ledger.status())
+    assert (status.finished, status.in_flight, status.turns_in_flight) == (1, 11, 33)
+    # the 11 in flight have done 3 of at most 5 turns each: 1 + 33/5 = 7.6 trajectories' work in 31 s,
+    # 4.4 left: 17.9 s (they end at 40 s); by finished trajectories alone 11 more at 1 per 31 s: 5m41s
+    assert by_turns.line(status) == "generation: 1/12 trajectories, 1.9/min, ETA 17s, 11 in flight"
+    assert by_count.line(status) == "generation: 1/12 trajectories, 1.9/min, ETA 5m41s, 11 in flight"
 
 
 def _start(ledger, qids):
@@ -239,10 +266,15 @@ def test_the_driver_log_file_gets_everything_and_rays_info_leaves_the_terminal(t
     assert path == tmp_path / "logs" / DRIVER_LOG
     ray_logger.info("Started a local Ray instance.")
     ray_logger.warning("a worker died")
+    ray_logger.warning("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out.")
+    ray_logger.warning("Token authentication is disabled for this Ray cluster. Anyone with network access ...")
     root.info("faiss loaded")
-    assert console.getvalue() == "a worker died\n"
+    assert console.getvalue() == "a worker died\nToken authentication is disabled for this Ray cluster. Anyone with network access ...\n"
     text = path.read_text()
-    assert all(line in text for line in ("Started a local Ray instance.", "a worker died", "faiss loaded"))
+    assert all(line in text for line in ("Started a local Ray instance.", "a worker died", "faiss loaded",
+                                         "Token authentication is enabled"))  # fmt: skip
+    route_driver_logs(tmp_path / "logs", logger=root, ray_logger=ray_logger)  # a second run adds no second filter
+    assert [type(f) for h in ray_logger.handlers for f in h.filters] == [NoActionNotices]
     for logger in (root, ray_logger):
         for handler in logger.handlers:
             handler.close()

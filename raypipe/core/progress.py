@@ -24,7 +24,9 @@ class Progress:
     """``[label: ]done[/total] unit[, rate/per][, ETA t][, extra]`` every ``every_s`` seconds.
 
     ``per`` is the time unit of the item rate (None: no item rate, e.g. when ``extra`` says a better one);
-    the ETA needs a ``total``; once ``total`` is reached the ETA gives way to the time taken. The clock
+    the ETA needs a ``total``; once ``total`` is reached the ETA gives way to the time taken. ``partial``
+    is the work done on items not yet done, in items: the ETA counts it (items that run side by side finish
+    together, late; counting only finished ones would put the ETA far out early on), the count does not. The clock
     (``clock``, default ``time.monotonic``) starts when the reporter is made, or ``started_ago`` seconds
     before (a reporter made after its work began).
     """
@@ -45,6 +47,7 @@ class Progress:
         self.log = log or logging.getLogger(__name__)
         self.clock = clock or _monotonic
         self.done = 0
+        self.partial = 0.0
         self.logged = self.clock()
         self.started = self.logged - started_ago
 
@@ -66,7 +69,8 @@ class Progress:
         if self.total is not None and self.done >= self.total:
             parts.append(f"took {duration(self.elapsed)}")
         elif self.total is not None:
-            parts.append(f"ETA {duration((self.total - self.done) / rate if rate > 0 else math.inf)}")
+            work = self.done + self.partial  # under one item's worth the ETA is noise: "?"
+            parts.append(f"ETA {duration((self.total - work) * self.elapsed / work if work >= 1 else math.inf)}")
         if extra:
             parts.append(extra)
         return ", ".join(parts)

@@ -79,7 +79,8 @@ def route_driver_logs(
     log_dir: Path, logger: logging.Logger | None = None, ray_logger: logging.Logger | None = None
 ) -> Path:
     """Write the driver's log records (every logger's, INFO and up) to ``log_dir/driver.log`` too, and
-    keep Ray's own INFO lines ("Started a local Ray instance") off the terminal: they go only there.
+    keep Ray's own INFO lines ("Started a local Ray instance") and its :class:`NoActionNotices` off the
+    terminal: they go only there.
     ``logger`` defaults to the root logger, ``ray_logger`` to Ray's (which does not propagate to it).
     The console's third-party INFO lines are held back by :func:`raypipe.core.jobargs.setup_logging`."""
     if logger is None:
@@ -94,7 +95,19 @@ def route_driver_logs(
         _replace_file_handler(target, _file_handler(path, DRIVER_HANDLER))
     for console in _console_handlers(ray_logger):
         console.setLevel(max(console.level, logging.WARNING))
+        if not any(isinstance(f, NoActionNotices) for f in console.filters):
+            console.addFilter(NoActionNotices())
     return path
+
+
+class NoActionNotices(logging.Filter):
+    """Ray's WARNING records that ask nothing of the user: that Ray turned token authentication on for the
+    local cluster it starts (the safe default; the opposite notice, that it is off, still shows)."""
+
+    PREFIXES = ("Token authentication is enabled for this Ray cluster",)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.PREFIXES)
 
 
 def route_ray_data_logs(

@@ -38,6 +38,7 @@ class GenerationStatus:
     started: int  # questions started at least once
     finished: int  # questions finished at least once
     in_flight: int
+    turns_in_flight: int  # agent turns the trajectories in flight have completed
     running_s: float  # since the first trajectory started (0 before)
     engines_starting: int
     starting_s: float  # how long the longest-starting engine has been starting (0: none is)
@@ -57,6 +58,7 @@ class CrashLedger:
         self._finished: Counter[str] = Counter()
         self._errors: dict[str, str] = {}
         self._in_flight: set[str] = set()
+        self._turns: Counter[str] = Counter()  # per question in flight: its turns completed
         self._first_start: float | None = None
         self._engines: dict[str, tuple[float, float | None]] = {}  # actor -> (start began, start seconds once ready)
         self._deaths = 0
@@ -65,12 +67,19 @@ class CrashLedger:
     async def started(self, qid: str) -> None:
         self._started[qid] += 1
         self._in_flight.add(qid)
+        self._turns[qid] = 0
         if self._first_start is None:
             self._first_start = self._clock()
 
     async def finished(self, qid: str) -> None:
         self._finished[qid] += 1
         self._in_flight.discard(qid)
+        self._turns.pop(qid, None)
+
+    def turn_done(self, qid: str) -> None:
+        """The trajectory of ``qid`` completed a turn (its iteration row): progress, not a crash record."""
+        if qid in self._in_flight:
+            self._turns[qid] += 1
 
     async def died(self, qids: list[str], error: str) -> None:
         """The engine of these in-flight questions died with ``error`` (their starts stay unfinished)."""
@@ -100,6 +109,7 @@ class CrashLedger:
         ready = [(began + start_s, start_s) for began, start_s in self._engines.values() if start_s is not None]
         return GenerationStatus(
             started=len(self._started), finished=len(self._finished), in_flight=len(self._in_flight),
+            turns_in_flight=sum(self._turns[qid] for qid in self._in_flight),
             running_s=0.0 if self._first_start is None else now - self._first_start,
             engines_starting=len(starting), starting_s=now - min(starting) if starting else 0.0,
             engines_ready=len(ready), last_start_s=max(ready)[1] if ready else None,
@@ -118,6 +128,9 @@ class RemoteCrashLedger:
 
     async def finished(self, qid: str) -> None:
         await self.handle.finished.remote(qid)
+
+    def turn_done(self, qid: str) -> None:
+        self.handle.turn_done.remote(qid)  # not awaited: a progress count must not slow the trajectory
 
     async def died(self, qids: list[str], error: str) -> None:
         await self.handle.died.remote(qids, error)

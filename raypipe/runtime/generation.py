@@ -142,7 +142,7 @@ class TrajectoryGenerator:
             self._running.add(question.qid)
             self._in_flight += 1
             try:
-                output = await self.loop.run(question)
+                output = await self.loop.run(question, lambda row: self.crash_ledger.turn_done(question.qid))
             except EngineDiedError as exc:  # every question in flight now has an unfinished start
                 self._engine_died = self._engine_died or exc
                 await self.crash_ledger.died(sorted(self._running), str(exc))

@@ -11,7 +11,9 @@ start, and logs what it says::
     generation: 4/12 trajectories, 2.1/min, ETA 3m10s, 8 in flight, engine started in 52s
     generation: 12/12 trajectories, 3.1/min, took 3m52s, 0 in flight
 
-The rate counts from the first trajectory's start, so the engine's start does not dilute it. An engine
+The rate counts from the first trajectory's start, so the engine's start does not dilute it. The ETA also
+counts the turns the trajectories in flight have done, each a share of its turn limit: trajectories run side
+by side and finish late and together, so finished ones alone would put it minutes out early on. An engine
 death the actors report is a warning (Ray restarts the actor and its questions run again); when the
 generation fails, :func:`show_actor_logs` puts the end of each actor's log file on the terminal.
 """
@@ -41,7 +43,8 @@ def engine_start_hint(config: RunConfig) -> str:
 
 class GenerationReporter:
     """Turns the ledger's :class:`~raypipe.runtime.crashes.GenerationStatus` into the generation line;
-    ``written`` counts the trajectories the driver wrote (:meth:`wrote`)."""
+    ``written`` counts the trajectories the driver wrote (:meth:`wrote`). ``turn_limit`` (the agent's
+    resolved ``max_turns``; None: the ETA counts finished trajectories only) weighs the turns in flight."""
 
     def __init__(
         self,
@@ -49,8 +52,10 @@ class GenerationReporter:
         engine_hint: str = "",
         clock: Callable[[], float] = time.monotonic,
         log: logging.Logger = log,
+        turn_limit: int | None = None,
     ):
         self.total, self.engine_hint, self.clock, self.log = total, engine_hint, clock, log
+        self.turn_limit = turn_limit
         self.created = clock()
         self.written = 0
         self._progress: Progress | None = None  # made at the first trajectory's start
@@ -79,6 +84,8 @@ class GenerationReporter:
             self._progress = Progress("trajectories", self.total, label="generation", every_s=0, per="min",
                                       log=self.log, clock=self.clock, started_ago=status.running_s)  # fmt: skip
         self._progress.done = min(self.total, max(status.finished, self.written))
+        if self.turn_limit:  # a turn limit's last turn may still end in a forced answer: in flight, never whole
+            self._progress.partial = status.turns_in_flight / (self.turn_limit + 1)
         extra = [f"{status.in_flight} in flight"]
         if status.engines_ready > self._ready and status.last_start_s is not None:
             extra.append(f"engine started in {duration(status.last_start_s)}")

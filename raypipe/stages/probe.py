@@ -192,7 +192,7 @@ def run_probe(
         ds.context.execution_no_progress_timeout_s = -1
         engines: list[dict] = []
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-        progress = GenerationReporter(len(todo), engine_start_hint(config), log=log)
+        progress = GenerationReporter(len(todo), engine_start_hint(config), log=log, turn_limit=resolved.agent.max_turns)
         try:
             with progress.heartbeat(ledger.read_status):
                 for index, batch in enumerate(ds.iter_batches(batch_size=None, batch_format="pyarrow")):
