@@ -15,12 +15,13 @@ PYTEST_ARGS ?=
 .PHONY: install run test test-fast
 install: $(STAMP)
 
+# The installer and the job print their own first lines, so make does not echo these commands.
 $(STAMP): pyproject.toml scripts/install.sh
-	bash scripts/install.sh $(VENV) cpu
-	touch $(STAMP)
+	@bash scripts/install.sh $(VENV) cpu
+	@touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) jobs/probe.py
+	@$(PY) jobs/probe.py
 
 $(MLFLOW_UI):
 	python3 -m venv $(MLFLOW_UI_VENV)
