@@ -143,7 +143,8 @@ def same_results(run: RunDir, reference: RunDir, exclude: set[str] = frozenset()
                 problems.append(f"{name}: log-probabilities differ by more than {logprob_atol}")
             mine, theirs = mine.drop_columns([LOGPROBS]), theirs.drop_columns([LOGPROBS])
         if not mine.equals(theirs):
-            problems.append(f"{name} differ from the uninterrupted run's")
+            columns = [c for c in mine.column_names if c not in theirs.column_names or not mine.column(c).equals(theirs.column(c))]
+            problems.append(f"{name} differ from the reference run's ({len(mine)} and {len(theirs)} rows; columns {columns})")
     return problems
 
 
