@@ -2,11 +2,12 @@
 
 The head starts with token authentication (Ray 2.60's default for ``ray start --head``) and the job
 client uses the same token, as on a real cluster (docs/cluster.md). The job is the embedded
-default on one question per dataset, in float32, one trajectory at a time and one sequence per engine
-step without the prefix cache: each request's numerics are then a function of its prompt alone, so greedy
-decoding gives the same tokens wherever the engine runs. Without the last two, a probe that runs beside its
-trajectory's next turn shares steps by timing, and its log-probabilities moved in the sixth digit between
-the two placements (CI, 2026-12-04); they are compared within the chaos tests' LOGPROB_ATOL.
+default on one question per dataset, in float32, one trajectory at a time, with the chaos tests'
+PROMPT_ALONE_ENGINE (one sequence per step, no prefix cache): each request's numerics are then a function
+of its prompt alone, so greedy decoding gives the same tokens wherever the engine runs. Without it, a probe
+that runs beside its trajectory's next turn shares steps by timing, and its log-probabilities moved in the
+sixth digit between the two placements (CI, 2026-12-04); they are compared within the chaos tests'
+LOGPROB_ATOL.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 import yaml
 
 from raypipe.core.rundir import RunDir
-from tests.helpers.chaos import LOGPROB_ATOL, same_results
+from tests.helpers.chaos import LOGPROB_ATOL, PROMPT_ALONE_ENGINE, same_results
 from tests.helpers.cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
@@ -28,9 +29,8 @@ DATASETS = ("hotpotqa", "2wikimultihopqa", "musique")
 
 
 def job_args(corpus: Path, out: Path) -> list[str]:
-    settings = ["engine.dtype=float32", "generation.max_concurrent_trajectories=1", "engine.max_num_seqs=1",
-                "engine.enable_prefix_caching=false", "agent.max_turns=2", "agent.max_new_tokens=96",
-                "agent.enforce_think_chars=150", f"data.corpus={corpus}"]  # fmt: skip
+    settings = ["engine.dtype=float32", "generation.max_concurrent_trajectories=1", *PROMPT_ALONE_ENGINE, "agent.max_turns=2",
+                "agent.max_new_tokens=96", "agent.enforce_think_chars=150", f"data.corpus={corpus}"]  # fmt: skip
     return [sys.executable, "jobs/probe.py", "--limit", "1", "--out", str(out), *(a for s in settings for a in ("--set", s))]
 
 

@@ -203,9 +203,9 @@ VLLM_QUESTIONS = 4  # two batches of two
 # not: in CI (2026-12-01) the same first-turn prompt gave "The answer to this question is: ..." in one
 # run and "1. Scott Derrickson and Ed Wood are ..." in another, a greedy near-tie at the first token
 # decided by whether its prefill shared a step (docs/reliability.md, "The driver is interrupted").
+PROMPT_ALONE_ENGINE = ["engine.max_num_seqs=1", "engine.enable_prefix_caching=false"]
 VLLM_SETTINGS = ["agent.max_turns=2", "agent.max_new_tokens=48", "agent.probe_max_tokens=16", "agent.enforcement=none",
-                 "generation.batch_size=2", "generation.batches_per_actor=1", "ray.num_cpus=2",
-                 "engine.max_num_seqs=1", "engine.enable_prefix_caching=false"]
+                 "generation.batch_size=2", "generation.batches_per_actor=1", "ray.num_cpus=2", *PROMPT_ALONE_ENGINE]
 # bfloat16: a probe prefilled from the prefix cache or in another batch moved a log-probability by 0.0018
 LOGPROB_ATOL = 0.01
 
