@@ -368,10 +368,10 @@ def step_summary(runs: list[Result]) -> str:
     (a step's wall time is the run's wall over its steps, retrieval waits included)."""
     steps = [r.counters["steps"] for r in runs]
     computed = [r.counters["prompt"] - r.counters["cached"] + r.counters["generated"] for r in runs]
-    return (f"{_median(steps):,.0f} per run ({_spread(steps, ',.0f')}), "
-            f"{_median([c / s for c, s in zip(computed, steps)]):.1f} tokens computed per step, "
-            f"{_median([r.wall_s / s * 1000 for r, s in zip(runs, steps)]):.1f} ms of wall per step, "
-            f"{_median([r.counters['preemptions'] for r in runs]):.0f} preemptions")  # fmt: skip
+    return (f"{median(steps):,.0f} per run ({spread(steps, ',.0f')}), "
+            f"{median([c / s for c, s in zip(computed, steps)]):.1f} tokens computed per step, "
+            f"{median([r.wall_s / s * 1000 for r, s in zip(runs, steps)]):.1f} ms of wall per step, "
+            f"{median([r.counters['preemptions'] for r in runs]):.0f} preemptions")  # fmt: skip
 
 
 def tree_cpu_seconds(root: psutil.Process | None = None) -> float:
@@ -396,15 +396,15 @@ def steal_seconds() -> float:
 def cpu_summary(runs: list[Result]) -> str:
     """CPU seconds of the process tree and the machine's steal per run, median and range over the runs."""
     cpu, steal = [r.cpu_s for r in runs], [r.steal_s for r in runs]
-    return (f"{_median(cpu):.1f} CPU s of the process tree ({_spread(cpu)}), "
-            f"{_median(steal):.1f} s stolen from the machine ({_spread(steal)})")  # fmt: skip
+    return (f"{median(cpu):.1f} CPU s of the process tree ({spread(cpu)}), "
+            f"{median(steal):.1f} s stolen from the machine ({spread(steal)})")  # fmt: skip
 
 
-def _median(values: list[float]) -> float:
+def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def _spread(values: list[float], fmt: str = ".1f") -> str:
+def spread(values: list[float], fmt: str = ".1f") -> str:
     return f"{min(values):{fmt}}-{max(values):{fmt}}" if len(values) > 1 else "-"
 
 
@@ -522,7 +522,7 @@ def print_report(
     for r in results:
         by_name.setdefault(r.name, []).append(r)
     first = results[0]
-    starts = ", ".join(f"{kind} started {len(seconds)}x, {_median(seconds):.1f} s"
+    starts = ", ".join(f"{kind} started {len(seconds)}x, {median(seconds):.1f} s"
                        for kind, seconds in engine_starts.items() if seconds)  # fmt: skip
     from first_run import cpu_description  # benchmarks/: the script's own folder
 
@@ -541,14 +541,14 @@ def print_report(
         walls = [r.wall_s for r in runs]
 
         def per(column, runs=runs, n=n):
-            return _median([r.total(column) / n for r in runs])
+            return median([r.total(column) / n for r in runs])
 
-        prompt = _median([r.total("prompt_tokens") for r in runs])
-        cached = _median([r.total("cached_tokens") for r in runs])
-        gen_rate = _median([(r.total("tokens_generated") + r.total("probe_tokens")) / r.wall_s for r in runs])
+        prompt = median([r.total("prompt_tokens") for r in runs])
+        cached = median([r.total("cached_tokens") for r in runs])
+        gen_rate = median([(r.total("tokens_generated") + r.total("probe_tokens")) / r.wall_s for r in runs])
         engine_s = "null" if all(o.trajectory["engine_s"] is None for o in runs[0].outputs) else f"{per('engine_s'):.2f}"
-        f1 = _median([sum(o.trajectory["final_f1"] for o in r.outputs) / n for r in runs])
-        print(f"{name:<18}{n:>4}{_median(walls):>8.1f}{_spread(walls):>13}{_median([r.per_min for r in runs]):>10.1f}"
+        f1 = median([sum(o.trajectory["final_f1"] for o in r.outputs) / n for r in runs])
+        print(f"{name:<18}{n:>4}{median(walls):>8.1f}{spread(walls):>13}{median([r.per_min for r in runs]):>10.1f}"
               f"{gen_rate:>10.1f}{per('prompt_tokens'):>11.0f}{cached / prompt if prompt else 0:>8.0%}"
               f"{per('prefilled_tokens'):>10.0f}{per('tokens_generated'):>9.1f}{per('probe_tokens'):>10.1f}"
               f"{per('retrieval_s'):>8.2f}{engine_s:>9}{f1:>7.3f}")  # fmt: skip
@@ -560,7 +560,7 @@ def print_report(
             return
         pairs = [(getattr(x, measure), getattr(y, measure)) for x, y in zip(by_name[a], by_name[b])]
         values = [(y / x) if not invert else (x / y) for x, y in pairs]
-        print(f"{label}: {_median(values):.2f}x (repeats {_spread(values, '.2f')})   ({target})")
+        print(f"{label}: {median(values):.2f}x (repeats {spread(values, '.2f')})   ({target})")
 
     ratio("probe", "turn-sync", "trajectories/min of the stage over the turn-synchronous baseline", "target >= 1.25x")
     ratio("probe", OFFLINE, "trajectories/min of the stage over the peers' own design (turn-synchronous on vLLM's "
@@ -571,13 +571,13 @@ def print_report(
         rows = [[row for o in r.outputs for row in o.iterations] for r in by_name[name]]
         fills, gains = [lockstep_fill(r) for r in rows], [lockstep_gain(r) for r in rows]
         print(f"{name}: decode slots the barrier leaves filled (tokens / longest x trajectories, per turn and phase): "
-              f"{_median(fills):.0%} (repeats {_spread([f * 100 for f in fills], '.0f')} %); dropping the barrier "
-              f"gains at most {_median(gains):.2f}x (repeats {_spread(gains, '.2f')}) where a decode step costs the "
+              f"{median(fills):.0%} (repeats {spread([f * 100 for f in fills], '.0f')} %); dropping the barrier "
+              f"gains at most {median(gains):.2f}x (repeats {spread(gains, '.2f')}) where a decode step costs the "
               "same at any batch (lock-step's decode steps / the longest trajectory's tokens)")  # fmt: skip
     if "probe-first" in by_name:
         gains = [overlap_gain(row for o in r.outputs for row in o.iterations) for r in by_name["probe-first"]]
-        print(f"probe-first: running each probe beside its next turns instead gains at most {_median(gains):.2f}x "
-              f"(repeats {_spread(gains, '.2f')}) where a decode step costs the same at any batch (the longest "
+        print(f"probe-first: running each probe beside its next turns instead gains at most {median(gains):.2f}x "
+              f"(repeats {spread(gains, '.2f')}) where a decode step costs the same at any batch (the longest "
               "trajectory's decode steps with the probes on its path / beside it)")  # fmt: skip
     if OFFLINE in by_name:
         calls = [f"{len(r.batches)} for {sum(r.batches)} requests (largest {max(r.batches)})" for r in by_name[OFFLINE]]
