@@ -101,7 +101,8 @@ def print_report(runs: dict[str, list[tuple[Result, float]]], show_differences: 
     print("\n(wall: the stage's generation over all questions; start: the engine's, apart from it)")
     if len(defaults) > 1:
         counts = [differing(defaults[0], r) for r in defaults[1:]]
-        print(f"agent transcripts that differ between repeats of the default (batch numerics): {counts}")
+        print("agent transcripts that differ between repeats of the default (batch numerics): "
+              f"{', '.join(map(str, counts))} of {questions}")
     for name, pairs in runs.items():
         results = [result for result, _ in pairs]
         if results[0].counters:
