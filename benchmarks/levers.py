@@ -83,7 +83,7 @@ def print_report(runs: dict[str, list[tuple[Result, float]]], show_differences: 
     defaults = [result for result, _ in runs[DEFAULT]]
     questions = defaults[0].questions
     print(f"{questions} questions, {len(defaults)} repeats; the default against each lever in the same repeat\n")
-    head = (f"{'lever':<20}{'wall s':>8}{'(range)':>13}{'traj/min':>10}{'default/lever':>15}{'steps':>8}"
+    head = (f"{'lever':<20}{'wall s':>8}{'(range)':>13}{'traj/min':>10}{'default/lever':>17}{'steps':>8}"
             f"{'ms/step':>9}{'start s':>9}{'same transcripts':>18}")  # fmt: skip
     print(head)
     print("-" * len(head))
@@ -95,7 +95,7 @@ def print_report(runs: dict[str, list[tuple[Result, float]]], show_differences: 
         per_step = [r.wall_s / s * 1000 for r, s in zip(results, steps)]
         same = [questions - differing(d, r) for d, r in zip(defaults, results)] if name != DEFAULT else []
         print(f"{name:<20}{median(walls):>8.1f}{spread(walls):>13}{median([r.per_min for r in results]):>10.1f}"
-              f"{median(speedups):>9.2f}x {spread(speedups, '.2f'):>5}{median(steps):>8.0f}{median(per_step):>9.1f}"
+              f"{median(speedups):>7.2f}x {spread(speedups, '.2f'):>9}{median(steps):>8.0f}{median(per_step):>9.1f}"
               f"{median([start for _, start in pairs]):>9.1f}"
               f"{', '.join(f'{n}/{questions}' for n in same) or '(reference)':>18}")  # fmt: skip
     print("\n(wall: the stage's generation over all questions; start: the engine's, apart from it)")
