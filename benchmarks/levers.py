@@ -27,10 +27,11 @@ from probe import (
     ASYNC_ENGINE,
     Engines,
     Result,
-    median,
-    spread,
     differing,
+    median,
+    open_index,
     run_variant,
+    spread,
     step_summary,
     transcript_differences,
 )
@@ -137,13 +138,7 @@ def main() -> None:
     configs = {name: config_from_args(args, [*extra, *LEVERS[name]]) for name in names}
     questions = load_datasets(config.data.datasets, config.data.limit, config.data.limit_files)
 
-    from raypipe.retrieval import encoder_spec, search_params
-    from raypipe.runtime.retrieval import open_replica
-    from raypipe.stages.index import ensure_index
-
-    retrieval = config.retrieval
-    index = open_replica(str(ensure_index(config, use_ray=False)), encoder_spec(retrieval), search_params(retrieval),
-                         retrieval.search_threads)  # fmt: skip
+    index = open_index(config)
     runs: dict[str, list[tuple[Result, float]]] = {name: [] for name in names}
     started = time.perf_counter()
     for repeat in range(args.repeats):

@@ -650,6 +650,18 @@ def gib(size: int) -> str:
     return f"{size / 2**30:.2f} GiB ({size / 1e9:.2f} GB)"
 
 
+def open_index(config: RunConfig):
+    """The config's index (built if missing) in this process, behind the searcher a retrieval replica holds
+    (``retrieval.search_threads`` applies)."""
+    from raypipe.retrieval import encoder_spec, search_params
+    from raypipe.runtime.retrieval import open_replica
+    from raypipe.stages.index import ensure_index
+
+    retrieval = config.retrieval
+    return open_replica(str(ensure_index(config, use_ray=False)), encoder_spec(retrieval), search_params(retrieval),
+                        retrieval.search_threads)  # fmt: skip
+
+
 def main() -> None:
     parser = job_parser(__doc__)
     parser.add_argument("--limit", type=int, help="questions per dataset (default: the config's data.limit)")
@@ -669,13 +681,7 @@ def main() -> None:
     config = config_from_args(args, extra)
     questions = load_datasets(config.data.datasets, config.data.limit, config.data.limit_files)
 
-    from raypipe.retrieval import encoder_spec, search_params
-    from raypipe.runtime.retrieval import open_replica
-    from raypipe.stages.index import ensure_index
-
-    retrieval = config.retrieval  # the searcher a retrieval replica holds (retrieval.search_threads applies)
-    index = open_replica(str(ensure_index(config, use_ray=False)), encoder_spec(retrieval), search_params(retrieval),
-                         retrieval.search_threads)  # fmt: skip
+    index = open_index(config)
     plan = [(name, questions) for name in variants]
     if args.sequential_questions:
         subset = evenly_spaced(questions, args.sequential_questions)

@@ -39,9 +39,9 @@ def test_every_lever_changes_the_engine_it_names(levers):
     pytest.importorskip("vllm")
     default, default_args = engine_args(levers.LEVERS[levers.DEFAULT])
     for name, settings in levers.LEVERS.items():
-        engine, args = engine_args(settings)
         if name == levers.DEFAULT:
             continue
+        engine, args = engine_args(settings)
         assert engine != default, f"{name} changes no engine setting"
         if name not in ("vllm-threads", "float32"):  # both reach vLLM through the environment / the dtype
             assert args != default_args, f"{name} does not reach vLLM's engine arguments"
@@ -51,4 +51,3 @@ def test_every_lever_changes_the_engine_it_names(levers):
     assert together["enforce_eager"] is False and "enable_chunked_prefill" not in together
     threads, _ = engine_args(levers.LEVERS["vllm-threads"])
     assert threads.cpu_threads is None and default.cpu_threads == "all"
-
