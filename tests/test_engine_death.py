@@ -2,7 +2,9 @@
 its engine every time (both cases of tests/helpers/chaos.py, also rows of ``benchmarks/chaos.py``), SIGINT
 of jobs/probe.py during generation. Each test starts 2-3 engines (about 50 s each on 2 cores)."""
 
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,10 +100,41 @@ def cmdline(process: psutil.Process) -> str:
         return ""
 
 
-def job_state(proc: subprocess.Popen, processes: list[psutil.Process], tmp_path: Path) -> str:
-    """What a failed wait shows: the job's exit code, its process tree and the end of its log."""
-    tree = "\n".join(f"  {p.pid}: {cmdline(p)[:100] or '(exited)'}" for p in processes)
-    return f"job exit code {proc.poll()}; processes under the job:\n{tree}\n{(tmp_path / 'job.log').read_text()[-3000:]}"
+# vLLM prefixes each line of its engine processes with their role and pid, e.g. "(EngineCore pid=31927) INFO ..."
+ENGINE_LINE = re.compile(r"^\((EngineCore|Worker)\w* pid=(\d+)\)", re.MULTILINE)
+
+
+def engine_processes(run: Path) -> dict[int, str]:
+    """The running processes of the job's vLLM engines (EngineCore, executor workers) by pid, as the
+    generation logs name them: found without the job's process tree or a process title (two CI runs
+    found no EngineCore by name under the job while its parts landed)."""
+    found = {}
+    for log in (run / "logs").glob("generation-*.log"):
+        for role, pid in ENGINE_LINE.findall(log.read_text(errors="replace")):
+            with contextlib.suppress(psutil.Error):
+                if psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE:
+                    found[int(pid)] = role
+    return found
+
+
+def job_tree(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The processes under the job: local Ray, its workers and (where the tree holds them) the engines."""
+    try:
+        return psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:  # the job exited
+        return []
+
+
+def job_state(proc: subprocess.Popen, out: Path, tmp_path: Path) -> str:
+    """What a failed wait shows: the job's exit code, its process tree, the engine processes its logs name
+    (with their parents) and the end of its log."""
+    tree = "\n".join(f"  {p.pid}: {cmdline(p)[:100] or '(exited)'}" for p in job_tree(proc))
+    engines = []
+    for pid, role in engine_processes(out).items():
+        with contextlib.suppress(psutil.Error):
+            engines.append(f"  {role} {pid}, parents {[p.pid for p in psutil.Process(pid).parents()]}")
+    return (f"job {proc.pid} exit code {proc.poll()}; parts: {RunDir(out).has('trajectories')}; processes under the job:\n"
+            f"{tree}\nengine processes named in the logs:\n{chr(10).join(engines)}\n{(tmp_path / 'job.log').read_text()[-3000:]}")
 
 
 @pytest.mark.slow
@@ -119,13 +152,17 @@ def test_sigint_during_generation_stops_the_job_within_5_s_and_the_rerun_resumes
     with open(tmp_path / "job.log", "wb") as log:
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            # wait for the first batch written while an engine generates the next one (polled: a CI run once
-            # saw no EngineCore at the very moment its first part landed)
-            deadline, processes = time.monotonic() + 400, []
-            while not (RunDir(out).has("trajectories") and any("EngineCore" in cmdline(p) for p in processes)):
-                assert proc.poll() is None and time.monotonic() < deadline, job_state(proc, processes, tmp_path)
+            # wait for the first batch written while an engine generates the next one; the engine's processes
+            # come from its log lines, the rest from the job's process tree (local Ray and its workers)
+            deadline, engines = time.monotonic() + 400, {}
+            while not (RunDir(out).has("trajectories") and "EngineCore" in engines.values()):
+                assert proc.poll() is None and time.monotonic() < deadline, job_state(proc, out, tmp_path)
                 time.sleep(0.2)
-                processes = psutil.Process(proc.pid).children(recursive=True)  # local Ray, its workers, the engine
+                engines = engine_processes(out)
+            processes = job_tree(proc)
+            for pid in engines:
+                with contextlib.suppress(psutil.Error):  # exited since: nothing left to outlive the job
+                    processes.append(psutil.Process(pid))
             proc.send_signal(signal.SIGINT)
             signalled = time.monotonic()
             code = proc.wait(timeout=60)
