@@ -104,16 +104,17 @@ def cmdline(process: psutil.Process) -> str:
 ENGINE_LINE = re.compile(r"^\((EngineCore|Worker)\w* pid=(\d+)\)", re.MULTILINE)
 
 
-def engine_processes(run: Path) -> dict[int, str]:
-    """The running processes of the job's vLLM engines (EngineCore, executor workers) by pid, as the
+def engine_processes(run: Path) -> dict[psutil.Process, str]:
+    """The running processes of the job's vLLM engines (EngineCore, executor workers) and their roles, as the
     generation logs name them: found without the job's process tree or a process title (two CI runs
     found no EngineCore by name under the job while its parts landed)."""
     found = {}
     for log in (run / "logs").glob("generation-*.log"):
         for role, pid in ENGINE_LINE.findall(log.read_text(errors="replace")):
             with contextlib.suppress(psutil.Error):
-                if psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE:
-                    found[int(pid)] = role
+                process = psutil.Process(int(pid))
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    found[process] = role
     return found
 
 
@@ -130,9 +131,9 @@ def job_state(proc: subprocess.Popen, out: Path, tmp_path: Path) -> str:
     (with their parents) and the end of its log."""
     tree = "\n".join(f"  {p.pid}: {cmdline(p)[:100] or '(exited)'}" for p in job_tree(proc))
     engines = []
-    for pid, role in engine_processes(out).items():
+    for process, role in engine_processes(out).items():
         with contextlib.suppress(psutil.Error):
-            engines.append(f"  {role} {pid}, parents {[p.pid for p in psutil.Process(pid).parents()]}")
+            engines.append(f"  {role} {process.pid}, parents {[p.pid for p in process.parents()]}")
     return (f"job {proc.pid} exit code {proc.poll()}; parts: {RunDir(out).has('trajectories')}; processes under the job:\n"
             f"{tree}\nengine processes named in the logs:\n{chr(10).join(engines)}\n{(tmp_path / 'job.log').read_text()[-3000:]}")
 
@@ -159,10 +160,7 @@ def test_sigint_during_generation_stops_the_job_within_5_s_and_the_rerun_resumes
                 assert proc.poll() is None and time.monotonic() < deadline, job_state(proc, out, tmp_path)
                 time.sleep(0.2)
                 engines = engine_processes(out)
-            processes = job_tree(proc)
-            for pid in engines:
-                with contextlib.suppress(psutil.Error):  # exited since: nothing left to outlive the job
-                    processes.append(psutil.Process(pid))
+            processes = [*job_tree(proc), *engines]
             proc.send_signal(signal.SIGINT)
             signalled = time.monotonic()
             code = proc.wait(timeout=60)
