@@ -4,12 +4,14 @@ of the sweep (Ray-free: the grid evaluated directly), Stop-RAG and the report th
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
 
-from raypipe.analysis.paired import adjust_pvalues
+from raypipe.analysis.paired import adjust_pvalues, signed_rank_p
 from raypipe.analysis.policy_tests import policy_tests, pvalue_column, stoprag_pvalues, table_pvalues
 from raypipe.core.config import ReportConfig, StoppingConfig
 from raypipe.stopping.caps import cap, natural
@@ -117,18 +119,28 @@ def test_statistics_against_natural_stopping_match_scipy_and_holm_by_hand():
             policy = [expected(row.system, q, metric) for q in TRAJECTORIES]
             assert row.n == 6
             assert row.mean_diff == pytest.approx(np.mean(np.subtract(policy, base)))
-            assert row.t_p == pytest.approx(stats.ttest_rel(policy, base).pvalue)
-            assert row.wilcoxon_p == pytest.approx(stats.wilcoxon(policy, base).pvalue)
-        raw = family["t_p"].to_numpy()
+            if metric == "em":  # McNemar: the binomial tail of the discordant questions, counted here
+                gained = sum(p > b for p, b in zip(policy, base))
+                lost = sum(p < b for p, b in zip(policy, base))
+                tail = sum(math.comb(gained + lost, k) for k in range(min(gained, lost) + 1)) / 2 ** (gained + lost)
+                assert (row.test, row.test_p) == ("McNemar exact", pytest.approx(min(1.0, 2 * tail)))
+            else:
+                assert (row.test_p, row.test) == signed_rank_p(np.subtract(policy, base))
+            if metric == "f1":
+                assert row.t_p == pytest.approx(stats.ttest_rel(policy, base).pvalue)
+            else:
+                assert np.isnan(row.t_p)  # discrete: the exact test only
+        raw = family["test_p"].to_numpy()
         m, order = len(raw), np.argsort(raw)
         holm = np.empty(m)
         holm[order] = np.minimum(np.maximum.accumulate(raw[order] * (m - np.arange(m))), 1.0)
-        assert family["t_p_adj"].to_numpy() == pytest.approx(holm)
+        assert family["test_p_adj"].to_numpy() == pytest.approx(holm)
     cap_iterations = result[(result["system"] == "cap@1") & (result["metric"] == "iterations")].iloc[0]
-    assert cap_iterations.mean_diff == pytest.approx(-1.0) and cap_iterations.t_p < 0.05  # stops earlier, surely
+    assert cap_iterations.mean_diff == pytest.approx(-1.0)  # 1, 2, 0, 1, 2, 0 fewer: 4 questions differ, all
+    assert cap_iterations.test_p == pytest.approx(2 / 2**4)  # one way; only all-negative or all-positive as extreme
     bh = policy_tests(outcomes, ReportConfig(bootstrap_samples=300, correction="bh"))
     f1 = bh[bh["metric"] == "f1"]
-    assert f1["wilcoxon_p_adj"].to_numpy() == pytest.approx(adjust_pvalues(f1["wilcoxon_p"].to_numpy(), "bh"))
+    assert f1["test_p_adj"].to_numpy() == pytest.approx(adjust_pvalues(f1["test_p"].to_numpy(), "bh"))
     assert set(bh["correction"]) == {"bh"}
 
 
@@ -139,10 +151,13 @@ def test_table_pvalues_leave_natural_empty_and_name_the_correction():
     pvalues = table_pvalues(result, labels, "03_significance.md")
     assert len(pvalues.numbers) == len(pvalues.cells) == 4
     assert np.isnan(pvalues.numbers.loc[0, pvalue_column("f1", "t")]) and pvalues.cells.loc[0].tolist() == ["", "", ""]
-    cap_t = result[(result["system"] == "cap@1") & (result["metric"] == "iterations")]["t_p_adj"].iloc[0]
-    assert pvalues.numbers.loc[1, "iterations_t_p_adj"] == pytest.approx(cap_t)
-    assert list(pvalues.cells.columns) == ["F1 p (t / W)", "EM p (t / W)", "iterations p (t / W)"]
-    assert pvalues.cells.loc[1, "iterations p (t / W)"].count(" / ") == 1
+    cap_test = result[(result["system"] == "cap@1") & (result["metric"] == "iterations")]["test_p_adj"].iloc[0]
+    assert pvalues.numbers.loc[1, "iterations_test_p_adj"] == pytest.approx(cap_test)
+    assert "iterations_t_p_adj" not in pvalues.numbers and "em_t_p_adj" not in pvalues.numbers  # discrete
+    assert list(pvalues.cells.columns) == ["F1 p (t / signed-rank)", "EM p (McNemar)", "iterations p (signed-rank)"]
+    assert pvalues.cells.loc[1, "F1 p (t / signed-rank)"].count(" / ") == 1
+    assert pvalues.cells.loc[1, "iterations p (signed-rank)"].count(" / ") == 0
+    assert "McNemar's exact test" in pvalues.note
     assert "Holm-corrected" in pvalues.note and "03_significance.md" in pvalues.note
 
 
@@ -164,11 +179,11 @@ def test_policies_against_each_other_when_asked():
     assert row.t_p == pytest.approx(stats.ttest_rel(b, a).pvalue)
     # six tests in each family now: the corrected p-values against natural stopping can only grow
     on_natural = pairs[pairs["baseline"] == "natural"].reset_index(drop=True)
-    assert (on_natural["t_p"].to_numpy() == pytest.approx(plain["t_p"].to_numpy()))
-    assert (on_natural["t_p_adj"].to_numpy() >= plain["t_p_adj"].to_numpy() - 1e-12).all()
+    assert on_natural["test_p"].to_numpy() == pytest.approx(plain["test_p"].to_numpy())
+    assert (on_natural["test_p_adj"].to_numpy() >= plain["test_p_adj"].to_numpy() - 1e-12).all()
     pvalues = table_pvalues(pairs, policy_labels(table()), "03_significance.md")
-    assert pvalues.numbers.loc[1, "iterations_t_p_adj"] == pytest.approx(
-        on_natural[(on_natural["system"] == "cap@1") & (on_natural["metric"] == "iterations")]["t_p_adj"].iloc[0])
+    assert pvalues.numbers.loc[1, "iterations_test_p_adj"] == pytest.approx(
+        on_natural[(on_natural["system"] == "cap@1") & (on_natural["metric"] == "iterations")]["test_p_adj"].iloc[0])
     markdown = significance_markdown(pairs, "t", "intro")
     assert "| baseline |" in markdown.replace("baseline mean", "") and "cap@1" in markdown
 
@@ -219,16 +234,17 @@ def test_the_sweeps_markdown_carries_pvalues_against_natural_stopping(swept):
     out = run.path / "stopping"
     md = (out / "01_tradeoff.md").read_text()
     header = next(line for line in md.splitlines() if line.startswith("| controller"))
-    assert "| F1 p (t / W) | EM p (t / W) | iterations p (t / W) |" in header
+    assert "| F1 p (t / signed-rank) | EM p (McNemar) | iterations p (signed-rank) |" in header
     cells = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| cap@1 ")}
     assert set(cells) == {"cap@1"} and " / " in cells["cap@1"].split("|")[15]
     natural_row = next(line for line in md.splitlines() if line.startswith("| natural "))
     assert natural_row.split("|")[15].strip() == ""  # no test of natural against itself
-    assert "Wilcoxon signed-rank test of each policy against natural stopping" in md and "Holm-corrected" in md
+    assert "EM (0/1): McNemar's exact test" in md and "Holm-corrected" in md
     csv = pd.read_csv(out / "01_tradeoff.csv")
-    assert {"f1_t_p_adj", "f1_wilcoxon_p_adj", "iterations_t_p_adj", "tokens_wilcoxon_p_adj"} <= set(csv.columns)
+    assert {"f1_t_p_adj", "f1_test_p_adj", "em_test_p_adj", "iterations_test_p_adj", "tokens_test_p_adj"} <= set(
+        csv.columns)
     assert csv.loc[csv["controller"] == "natural", "f1_t_p_adj"].isna().all()
-    assert csv.loc[csv["controller"] == "cap@1", "iterations_t_p_adj"].between(0, 1).all()
+    assert csv.loc[csv["controller"] == "cap@1", "iterations_test_p_adj"].between(0, 1).all()
     significance = pd.read_csv(out / "03_significance.csv")
     assert set(significance["system"]) == set(policy_labels(shown)) - {"natural"}
     text = (out / "03_significance.md").read_text()
@@ -245,7 +261,7 @@ def test_the_report_shows_the_significance_tables(swept, tmp_path):
     assert stopping.status == "ok"
     html = result.html.read_text()
     assert "Early stopping: paired tests against natural stopping" in html
-    assert "F1 p (t / W)" in html and "Wilcoxon p (Holm)" in html
+    assert "F1 p (t / signed-rank)" in html and "test p (Holm)" in html and "McNemar exact" in html
 
 
 def test_stoprag_comparison_carries_pvalues(tmp_path):
@@ -266,8 +282,9 @@ def test_stoprag_comparison_carries_pvalues(tmp_path):
     assert llm.n == 3  # paired on the questions it was run on
     assert llm.t_p == pytest.approx(stats.ttest_rel([0.5, 0.2, 1.0], [1.0, 0.2, 0.5]).pvalue)
     md = (tmp_path / "comparison.md").read_text()
-    assert "| F1 p (t / W) | EM p (t / W) | iterations p (t / W) | note |" in md and "Holm-corrected" in md
+    assert "| F1 p (t / signed-rank) | EM p (McNemar) | iterations p (signed-rank) | note |" in md
+    assert "Holm-corrected" in md
     csv = pd.read_csv(tmp_path / "comparison.csv")
-    assert csv.loc[csv["controller"] == "cap@1", "iterations_t_p_adj"].notna().all()
+    assert csv.loc[csv["controller"] == "cap@1", "iterations_test_p_adj"].notna().all()
     assert csv.loc[csv["controller"].str.startswith("natural"), "f1_t_p_adj"].isna().all()
     assert (tmp_path / "significance.md").read_text().startswith("# Stop-RAG: paired tests against natural stopping")

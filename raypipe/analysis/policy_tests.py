@@ -6,8 +6,10 @@ rows, :func:`raypipe.stoprag.comparison.comparison_rows`' outcomes for Stop-RAG'
 stopping's on the same question, on the replay's figures: F1 and exact match of the returned answer (EM under the
 run's ``agent.metric`` rule, scored from the recorded answers), retrieval iterations (the cost counted to the
 decision) and generated tokens (agent + probes). The statistics are :func:`raypipe.analysis.paired.paired_comparisons`': the mean difference
-with a percentile bootstrap interval over resampled questions, the paired t test and the Wilcoxon signed-rank
-test, corrected (``report.correction``: Holm or Benjamini-Hochberg) across the policies of one table on each
+with a percentile bootstrap interval over resampled questions and the tests of each metric's kind
+(:data:`KINDS`): McNemar's exact test for EM (0/1), the Wilcoxon signed-rank test (exact, or by seeded sign
+flips on many questions) for iterations and tokens (integers), the paired t test and the signed-rank test for
+F1, corrected (``report.correction``: Holm or Benjamini-Hochberg) across the policies of one table on each
 metric. A policy defined on fewer questions (the heuristic where predictions exist, LLM-Stop's subset) is
 paired on the questions it has.
 """
@@ -20,7 +22,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from raypipe.analysis.paired import CORRECTION_NAMES, format_p, paired_comparisons, summary_table
+from raypipe.analysis.paired import (
+    CORRECTION_NAMES,
+    EXACT_MAX,
+    PERMUTATIONS,
+    TEST_NAMES,
+    MetricKind,
+    format_p,
+    paired_comparisons,
+    summary_table,
+)
 from raypipe.core.config import ReportConfig
 from raypipe.core.tables import frame_markdown
 from raypipe.stopping.grid import HeadKey
@@ -32,8 +43,9 @@ from raypipe.stopping.tradeoff import PValues
 
 NATURAL = "natural"
 METRICS = {"f1": "F1", "em": "EM", "iterations": "iterations", "tokens": "tokens"}  # Outcome field -> shown name
+KINDS: dict[str, MetricKind] = {"f1": "continuous", "em": "binary", "iterations": "count", "tokens": "count"}
 SHOWN = ("f1", "em", "iterations")  # the metrics whose p-values the policy tables show beside their means
-TESTS = {"t": "t_p_adj", "wilcoxon": "wilcoxon_p_adj"}  # test -> paired_comparisons' corrected p-value column
+TESTS = {"t": "t_p_adj", "test": "test_p_adj"}  # test -> paired_comparisons' corrected p-value column
 STOPRAG_SIGNIFICANCE = "significance"
 
 
@@ -42,7 +54,7 @@ def policy_tests(outcomes: pd.DataFrame, options: ReportConfig, systems: Sequenc
     natural stopping on :data:`METRICS` (and each other, with ``report.policy_pairs``):
     :func:`~raypipe.analysis.paired.paired_comparisons`' rows."""
     return paired_comparisons(
-        outcomes, list(METRICS), NATURAL, systems=systems, against_each_other=options.policy_pairs,
+        outcomes, KINDS, NATURAL, systems=systems, against_each_other=options.policy_pairs,
         system_column="controller", key="qid",
         correction=options.correction, samples=options.bootstrap_samples, confidence=options.confidence,
         seed=options.bootstrap_seed,
@@ -54,23 +66,42 @@ def pvalue_column(metric: str, test: str) -> str:
     return f"{metric}_{TESTS[test]}"
 
 
+def metric_tests(metric: str) -> tuple[str, ...]:
+    """The tests (keys of :data:`TESTS`) run on ``metric``: the t test only on a continuous one."""
+    return tuple(TESTS) if KINDS[metric] == "continuous" else ("test",)
+
+
+def cell_label(metric: str) -> str:
+    """The policy tables' column of ``metric``'s p-values, naming the tests: ``EM p (McNemar)``."""
+    names = {"t": "t", "test": TEST_NAMES[KINDS[metric]]}
+    return f"{METRICS[metric]} p ({' / '.join(names[test] for test in metric_tests(metric))})"
+
+
+def tests_note() -> str:
+    """Which test each metric gets, in one sentence."""
+    return (
+        "F1: paired t test and Wilcoxon signed-rank test; EM (0/1): McNemar's exact test (binomial test of the "
+        "questions only one side answers exactly); iterations and tokens (integers): Wilcoxon signed-rank test. "
+        f"The signed-rank test drops zero differences, gives ties their mean rank and is exact up to {EXACT_MAX} "
+        f"differing questions (beyond: {PERMUTATIONS} seeded random sign flips; the test column says which)"
+    )
+
+
 def table_pvalues(result: pd.DataFrame, labels: Sequence[str], details: str) -> PValues:
     """The tests of ``result`` for the rows of a policy table (``labels``, natural stopping and untested rows
     left empty); ``details`` names the file with the differences and intervals."""
     against_natural = result[result["baseline"] == NATURAL] if not result.empty else result
     lookup = against_natural.set_index(["system", "metric"]) if not result.empty else pd.DataFrame()
     numbers = pd.DataFrame(
-        [{pvalue_column(m, test): _lookup(lookup, label, m, column) for m in METRICS for test, column in TESTS.items()}
+        [{pvalue_column(m, test): _lookup(lookup, label, m, TESTS[test]) for m in METRICS for test in metric_tests(m)}
          for label in labels]  # fmt: skip
     )
-    cells = pd.DataFrame(
-        [{f"{METRICS[m]} p (t / W)": _cell(numbers.loc[i], m) for m in SHOWN} for i in range(len(labels))]
-    )
+    cells = pd.DataFrame([{cell_label(m): _cell(numbers.loc[i], m) for m in SHOWN} for i in range(len(labels))])
     correction = CORRECTION_NAMES[result["correction"].iloc[0]] if not result.empty else "–"
     note = (
-        "p (t / W): paired t test / Wilcoxon signed-rank test of each policy against natural stopping on the same "
-        f"test questions, {correction}-corrected across the table's policies on each metric ({details}: the mean "
-        "differences with their bootstrap intervals, the raw p-values, tokens)."
+        f"p: each policy against natural stopping on the same test questions, {correction}-corrected across the "
+        f"table's policies on each metric. {tests_note()}. {details}: the mean differences with their bootstrap "
+        "intervals, the raw p-values, the test of each row, tokens."
     )
     return PValues(numbers, cells, note)
 
@@ -80,8 +111,8 @@ def _lookup(lookup: pd.DataFrame, label: str, metric: str, column: str) -> float
 
 
 def _cell(row: pd.Series, metric: str) -> str:
-    t, w = row[pvalue_column(metric, "t")], row[pvalue_column(metric, "wilcoxon")]
-    return "" if np.isnan(t) and np.isnan(w) else f"{format_p(t)} / {format_p(w)}"
+    values = [row[pvalue_column(metric, test)] for test in metric_tests(metric)]
+    return "" if np.isnan(values).all() else " / ".join(format_p(p) for p in values)
 
 
 def significance_markdown(result: pd.DataFrame, title: str, intro: str) -> str:
@@ -107,9 +138,8 @@ def significance_intro(result: pd.DataFrame, options: ReportConfig, policies: st
         f"{policies} against natural stopping, paired by question on up to {n} test questions. Δ = policy − natural "
         "per question (F1 and EM of the returned answer; iterations: retrieval iterations to the decision; tokens: generated "
         f"tokens, agent + probes): its mean with a {options.confidence:.0%} percentile bootstrap interval "
-        f"({options.bootstrap_samples} resamples of the questions, seed {options.bootstrap_seed}); paired t test and "
-        f"Wilcoxon signed-rank test (zero differences dropped), p-values {correction}-corrected across the policies "
-        "on each metric (report.correction)"
+        f"({options.bootstrap_samples} resamples of the questions, seed {options.bootstrap_seed}). {tests_note()}. "
+        f"p-values {correction}-corrected across the policies on each metric (report.correction)"
         + ("; every pair of policies is tested too, in the same families (report.policy_pairs)." if options.policy_pairs
            else ".")
     )

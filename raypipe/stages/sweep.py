@@ -224,9 +224,9 @@ reported on RUN_DIR's (the paper's protocol); without, RUN_DIR is split into val
 variant and prediction head (prediction_grid, plus head refits with other training settings,
 stopping.refits) as a Ray Tune experiment (one trial per head; TensorBoard:
 `raypipe dashboard RUN_DIR`), chooses thresholds on validation questions and reports
-them on test questions next to natural stopping and Cap@k, each with paired t and Wilcoxon tests against
-natural stopping per question (F1, iterations, tokens; Holm-corrected, --set report.correction=bh for
-Benjamini-Hochberg). Writes RUN_DIR/stopping/: 01_tradeoff.md/.csv, 02_figure5.png, 03_significance.md/.csv,
+them on test questions next to natural stopping and Cap@k, each with paired tests against natural
+stopping per question (F1: t and Wilcoxon signed-rank; EM: McNemar exact; iterations, tokens: signed-rank,
+exact or by seeded sign flips; Holm-corrected, --set report.correction=bh for Benjamini-Hochberg). Writes RUN_DIR/stopping/: 01_tradeoff.md/.csv, 02_figure5.png, 03_significance.md/.csv,
 selected.json (for the online controller), data/ (grid, selections, Pareto front), tune/.
 The run's own config.yaml is the base configuration unless --config names another; settings: stopping.*,
 report.correction and report.bootstrap_*; --set tracking.mlflow_uri=PATH_OR_URL logs to MLflow (trials too).
