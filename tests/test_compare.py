@@ -10,12 +10,15 @@ from __future__ import annotations
 import os
 import sys
 
+import pandas as pd
 import pytest
 from scipy import stats
 
 from raypipe import cli
+from raypipe.analysis.paired import MCNEMAR, SIGNED_RANK_EXACT, adjust_pvalues
 from raypipe.analysis.run_compare import CompareError, compare_runs, run_values, write_comparison
 from raypipe.analysis.screenshot import assert_not_blank, find_browser, screenshot
+from raypipe.core.config import load_config
 from raypipe.core.rundir import RunDir
 from raypipe.core.schema import conform
 from tests.helpers.analysis_run import build_run_dir
@@ -70,11 +73,12 @@ def test_paired_statistics_on_the_shared_questions(runs):
     f1 = _row(comparison.result, "all", "final F1")
     assert (f1["n"], f1["baseline_mean"], f1["system_mean"], f1["mean_diff"]) == (4, 0.5625, 0.3125, -0.25)
     assert f1["t_p"] == pytest.approx(stats.ttest_rel(OTHER_F1, BASE_F1).pvalue)
-    assert f1["wilcoxon_p"] == pytest.approx(stats.wilcoxon(OTHER_F1, BASE_F1).pvalue)
-    iterations = _row(comparison.result, "all", "iterations")
-    assert iterations["t_p"] == pytest.approx(stats.ttest_rel(OTHER_ITERATIONS, BASE_ITERATIONS).pvalue)
+    assert (f1["test"], f1["test_p"]) == (SIGNED_RANK_EXACT, 1.0)  # one question differs: either sign, 2 of 2
+    iterations = _row(comparison.result, "all", "iterations")  # differences -1, 0, 2, 0: |T+ - 1.5| >= 0.5 always
+    assert (iterations["test"], iterations["test_p"]) == (SIGNED_RANK_EXACT, 1.0) and pd.isna(iterations["t_p"])
     em = _row(comparison.result, "hotpotqa", "EM")  # computed: A's "y" misses the golden "x"
     assert (em["n"], em["baseline_mean"], em["system_mean"]) == (3, 1.0, pytest.approx(2 / 3))
+    assert (em["test"], em["test_p"]) == (MCNEMAR, 1.0) and pd.isna(em["t_p"])  # one lost: min(1, 2 * 1/2)
     assert _row(comparison.result, "musique", "final F1")["n"] == 1
     assert set(comparison.result["dataset"]) == {"all", "hotpotqa", "musique"}
     assert "prompt_tokens" in comparison.skipped_metrics  # the hand-built runs record no costs
@@ -89,7 +93,22 @@ def test_config_differences_are_the_settings_that_differ(runs):
 def test_exact_match_is_computed_from_the_stored_answers(runs):
     values = run_values(RunDir(runs[1])).set_index("qid")
     assert values.loc["A", "em"] == 0.0 and values.loc["B", "em"] == 1.0
-    assert values.loc["F", "em"] == 0.0  # no answer
+    assert pd.isna(values.loc["F", "em"]) and pd.isna(values.loc["F", "final_f1"])  # failed: not scored
+
+
+def test_an_unscored_question_is_null_in_em_as_in_f1(runs, tmp_path):
+    """A question without golden answers (asked live) has no F1; its EM is null too, not 0."""
+    run = build_run_dir(tmp_path / "live")
+
+    def unscored(rows: dict) -> None:
+        rows["B"].update(golden_answers=[], final_f1=None)
+
+    _rewrite_trajectories(run, unscored)
+    values = run_values(run).set_index("qid")
+    assert pd.isna(values.loc["B", "final_f1"]) and pd.isna(values.loc["B", "em"])
+    assert values.loc["A", "em"] == 1.0
+    result = compare_runs([runs[0], run.path], samples=20).result
+    assert _row(result, "hotpotqa", "EM")["n"] == _row(result, "hotpotqa", "final F1")["n"] == 3  # A, C, D: B left out
 
 
 def test_page_and_csv_copies(runs, tmp_path):
@@ -140,6 +159,64 @@ def test_bad_input_is_one_clear_line(runs, tmp_path, monkeypatch):
     _rewrite_trajectories(elsewhere, _move_to_nq)
     with pytest.raises(SystemExit, match=r"^error: the runs share no questions .* nq: 6 on nq; compare runs of"):
         cli.main(["compare", str(base), str(elsewhere.path)])
+
+
+def _decisive(gain: bool):
+    """Twelve hotpotqa questions: the baseline answers two exactly in three iterations; the other run answers
+    all twelve exactly in one or two, with fewer tokens."""
+
+    def edit(rows: dict) -> None:
+        rows.clear()
+        for i in range(12):
+            exact = gain or i >= 10
+            rows[f"Q{i}"] = {
+                "qid": f"Q{i}", "dataset": "hotpotqa", "question": f"q{i}?", "golden_answers": ["x"],
+                "final_answer": "x" if exact else "y", "final_f1": 1.0 if exact else 0.0,
+                "n_iterations": 1 + i % 2 if gain else 3, "stop_reason": "answer", "error": None,
+                "tokens_generated": 20 + i if gain else 40 + i, "probe_tokens": 3, "wall_s": 1.0, "transcript": "t",
+            }  # fmt: skip
+
+    return edit
+
+
+def test_one_correction_family_over_metrics_and_datasets(tmp_path):
+    """Issue 41: A against B made every (dataset, metric) a family of one test, so the Holm column was the
+    raw p. Now every test of the comparison is one family. Hand-counted raw p-values: EM 10 gained, none
+    lost: 2 * 0.5^10; F1 the same signs (10 of +1, two zeros); iterations and tokens 12 of 12 lower: 2 / 2^12;
+    probe_tokens and wall_s equal: 1. Holm over the six: the smallest times 6."""
+    base, other = build_run_dir(tmp_path / "base"), build_run_dir(tmp_path / "other")
+    _rewrite_trajectories(base, _decisive(False))
+    _rewrite_trajectories(other, _decisive(True))
+    result = compare_runs([base.path, other.path], samples=50).result.set_index("metric")
+    assert result["test_p"].to_dict() == pytest.approx({"final F1": 2 / 2**10, "EM": 2 / 2**10, "iterations": 2 / 2**12,
+                                                        "tokens_generated": 2 / 2**12, "probe_tokens": 1.0, "wall_s": 1.0})
+    assert set(result["family_size"]) == {6}
+    assert result["test_p_adj"].to_numpy() == pytest.approx(adjust_pvalues(result["test_p"].to_numpy()))
+    assert result.loc["iterations", "test_p_adj"] == pytest.approx(6 * 2 / 2**12)
+    assert (result["test_p_adj"] > result["test_p"]).sum() == 4  # the Holm column is no copy of the raw one
+    assert result.loc["final F1", "t_p_adj"] == pytest.approx(min(1.0, 2 * result.loc["final F1", "t_p"]))  # F1, wall_s
+    bh = compare_runs([base.path, other.path], correction="bh", samples=50).result.set_index("metric")
+    assert bh["test_p_adj"].to_numpy() == pytest.approx(adjust_pvalues(bh["test_p"].to_numpy(), "bh"))
+
+
+def test_runs_scored_under_different_metric_rules_are_refused_unless_allowed(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", sys.argv[:])
+    base, _ = runs
+    other = build_run_dir(tmp_path / "r1rule")
+    other.write_config(load_config("embedded", ["agent.metric=r1searcher", "name=handbuilt"]))
+    message = r"different agent.metric rules \(base: hotpotqa, r1rule: r1searcher\)"
+    with pytest.raises(CompareError, match=message + ".*--allow-mixed-metrics"):
+        compare_runs([base, other.path], samples=20)
+    with pytest.raises(SystemExit, match="^error: the runs were scored under " + message):
+        cli.main(["compare", str(base), str(other.path), "--out", str(tmp_path / "refused")])
+    assert not (tmp_path / "refused").exists()
+    allowed = compare_runs([base, other.path], samples=20, allow_mixed_metrics=True)
+    assert allowed.mixed_metrics.startswith("WARNING: the runs were scored under different agent.metric rules")
+    html, md = write_comparison(allowed, tmp_path / "page")
+    assert "WARNING: the runs were scored under different agent.metric rules" in md.read_text()
+    cli.main(["compare", str(base), str(other.path), "--allow-mixed-metrics", "--out", str(tmp_path / "cli"),
+              "--set", "report.bootstrap_samples=20"])  # fmt: skip
+    assert "WARNING: the runs were scored under different agent.metric rules" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -11,12 +11,16 @@ import pandas as pd
 import pytest
 
 from raypipe.core.config import StopRagConfig, load_config
+from raypipe.core.rundir import RunDir
+from raypipe.core.schema import conform
 from raypipe.llm.base import EngineError
+from raypipe.stopping.caps import cap, natural
+from raypipe.stopping.replay import Trajectory, load_trajectories, replay
 from raypipe.stoprag.episodes import load_histories, state_rewards
-from raypipe.stopping.replay import Trajectory, load_trajectories
 from raypipe.stoprag.rewards import (
     FINAL_ANSWER_DOCS_PROMPT,
     FINAL_ANSWER_USER_PROMPT,
+    StateScores,
     answer_messages,
     generator_rewards,
     rescore,
@@ -44,13 +48,15 @@ def test_state_documents_are_the_deduplicated_history():
 
 
 def test_generator_rewards_are_the_mean_over_samples():
-    """compute_metrics.py l.93-94: the mean F1 of ``repeat_size`` answers per state; a failed answer scores 0."""
-    engine = FakeEngine(replies(["Paris", "Lyon", "Paris", EngineError("down")]))
+    """compute_metrics.py l.93-94: the mean F1 (and EM) of ``repeat_size`` answers per state; a failed answer
+    scores 0. "The Paris Region" is half right in F1 and not exact."""
+    engine = FakeEngine(replies(["Paris", "Lyon", "The Paris Region", EngineError("down")]))
     cfg = StopRagConfig(reward_source="generator", reward_samples=2, reward_temperature=0.7)
     states = {("q1", 0): ("Capital of France?", []), ("q1", 1): ("Capital of France?", ["France: Paris is its capital."])}
-    totals, rows = asyncio.run(generator_rewards(engine, states, {"q1": ["Paris"]}, cfg, "hotpotqa", concurrency=1))
-    assert totals == {("q1", 0): 0.5, ("q1", 1): 0.5}
-    assert len(rows) == 4 and sorted(r["f1"] for r in rows) == [0.0, 0.0, 1.0, 1.0]
+    scores, rows = asyncio.run(generator_rewards(engine, states, {"q1": ["Paris"]}, cfg, "hotpotqa", concurrency=1))
+    assert scores == {"q1": StateScores(f1={0: 0.5, 1: pytest.approx(1 / 3)}, em={0: 0.5, 1: 0.0})}
+    assert len(rows) == 4 and [(r["f1"], r["em"]) for r in rows] == [(1.0, 1.0), (0.0, 0.0), (pytest.approx(2 / 3), 0.0),
+                                                                        (0.0, 0.0)]  # fmt: skip
     assert "Document: France: Paris is its capital." in engine.requests[2].prompt
 
 
@@ -60,12 +66,17 @@ def test_probe_rewards_take_no_samples():
 
 
 def test_rescore_scores_the_natural_ending_like_every_state():
-    """The terminal state's reward replaces the agent's own final answer, so one generator scores all."""
-    t = Trajectory("q", "d", (0.0, 0.5, 0.5), (1, 1, 1), final_f1=1.0, total_tokens=3)
-    again = rescore(t, {0: 0.2, 1: 0.4, 2: 0.3})
-    assert again.probe_f1 == (0.2, 0.4, 0.3) and again.final_f1 == 0.3 and again.iteration_tokens == t.iteration_tokens
-    with pytest.raises(ValueError, match="no reward for iterations"):
-        rescore(t, {0: 0.2})
+    """The terminal state's scores replace the agent's own final answer's, F1 and EM alike, so one generator
+    scores all."""
+    t = Trajectory("q", "d", (0.0, 0.5, 0.5), (1, 1, 1), final_f1=1.0, total_tokens=3, probe_em=(0.0, 0.0, 0.0),
+                   final_em=1.0)  # fmt: skip
+    again = rescore(t, StateScores({0: 0.2, 1: 1.0, 2: 0.3}, {0: 0.0, 1: 1.0, 2: 0.0}))
+    assert again.probe_f1 == (0.2, 1.0, 0.3) and again.final_f1 == 0.3 and again.iteration_tokens == t.iteration_tokens
+    assert again.probe_em == (0.0, 1.0, 0.0) and again.final_em == 0.0
+    with pytest.raises(ValueError, match=r"no reward for iterations \[1, 2\]"):
+        rescore(t, StateScores({0: 0.2}, {0: 0.0}))
+    with pytest.raises(ValueError, match=r"no reward for iterations \[2\]"):
+        rescore(t, StateScores({0: 0.2, 1: 0.4, 2: 0.3}, {0: 0.0, 1: 0.0}))
 
 
 def test_stage_rewards_from_probes_and_from_the_generator(tmp_path):
@@ -73,12 +84,50 @@ def test_stage_rewards_from_probes_and_from_the_generator(tmp_path):
     trajectories, _ = load_trajectories(run)
     config = load_config()
     questions, histories = load_histories(run, config, {t.qid for t in trajectories})
-    rewards, note = state_rewards(run, config, questions, histories, lambda _: FakeEngine(replies([])), tmp_path)
-    assert all(rewards[t.qid] == dict(enumerate(t.probe_f1)) for t in trajectories)
+    scores, note = state_rewards(run, config, questions, histories, lambda _: FakeEngine(replies([])), tmp_path)
+    assert all(scores[t.qid] == StateScores(dict(enumerate(t.probe_f1)), dict(enumerate(t.probe_em)))
+               for t in trajectories)  # fmt: skip
     assert "probed answer" in note and config.engine.model in note
     gen = config.model_copy(update={"stoprag": config.stoprag.model_copy(update={"reward_source": "generator", "reward_samples": 3})})
     n_states = sum(len(rows) for rows in histories.values())
     engine = FakeEngine(replies(["something"] * (3 * n_states)))
-    rewards, note = state_rewards(run, gen, questions, histories, lambda _: engine, tmp_path)
+    scores, note = state_rewards(run, gen, questions, histories, lambda _: engine, tmp_path)
     assert len(engine.requests) == 3 * n_states and "mean F1 of 3" in note
-    assert sum(len(v) for v in rewards.values()) == n_states and len(pd.read_parquet(tmp_path / "rewards.parquet")) == 3 * n_states
+    assert sum(len(s.f1) for s in scores.values()) == sum(len(s.em) for s in scores.values()) == n_states
+    assert len(pd.read_parquet(tmp_path / "rewards.parquet")) == 3 * n_states
+
+
+def _exact_final_wrong_probes(path) -> RunDir:
+    """A run whose every final answer is exact while every probed answer is wrong."""
+    run = write_stoprag_run(path, n_questions=6, max_iterations=3)
+    trajectories = run.read("trajectories").to_pylist()
+    iterations = run.read("iterations").to_pylist()
+    for t in trajectories:
+        t.update(final_answer=t["golden_answers"][0], final_f1=1.0)
+    for row in iterations:
+        row.update(probe_answer="something else", probe_f1=0.0)
+    for name, rows in (("trajectories", trajectories), ("iterations", iterations)):
+        for part in run.table_dir(name).glob("*.parquet"):
+            part.unlink()
+        run.write_part(name, conform(rows, name), "part-0")
+    return run
+
+
+@pytest.mark.parametrize("source", ["probe", "generator"])
+def test_em_and_f1_of_the_comparison_score_one_answer(tmp_path, source):
+    """Issue 41: natural stopping returns the terminal state's answer under the reward source; its EM was the
+    agent's own final answer's (exact here) while its F1 was the wrong probe's (or generator's), so each
+    question replayed as f1=0.0 em=1.0 for one answer."""
+    run = _exact_final_wrong_probes(tmp_path / "run")
+    recorded, _ = load_trajectories(run)
+    assert all(t.final_em == 1.0 and t.final_f1 == 1.0 for t in recorded)  # the agent's own final answer
+    config = load_config()
+    config = config.model_copy(update={"stoprag": config.stoprag.model_copy(update={"reward_source": source})})
+    questions, histories = load_histories(run, config, {t.qid for t in recorded})
+    n_states = sum(len(rows) for rows in histories.values())
+    engine = FakeEngine(replies(["something else"] * n_states))
+    scores, _ = state_rewards(run, config, questions, histories, lambda _: engine, tmp_path)
+    rescored = [rescore(t, scores[t.qid]) for t in recorded]
+    for outcome in replay(rescored, natural) + replay(rescored, cap(1)):
+        assert (outcome.f1, outcome.em) == (0.0, 0.0), outcome
+        assert (outcome.natural_f1, outcome.natural_em) == (0.0, 0.0), outcome

@@ -74,12 +74,15 @@ def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):
     assert csv["answers"].nunique() == 1 and "probed answer" in csv["answers"][0]
     assert "F1 of every controller: answers: the agent's probed answer" in (out / "comparison.md").read_text()
     # every controller against natural stopping, per question (LLM-Stop on its own questions)
-    assert "| F1 p (t / W) | EM p (t / W) | iterations p (t / W) |" in (out / "comparison.md").read_text()
+    assert "| F1 p (t / signed-rank) | EM p (McNemar) | iterations p (signed-rank) |" in (out / "comparison.md").read_text()
     tests = pd.read_csv(out / "significance.csv")
     assert {"cap@1", "heuristic", "stoprag", "llm_stop"} <= set(tests["system"])
     assert "natural" not in set(tests["system"])
     assert (tests.loc[tests["system"] == "llm_stop", "n"] == 3).all()
-    assert csv.loc[csv["controller"] == "stoprag", "f1_wilcoxon_p_adj"].between(0, 1).all()
+    assert csv.loc[csv["controller"] == "stoprag", "f1_test_p_adj"].between(0, 1).all()
+    # EM and F1 of one answer per state: an exact answer has F1 1 (the bundled rule scores both)
+    outcomes = pd.read_parquet(out / "outcomes.parquet")
+    assert (outcomes.loc[outcomes["em"] == 1.0, "f1"] == 1.0).all()
     meta = json.loads((out / "qnet/qnet.json").read_text())
     assert meta["max_length"] == 128 and meta["docs_per_iteration"] == 1 and meta["state_truncation"] == "newest"
     llm = pd.read_parquet(out / "llm_stop.parquet")

@@ -336,10 +336,10 @@ def test_sweep_stage_on_tune(tmp_path, ray_local, monkeypatch):
     returned = tested_heads[refit_key]
     assert {(q, i) for q in returned for i in returned[q]} == {(q, i) for q in again for i in again[q]}
     assert all(returned[q][i] == pytest.approx(again[q][i], abs=1e-5) for q in again for i in again[q])
-    assert "| F1 p (t / W) | EM p (t / W) | iterations p (t / W) |" in md and "Holm-corrected" in md
+    assert "| F1 p (t / signed-rank) | EM p (McNemar) | iterations p (signed-rank) |" in md and "Holm-corrected" in md
     significance = pd.read_csv(out / "03_significance.csv")
     assert len(significance) == 4 * (len(table) - 1) and "natural" not in set(significance["system"])
-    assert pd.read_csv(out / "01_tradeoff.csv")["f1_wilcoxon_p_adj"].notna().sum() == len(table) - 1
+    assert pd.read_csv(out / "01_tradeoff.csv")["f1_test_p_adj"].notna().sum() == len(table) - 1
     # Tune's MLflow callback: one MLflow run per trial in the run directory's experiment
     import mlflow
 

@@ -159,7 +159,7 @@ def test_help_names_the_tests_and_tracking(command, capsys, monkeypatch):
     text = " ".join(capsys.readouterr().out.split())
     assert "tracking.mlflow_uri" in text
     if command in ("sweep", "stoprag"):
-        assert "Wilcoxon" in text and "report.correction=bh" in text
+        assert "Wilcoxon" in text and "McNemar" in text and "report.correction=bh" in text
 
 
 # ---------------------------------------------------------------- the MLflow UI in a browser

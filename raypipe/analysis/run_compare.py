@@ -1,13 +1,16 @@
 """Compare run directories question by question (``raypipe compare``): paired tests against a baseline run.
 
 Each run's ``trajectories/`` gives one row per question: final F1, exact match (not stored: computed here
-from the final answer and golden answers under the run's own ``agent.metric`` rule, as F1 was), the
-retrieval iterations and the cost columns (:data:`raypipe.core.schema.TRAJECTORY_COSTS`, token counts and
-times). Questions are paired by (dataset, qid) on the questions every run has; a question whose trajectory
-ended in an infrastructure failure in any run (:data:`raypipe.analysis.stats.FAILED_STOPS`) is left out, as
-every report figure leaves it out. Statistics: :func:`raypipe.analysis.paired.paired_comparisons`, per
-dataset and over all datasets, corrected per dataset and metric. The configuration differences come from
-the runs' merged configuration trees, as the report's Setup panel reads them.
+from the final answer and golden answers under the run's own ``agent.metric`` rule, as F1 was; null where F1
+is, a question without golden answers), the retrieval iterations and the cost columns
+(:data:`raypipe.core.schema.TRAJECTORY_COSTS`, token counts and times). Runs scored under different
+``agent.metric`` rules are refused (their F1 and EM differ by the rule as well as by the answers) unless
+``allow_mixed_metrics``. Questions are paired by (dataset, qid) on the questions every run has; a question
+whose trajectory ended in an infrastructure failure in any run (:data:`raypipe.analysis.stats.FAILED_STOPS`)
+is left out, as every report figure leaves it out. Statistics: :func:`raypipe.analysis.paired.paired_comparisons`
+(each metric's tests chosen by its kind: :data:`KINDS`), per dataset and over all datasets; the p-values are
+corrected over every test of the comparison together (every run, metric and dataset: one family). The
+configuration differences come from the runs' merged configuration trees, as the report's Setup panel reads them.
 """
 
 from __future__ import annotations
@@ -18,14 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from raypipe.analysis.blocks import RenderedSection, Table, Text, document_html, document_markdown
-from raypipe.analysis.paired import CORRECTION_NAMES, Correction, paired_comparisons, summary_table
+from raypipe.analysis.paired import CORRECTION_NAMES, Correction, MetricKind, paired_comparisons, summary_table
 from raypipe.analysis.setup_section import _show, lookup, run_tree
 from raypipe.analysis.stats import ALL, FAILED_STOPS
 from raypipe.core.metrics import exact_match
 from raypipe.core.rundir import RunDir, model_notes
-from raypipe.core.schema import TRAJECTORY_COSTS
+from raypipe.core.schema import TRAJECTORIES, TRAJECTORY_COSTS
 
 KEY = ["dataset", "qid"]
 # trajectories column (or "em", computed) -> the name the tables show
@@ -39,6 +43,11 @@ METRICS = {
     **{f.name: f.name for f in TRAJECTORY_COSTS},
 }
 STORED = [m for m in METRICS if m != "em"]
+# each metric's kind, which chooses its tests: EM is 0/1, integer columns are counts, the rest continuous
+KINDS: dict[str, MetricKind] = {
+    m: "binary" if m == "em" else "count" if pa.types.is_integer(TRAJECTORIES.field(m).type) else "continuous"
+    for m in METRICS
+}
 
 
 class CompareError(ValueError):
@@ -54,10 +63,18 @@ class Comparison:
     shared: int  # questions compared
     skipped_metrics: list[str]  # no values in some run
     config_diff: pd.DataFrame  # setting, one column per run
+    rules: dict[str, str]  # each run's agent.metric (they differ only with allow_mixed_metrics)
 
     @property
     def baseline(self) -> str:
         return self.labels[0]
+
+    @property
+    def mixed_metrics(self) -> str | None:
+        """The warning the page and the terminal show when the runs were scored under different rules."""
+        if len(set(self.rules.values())) == 1:
+            return None
+        return f"WARNING: {_rules_named(self.rules)}: F1 and EM differ by the rule as well as by the answers"
 
 
 def run_values(run: RunDir) -> pd.DataFrame:
@@ -69,7 +86,9 @@ def run_values(run: RunDir) -> pd.DataFrame:
     frame = run.read("trajectories").to_pandas()
     rule = run.metric_rule()  # the rule final_f1 used
     answers = frame["final_answer"].astype(object).where(frame["final_answer"].notna(), None)
-    frame["em"] = [exact_match(a, list(g), rule) for a, g in zip(answers, frame["golden_answers"])]
+    scored = frame["final_f1"].notna()  # unscored (no golden answers, or failed): EM null, as F1 is
+    frame["em"] = [exact_match(a, list(g), rule) if s else None
+                   for a, g, s in zip(answers, frame["golden_answers"], scored)]  # fmt: skip
     for column in STORED:
         if column not in frame:  # a run written before the cost columns existed
             frame[column] = None
@@ -82,19 +101,31 @@ def run_labels(paths: Sequence[Path]) -> list[str]:
     return [n if names.count(n) == 1 else str(p) for n, p in zip(names, paths)]
 
 
+def _rules_named(rules: dict[str, str]) -> str:
+    return "the runs were scored under different agent.metric rules (" + ", ".join(
+        f"{label}: {rule}" for label, rule in rules.items()) + ")"  # fmt: skip
+
+
 def compare_runs(
     paths: Sequence[str | Path],
     correction: Correction = "holm",
     samples: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
+    allow_mixed_metrics: bool = False,
 ) -> Comparison:
-    """Compare every run with the first (the baseline) on the questions they share."""
+    """Compare every run with the first (the baseline) on the questions they share; runs scored under
+    different ``agent.metric`` rules only with ``allow_mixed_metrics``."""
     paths = [Path(p) for p in paths]
     if len({p.resolve() for p in paths}) != len(paths) or len(paths) < 2:
         raise CompareError(f"compare needs at least two different run directories, got {[str(p) for p in paths]}")
     labels = run_labels(paths)
-    frames = {label: run_values(RunDir(p)) for label, p in zip(labels, paths)}
+    runs = [RunDir(p) for p in paths]
+    frames = {label: run_values(run) for label, run in zip(labels, runs)}
+    rules = {label: run.metric_rule() for label, run in zip(labels, runs)}
+    if len(set(rules.values())) > 1 and not allow_mixed_metrics:
+        raise CompareError(f"{_rules_named(rules)}, so their F1 and EM are not comparable; rescore one run "
+                           "or pass --allow-mixed-metrics to compare anyway")  # fmt: skip
     shared, questions = _shared_questions(frames)
     values = pd.concat([f.assign(system=label).merge(shared, on=KEY) for label, f in frames.items()],
                        ignore_index=True)  # fmt: skip
@@ -102,11 +133,11 @@ def compare_runs(
     values = values.astype({m: float for m in usable})
     if values["dataset"].nunique() > 1:
         values = pd.concat([values, values.assign(dataset=ALL)], ignore_index=True)
-    result = paired_comparisons(values, usable, labels[0], key=KEY, by=["dataset"], correction=correction,
-                                samples=samples, confidence=confidence, seed=seed)  # fmt: skip
+    result = paired_comparisons(values, {m: KINDS[m] for m in usable}, labels[0], key=KEY, by=["dataset"], family=(),
+                                correction=correction, samples=samples, confidence=confidence, seed=seed)  # fmt: skip
     result["metric"] = result["metric"].map(METRICS)
-    return Comparison(labels, paths, result, questions, len(shared),
-                      [METRICS[m] for m in METRICS if m not in usable], config_differences(paths, labels))  # fmt: skip
+    return Comparison(labels, paths, result, questions, len(shared), [METRICS[m] for m in METRICS if m not in usable],
+                      config_differences(paths, labels), rules)  # fmt: skip
 
 
 def _shared_questions(frames: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -161,14 +192,20 @@ def _flat_keys(tree: Any, prefix: str = "") -> set[str]:
 
 def comparison_tables(comparison: Comparison) -> list[Table]:
     """One table of paired comparisons per dataset (every dataset first)."""
-    correction = comparison.result["correction"].iloc[0]
-    table = summary_table(comparison.result).drop(columns="baseline")
+    result = comparison.result
+    correction = CORRECTION_NAMES[result["correction"].iloc[0]]
+    table = summary_table(result).drop(columns="baseline")
     table = table.rename(columns={"system": "run", "baseline mean": f"{comparison.baseline} mean",
                                   "system mean": "run mean"})  # fmt: skip
+    t_tests = int(result["t_p"].notna().sum())
     note = (
         f"Per question, run minus {comparison.baseline}: Δ with its percentile bootstrap interval over resampled "
-        f"questions; paired t test and Wilcoxon signed-rank test, p-values {CORRECTION_NAMES[correction]}-corrected "
-        "across the runs compared on one metric and dataset."
+        "questions. test: EM (0/1) by McNemar's exact test; iterations and token counts (integers) by the "
+        "Wilcoxon signed-rank test; F1 and times by the paired t test and the signed-rank test. The signed-rank "
+        "test drops zero differences, gives ties their mean rank and is exact, or estimated from seeded random "
+        f"sign flips where its name says so. p-values {correction}-corrected over every test of this comparison "
+        f"together (every run, metric and dataset: {int(result['family_size'].iloc[0])} tests; the {t_tests} t "
+        "tests separately)."
     )
     order = [ALL, *sorted(d for d in table["dataset"].unique() if d != ALL)]
     return [Table(f"{'All datasets' if d == ALL else d}: against {comparison.baseline}",
@@ -181,6 +218,8 @@ def comparison_sections(comparison: Comparison) -> list[RenderedSection]:
                   f"{comparison.baseline} ({comparison.paths[0]}).")  # fmt: skip
     notes = [Text(f"{note}.", "note") for note in model_notes(RunDir(path) for path in comparison.paths)]
     blocks = [*notes, counts, Table("Questions per run", comparison.questions)]
+    if comparison.mixed_metrics:
+        blocks.insert(0, Text(f"{comparison.mixed_metrics}.", "note"))
     if comparison.skipped_metrics:
         blocks.append(Text(f"Not compared (no values in some run): {', '.join(comparison.skipped_metrics)}.", "note"))
     diff = comparison.config_diff
@@ -194,13 +233,15 @@ def comparison_sections(comparison: Comparison) -> list[RenderedSection]:
 
 def comparison_figures(comparison: Comparison) -> dict[str, float]:
     """The headline figures experiment tracking logs: questions compared and, over every dataset, each run's
-    mean difference and corrected p-values per metric (``<run>.<metric>.mean_diff``, ``...t_p_adj``)."""
+    mean difference and corrected p-values per metric (``<run>.<metric>.mean_diff``, ``...t_p_adj`` where a
+    t test ran, ``...test_p_adj``)."""
     result = comparison.result
     overall = result[result["dataset"] == (ALL if (result["dataset"] == ALL).any() else result["dataset"].iloc[0])]
     figures = {"questions_compared": float(comparison.shared)}
     for row in overall.itertuples(index=False):
-        for column in ("mean_diff", "t_p_adj", "wilcoxon_p_adj"):
-            figures[f"{row.system}.{row.metric}.{column}"] = float(getattr(row, column))
+        for column in ("mean_diff", "t_p_adj", "test_p_adj"):
+            if pd.notna(getattr(row, column)):
+                figures[f"{row.system}.{row.metric}.{column}"] = float(getattr(row, column))
     return figures
 
 

@@ -21,13 +21,16 @@ from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.core.rundir import RunDir
 from raypipe.runtime.stage_main import print_model_note, tracking_or_exit
 
-DESCRIPTION = """Compare runs question by question against a baseline run: paired t and Wilcoxon tests.
+DESCRIPTION = """Compare runs question by question against a baseline run: paired exact and t tests.
 
 On the questions every run has (by dataset and qid; the others are counted and left out, as are
 questions a run failed on), compares final F1, exact match, iterations and the cost columns (tokens,
 times) of each run with the baseline's, per dataset and over all: the means, the mean difference with a
-bootstrap interval, paired t and Wilcoxon signed-rank p-values with Holm (or Benjamini-Hochberg)
-correction. Prints the tables and writes BASELINE/compare/index.html (plus compare.md and tables/*.csv)
+bootstrap interval and p-values -- McNemar's exact test for exact match, the Wilcoxon signed-rank test
+(exact, or seeded sign flips on many questions) for iterations and token counts, the paired t test and the
+signed-rank test for F1 and times -- with Holm (or Benjamini-Hochberg) correction over every test of the
+comparison (runs x metrics x datasets). Runs scored under different agent.metric rules are refused unless
+--allow-mixed-metrics. Prints the tables and writes BASELINE/compare/index.html (plus compare.md and tables/*.csv)
 with the settings that differ between the runs' configs. Bootstrap options: --set report.bootstrap_samples=N,
 report.bootstrap_seed, report.confidence; the correction: --correction or report.correction. With tracking on
 (--set tracking.mlflow_uri=PATH_OR_URL, or the baseline run's config.yaml) the comparison is logged to MLflow,
@@ -52,6 +55,12 @@ def main() -> None:
         "false discovery rate); default: report.correction (holm)",
     )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: BASELINE/compare)")
+    parser.add_argument(
+        "--allow-mixed-metrics",
+        action="store_true",
+        help="compare runs scored under different agent.metric rules (refused by default: their F1 and EM "
+        "differ by the rule as well as by the answers); the page and the terminal say so",
+    )
     args = parser.parse_args()
     setup_logging(args.verbose)
     config = config_from_args(args)
@@ -63,9 +72,11 @@ def main() -> None:
     tracker = tracking_or_exit(StageTracker.open, settings, baseline, "compare")
     try:
         comparison = compare_runs(runs, correction, options.bootstrap_samples, options.confidence,
-                                  options.bootstrap_seed)  # fmt: skip
+                                  options.bootstrap_seed, args.allow_mixed_metrics)  # fmt: skip
     except (CompareError, ConfigError) as exc:
         sys.exit(f"error: {exc}")
+    if comparison.mixed_metrics:
+        print(comparison.mixed_metrics, file=sys.stderr)
     print(f"{comparison.shared} questions compared against {comparison.baseline}\n")
     for table in (Table("Questions per run", comparison.questions), *comparison_tables(comparison)):
         print(table_markdown(table), end="\n\n")

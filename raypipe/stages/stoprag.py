@@ -159,9 +159,9 @@ def run_stoprag(
     log.info("%d questions: %d train, %d val, %d test; %s", len(trajectories), len(splits.train), len(splits.val),
              len(splits.test), protocol)  # fmt: skip
     questions, histories = load_histories(source, config, {t.qid for t in trajectories})
-    rewards, answers_note = state_rewards(source, config, questions, histories, engine_factory, out)
-    trajectories = [rescore(t, rewards[t.qid]) for t in trajectories]  # one generator scores every controller
-    episodes = build_episodes(config, questions, histories, rewards)
+    scores, answers_note = state_rewards(source, config, questions, histories, engine_factory, out)
+    trajectories = [rescore(t, scores[t.qid]) for t in trajectories]  # one generator scores every controller
+    episodes = build_episodes(config, questions, histories, {qid: s.f1 for qid, s in scores.items()})
     val_t = [t for t in trajectories if t.qid in splits.val]
     test_t = [t for t in trajectories if t.qid in splits.test]
 
@@ -183,9 +183,9 @@ DESCRIPTION = """Train and evaluate Stop-RAG (Q(lambda) value-based stopping) an
 Trains the Q-network with Ray Train on the run's training questions, tunes its margin threshold on the
 validation questions, and compares natural stopping, Cap@k, the 4-state heuristic (when predictions/
 exists), Stop-RAG and LLM-Stop (the engine asked to STOP or CONTINUE) on the test questions:
-RUN_DIR/stoprag/comparison.csv, .md and .png, with paired t and Wilcoxon tests of every controller
-against natural stopping per question (F1, iterations, tokens; Holm-corrected, --set report.correction=bh
-for Benjamini-Hochberg), in full in RUN_DIR/stoprag/significance.md/.csv. Options are the ``stoprag``
+RUN_DIR/stoprag/comparison.csv, .md and .png, with paired tests of every controller against natural
+stopping per question (F1: t and Wilcoxon signed-rank; EM: McNemar exact; iterations, tokens: signed-rank,
+exact or by seeded sign flips; Holm-corrected, --set report.correction=bh for Benjamini-Hochberg), in full in RUN_DIR/stoprag/significance.md/.csv. Options are the ``stoprag``
 section of the config (``--set stoprag.target=mc``, ``--set stoprag.epochs=5``). The run's own config.yaml
 is the base configuration unless --config names another; --set tracking.mlflow_uri=PATH_OR_URL logs to MLflow.
 """

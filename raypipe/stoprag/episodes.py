@@ -18,13 +18,12 @@ import pandas as pd
 from raypipe.core.config import EngineConfig, RunConfig, StopRagConfig
 from raypipe.core.rundir import RunDir
 from raypipe.llm.base import Engine
-from raypipe.stoprag.rewards import generator_note, generator_rewards, state_documents
+from raypipe.stoprag.rewards import StateScores, generator_note, generator_rewards, probe_scores, state_documents
 from raypipe.stoprag.targets import (
     SEP,
     Episode,
     Margins,
     build_episode,
-    probe_rewards,
     rounds_from_history,
     with_documents,
 )
@@ -77,15 +76,17 @@ def state_rewards(
     histories: dict[str, list[dict]],
     engine_factory: Callable[[EngineConfig], Engine],
     out: Path,
-) -> tuple[dict[str, dict[int, float]], str]:
-    """qid -> iteration -> reward for every state (:mod:`raypipe.stoprag.rewards`), and the note that names
-    the generator. The generator's answers go to ``rewards.parquet``."""
+) -> tuple[dict[str, StateScores], str]:
+    """qid -> every state's reward and the same answers' exact match (:mod:`raypipe.stoprag.rewards`), and
+    the note that names the generator. The generator's answers go to ``rewards.parquet``."""
     cfg = config.stoprag
+    golden = dict(zip(*run.read("trajectories", ["qid", "golden_answers"]).to_pydict().values()))
     if cfg.reward_source == "probe":
         if not any(r.get("probe_answer") is not None for rows in histories.values() for r in rows):
             raise ValueError("the run has no probed answers (agent.probe=false?): use stoprag.reward_source=generator")
-        return {qid: probe_rewards(rows) for qid, rows in histories.items()}, generator_note(cfg, config.engine.model)
-    golden = dict(zip(*run.read("trajectories", ["qid", "golden_answers"]).to_pydict().values()))
+        rule = run.metric_rule()  # the rule the recorded probe F1 was scored by
+        scores = {qid: probe_scores(rows, golden[qid], rule) for qid, rows in histories.items()}
+        return scores, generator_note(cfg, config.engine.model)
     states = {}
     for qid, rows in histories.items():
         rounds = rounds_from_history(rows)
@@ -95,15 +96,12 @@ def state_rewards(
     engine = engine_factory(config.engine)
     try:
         started = time.perf_counter()
-        totals, rows = asyncio.run(generator_rewards(engine, states, golden, cfg, config.agent.metric, config.seed))
+        scores, rows = asyncio.run(generator_rewards(engine, states, golden, cfg, config.agent.metric, config.seed))
         log.info("rewards: generated in %.1f s", time.perf_counter() - started)
     finally:
         asyncio.run(engine.close())
     pd.DataFrame(rows).to_parquet(out / "rewards.parquet")
-    rewards: dict[str, dict[int, float]] = {}
-    for (qid, it), value in totals.items():
-        rewards.setdefault(qid, {})[it] = value
-    return rewards, generator_note(cfg, config.engine.model)
+    return scores, generator_note(cfg, config.engine.model)
 
 
 def score_episodes(folder: Path, episodes: Sequence[Episode]) -> tuple[Margins, list[dict]]:

@@ -12,22 +12,25 @@ like any other. Two generators here (``stoprag.reward_source``):
   the state's documents, through the run's engine: ``reward_samples`` answers at ``reward_temperature``
   (the paper's mean over N = 8 sampled answers), scored by the run's F1 rule.
 
-The comparison table scores every controller with the same rewards (:func:`rescore`): stopping at a state
-returns that state's answer, and natural termination is the terminal state's, not the agent's own final
-answer.
+Each state's :class:`StateScores` hold the reward (the answers' mean F1) and the same answers' mean exact
+match, under the same ``agent.metric`` rule. The comparison table scores every controller with them
+(:func:`rescore`): stopping at a state returns that state's answer, and natural termination is the terminal
+state's, not the agent's own final answer -- in F1 and in EM alike, so the EM and F1 columns (and their
+paired tests) score one answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 from raypipe.core.config import StopRagConfig
-from raypipe.core.metrics import Rule, f1_score
+from raypipe.core.metrics import Rule, exact_match, f1_score
 from raypipe.llm.base import Engine, EngineError, GenerationRequest
 from raypipe.stopping.replay import Trajectory
-from raypipe.stoprag.targets import Round, selected_documents
+from raypipe.stoprag.targets import Round, probe_rewards, selected_documents
 
 # chosolbee/MHQA-SetVerify pipeline/answer_generator/prompts.py l.336-383
 # (FINAL_ANSWER_GENERATION_DOCS_SYSTEM_PROMPT), verbatim.
@@ -109,6 +112,21 @@ def answer_messages(question: str, documents: Sequence[str]) -> list[dict[str, s
 StateKey = tuple[str, int]  # (qid, iteration)
 
 
+@dataclass(frozen=True)
+class StateScores:
+    """One question's states scored by one answer generator, iteration -> value: ``f1``, the answers' mean
+    F1 (the reward), and ``em``, the same answers' mean exact match."""
+
+    f1: dict[int, float]
+    em: dict[int, float]
+
+
+def probe_scores(rows: Sequence[dict[str, Any]], golden: Sequence[str], rule: Rule) -> StateScores:
+    """The recorded probes' scores: their F1 (:func:`~raypipe.stoprag.targets.probe_rewards`) and their
+    exact match under ``rule``, the rule their F1 was scored by (a probe that produced nothing scores 0)."""
+    return StateScores(probe_rewards(rows), {r["iteration"]: exact_match(r.get("probe_answer"), golden, rule) for r in rows})
+
+
 async def generator_rewards(
     engine: Engine,
     states: dict[StateKey, tuple[str, list[str]]],
@@ -117,10 +135,10 @@ async def generator_rewards(
     rule: Rule,
     seed: int = 0,
     concurrency: int = 64,
-) -> tuple[dict[StateKey, float], list[dict]]:
-    """Mean F1 of ``cfg.reward_samples`` generated answers for every state (question, documents), and
-    one row per answer (qid, iteration, sample, answer, f1). A failed generation scores 0, as a probe
-    that produced nothing does."""
+) -> tuple[dict[str, StateScores], list[dict]]:
+    """Mean F1 and mean exact match of ``cfg.reward_samples`` generated answers for every state (question,
+    documents), by qid, and one row per answer (qid, iteration, sample, answer, f1, em). A failed generation
+    scores 0, as a probe that produced nothing does."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(key: StateKey, sample: int) -> tuple[StateKey, int, str | None]:
@@ -137,21 +155,24 @@ async def generator_rewards(
                 return key, sample, None
 
     results = await asyncio.gather(*(one(k, s) for k in states for s in range(cfg.reward_samples)))
-    rows, totals = [], {k: 0.0 for k in states}
+    rows, scores = [], {qid: StateScores({}, {}) for qid, _ in states}
     for (qid, it), sample, answer in results:
-        f1 = f1_score(answer, golden[qid], rule) if answer is not None else 0.0
-        totals[(qid, it)] += f1 / cfg.reward_samples
-        rows.append({"qid": qid, "iteration": it, "sample": sample, "answer": answer, "f1": f1})
-    return totals, rows
+        f1, em = f1_score(answer, golden[qid], rule), exact_match(answer, golden[qid], rule)  # None scores 0
+        for total, value in ((scores[qid].f1, f1), (scores[qid].em, em)):
+            total[it] = total.get(it, 0.0) + value / cfg.reward_samples
+        rows.append({"qid": qid, "iteration": it, "sample": sample, "answer": answer, "f1": f1, "em": em})
+    return scores, rows
 
 
-def rescore(trajectory: Trajectory, rewards: dict[int, float]) -> Trajectory:
-    """The trajectory with every iteration's answer, the natural ending's included, scored by ``rewards``."""
-    missing = [i for i in range(trajectory.n_iterations + 1) if i not in rewards]
+def rescore(trajectory: Trajectory, scores: StateScores) -> Trajectory:
+    """The trajectory with every iteration's answer, the natural ending's included, scored by ``scores``:
+    F1 and exact match of the same answers."""
+    states = range(trajectory.n_iterations + 1)
+    missing = [i for i in states if i not in scores.f1 or i not in scores.em]
     if missing:
         raise ValueError(f"question {trajectory.qid}: no reward for iterations {missing}")
-    scores = tuple(rewards[i] for i in range(trajectory.n_iterations + 1))
-    return replace(trajectory, probe_f1=scores, final_f1=scores[-1])
+    f1, em = tuple(scores.f1[i] for i in states), tuple(scores.em[i] for i in states)
+    return replace(trajectory, probe_f1=f1, final_f1=f1[-1], probe_em=em, final_em=em[-1])
 
 
 def generator_note(cfg: StopRagConfig, model: str) -> str:
