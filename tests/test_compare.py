@@ -188,8 +188,10 @@ def test_one_correction_family_over_metrics_and_datasets(tmp_path):
     _rewrite_trajectories(base, _decisive(False))
     _rewrite_trajectories(other, _decisive(True))
     result = compare_runs([base.path, other.path], samples=50).result.set_index("metric")
-    assert result["test_p"].to_dict() == pytest.approx({"final F1": 2 / 2**10, "EM": 2 / 2**10, "iterations": 2 / 2**12,
-                                                        "tokens_generated": 2 / 2**12, "probe_tokens": 1.0, "wall_s": 1.0})
+    assert result["test_p"].to_dict() == pytest.approx({
+        "final F1": 2 / 2**10, "EM": 2 / 2**10, "iterations": 2 / 2**12, "tokens_generated": 2 / 2**12,
+        "probe_tokens": 1.0, "wall_s": 1.0,
+    })  # fmt: skip
     assert set(result["family_size"]) == {6}
     assert result["test_p_adj"].to_numpy() == pytest.approx(adjust_pvalues(result["test_p"].to_numpy()))
     assert result.loc["iterations", "test_p_adj"] == pytest.approx(6 * 2 / 2**12)

@@ -53,10 +53,11 @@ def test_generator_rewards_are_the_mean_over_samples():
     engine = FakeEngine(replies(["Paris", "Lyon", "The Paris Region", EngineError("down")]))
     cfg = StopRagConfig(reward_source="generator", reward_samples=2, reward_temperature=0.7)
     states = {("q1", 0): ("Capital of France?", []), ("q1", 1): ("Capital of France?", ["France: Paris is its capital."])}
-    scores, rows = asyncio.run(generator_rewards(engine, states, {"q1": ["Paris"]}, cfg, "hotpotqa", concurrency=1))
+    golden = {"q1": ["Paris"]}
+    scores, rows = asyncio.run(generator_rewards(engine, states, golden, cfg, "hotpotqa", concurrency=1))
     assert scores == {"q1": StateScores(f1={0: 0.5, 1: pytest.approx(1 / 3)}, em={0: 0.5, 1: 0.0})}
-    assert len(rows) == 4 and [(r["f1"], r["em"]) for r in rows] == [(1.0, 1.0), (0.0, 0.0), (pytest.approx(2 / 3), 0.0),
-                                                                        (0.0, 0.0)]  # fmt: skip
+    answers = [(r["f1"], r["em"]) for r in rows]
+    assert answers == [(1.0, 1.0), (0.0, 0.0), (pytest.approx(2 / 3), 0.0), (0.0, 0.0)]
     assert "Document: France: Paris is its capital." in engine.requests[2].prompt
 
 

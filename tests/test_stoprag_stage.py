@@ -74,7 +74,8 @@ def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):
     assert csv["answers"].nunique() == 1 and "probed answer" in csv["answers"][0]
     assert "F1 of every controller: answers: the agent's probed answer" in (out / "comparison.md").read_text()
     # every controller against natural stopping, per question (LLM-Stop on its own questions)
-    assert "| F1 p (t / signed-rank) | EM p (McNemar) | iterations p (signed-rank) |" in (out / "comparison.md").read_text()
+    header = "| F1 p (t / signed-rank) | EM p (McNemar) | iterations p (signed-rank) |"
+    assert header in (out / "comparison.md").read_text()
     tests = pd.read_csv(out / "significance.csv")
     assert {"cap@1", "heuristic", "stoprag", "llm_stop"} <= set(tests["system"])
     assert "natural" not in set(tests["system"])

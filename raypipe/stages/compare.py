@@ -88,6 +88,6 @@ def main() -> None:
     print_model_note(*(RunDir(run) for run in runs))
     print(f"(page: {html})")
     params = {"compare": {"baseline": str(baseline.resolve()), "runs": [str(r.resolve()) for r in runs],
-                          "correction": correction}}  # fmt: skip
+                          "correction": correction, "allow_mixed_metrics": args.allow_mixed_metrics}}  # fmt: skip
     headline = Headline(comparison_figures(comparison), [html, md, html.parent / "tables"])
     tracking_or_exit(tracker.log, config, headline, params)

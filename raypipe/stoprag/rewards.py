@@ -124,7 +124,8 @@ class StateScores:
 def probe_scores(rows: Sequence[dict[str, Any]], golden: Sequence[str], rule: Rule) -> StateScores:
     """The recorded probes' scores: their F1 (:func:`~raypipe.stoprag.targets.probe_rewards`) and their
     exact match under ``rule``, the rule their F1 was scored by (a probe that produced nothing scores 0)."""
-    return StateScores(probe_rewards(rows), {r["iteration"]: exact_match(r.get("probe_answer"), golden, rule) for r in rows})
+    exact = {r["iteration"]: exact_match(r.get("probe_answer"), golden, rule) for r in rows}
+    return StateScores(probe_rewards(rows), exact)
 
 
 async def generator_rewards(
