@@ -273,3 +273,17 @@ def test_rayjob_runs_the_image_the_recipe_builds(rayjob):
             assert (ROOT / path).exists(), path
     working_dir = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["working_dir"]
     assert re.search(rf"^WORKDIR {working_dir}$", recipe, re.M)
+
+
+def test_runbook_edits_what_the_files_hold(cluster):
+    """docs/cluster.md's commands fill the placeholders cluster.yaml has and submit jobs that exist."""
+    runbook = (ROOT / "docs" / "cluster.md").read_text()
+    image = cluster["available_node_types"]["head"]["node_config"]["ImageId"]
+    efs = re.search(r"EFS=(\S+)", _mount_command(cluster)).group(1)
+    assert f'sed -i "s/{image}/$AMI/" cluster.yaml' in runbook
+    assert f'sed -i "s/EFS={efs}/EFS=$FS/" cluster.yaml' in runbook
+    assert DLAMI_PARAMETER in runbook
+    for job in set(re.findall(r"python (jobs/\w+\.py)", runbook)):
+        assert (ROOT / job).exists(), job
+    for target in re.findall(r"\]\(\.\./([^)#]+)\)", runbook):
+        assert (ROOT / target).exists(), target
