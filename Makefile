@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 install: $(STAMP)
 
 # The installer and the job print their own first lines, so make does not echo these commands.
-$(STAMP): pyproject.toml scripts/install.sh
+$(STAMP): pyproject.toml scripts/install.sh scripts/install_check.py
 	@bash scripts/install.sh $(VENV) cpu
 	@touch $(STAMP)
 

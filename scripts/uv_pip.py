@@ -1,7 +1,8 @@
 """Run ``uv pip install`` with this machine's pip configuration.
 
 uv reads neither pip.conf nor the PIP_* variables, so on its own it would miss what pip uses here: a local
-wheel folder (find-links), extra indexes, pip-wide constraints, a CA bundle, a timeout. This reads pip's settings
+wheel folder (find-links), no index at all (no-index, e.g. PIP_NO_INDEX=1 for an offline install from wheels),
+extra indexes, pip-wide constraints, a CA bundle, a timeout. This reads pip's settings
 (``pip config list``; the environment over the install section over the global one, as pip ranks them)
 and passes them to uv. With extra indexes uv takes the best version across all of them, as pip does.
 
@@ -15,8 +16,13 @@ import subprocess
 import sys
 
 RANKS = (":env:", "install", "global")
-LIST_FLAGS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url",
-              "find-links": "--find-links", "constraint": "--constraint"}
+INDEX_FLAGS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url"}
+LIST_FLAGS = {**INDEX_FLAGS, "find-links": "--find-links", "constraint": "--constraint"}
+TRUE = ("1", "true", "yes", "on")  # pip's reading of a boolean setting
+
+
+def is_set(settings: dict[str, str], name: str) -> bool:
+    return settings.get(name, "").lower() in TRUE
 
 
 def pip_settings() -> dict[str, str]:
@@ -33,11 +39,14 @@ def pip_settings() -> dict[str, str]:
 
 
 def uv_arguments(settings: dict[str, str]) -> list[str]:
-    arguments: list[str] = []
+    no_index = is_set(settings, "no-index")
+    arguments: list[str] = ["--no-index"] if no_index else []
     for name, flag in LIST_FLAGS.items():
+        if no_index and name in INDEX_FLAGS:
+            continue  # pip ignores its indexes under no-index: only find-links count
         for item in settings.get(name, "").split():
             arguments += [flag, item]
-    if settings.get("extra-index-url"):
+    if settings.get("extra-index-url") and not no_index:
         arguments += ["--index-strategy", "unsafe-best-match"]
     return arguments
 

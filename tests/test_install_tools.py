@@ -54,6 +54,19 @@ def test_uv_gets_every_index_link_and_constraint_and_the_best_match_across_index
     assert uv_pip.uv_arguments({"index-url": "https://pypi.org/simple"}) == ["--index-url", "https://pypi.org/simple"]
 
 
+def test_pips_no_index_reaches_uv_and_drops_the_indexes(pip_listing):
+    """PIP_NO_INDEX=1 (scripts/gpu_smoke.sh installs from a wheel folder only): uv must not look at any index."""
+    settings = {**uv_pip.pip_settings(), "no-index": "1", "index-url": "https://pypi.org/simple"}
+    assert uv_pip.uv_arguments(settings) == ["--no-index", "--find-links", "/opt/wheels",
+                                             "--constraint", "/etc/pip/constraints.txt"]
+    assert "--no-index" not in uv_pip.uv_arguments({**settings, "no-index": "false"})
+
+
+def test_no_index_from_the_environment_is_read_through_pips_own_listing(monkeypatch):
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    assert "--no-index" in uv_pip.uv_arguments(uv_pip.pip_settings())  # the real `pip config list`
+
+
 def test_uv_runs_with_pips_certificate_and_timeout(pip_listing, monkeypatch):
     seen = {}
 
