@@ -24,7 +24,10 @@ the workers and the loop resumes from the last checkpoint.
 Everything else is the Ray-free domain :func:`run_stoprag` calls: :mod:`raypipe.stoprag.splits`,
 :mod:`raypipe.stoprag.episodes` (states and their rewards), :mod:`raypipe.stoprag.networks` (a network per
 target and its threshold, trained by :func:`train_qnetwork`), :mod:`raypipe.stoprag.comparison` and
-:mod:`raypipe.stoprag.llm_stop_baseline`.
+:mod:`raypipe.stoprag.llm_stop_baseline`. The engine those call (LLM-Stop, ``stoprag.reward_source=generator``)
+runs in a Ray actor placed like the probe job's generation actors (``generation.actor_num_cpus`` /
+``actor_num_gpus`` / ``resources``; :mod:`raypipe.runtime.engine_actor`), not in the driver, which on a
+cluster runs on the GPU-less head.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from raypipe.core.config import EngineConfig, RunConfig, StopRagConfig
 from raypipe.core.rundir import RunDir
 from raypipe.core.train_run import StackedRun
 from raypipe.llm.base import Engine
-from raypipe.llm.factory import build_engine
+from raypipe.runtime.engine_actor import actor_engine_factory
 from raypipe.runtime.stage_main import RunDirStage, StageRun, print_model_note
 from raypipe.runtime.trainer import run_training, torch_trainer
 from raypipe.stopping.replay import load_trajectories
@@ -135,15 +138,18 @@ def run_stoprag(
     *,
     llm_stop: bool | None = None,
     ablation: Sequence[str] = (),
-    engine_factory: Callable[[EngineConfig], Engine] = build_engine,
+    engine_factory: Callable[[EngineConfig], Engine] | None = None,
     train_run: RunDir | None = None,
 ) -> StopRagReport:
     """The whole stage (Ray initialised by the caller). ``ablation``: more target types to train;
-    ``llm_stop`` overrides ``stoprag.llm_stop``; ``engine_factory`` builds LLM-Stop's engine;
+    ``llm_stop`` overrides ``stoprag.llm_stop``; ``engine_factory`` (default :func:`build_engine`) builds the
+    engine of LLM-Stop and of ``stoprag.reward_source=generator``, each time in an actor placed like a
+    generation actor (:func:`actor_engine_factory`), never in the driver;
     ``train_run``: train and tune on that run's questions, test on every question of ``run``
     (:func:`split_train_run`); None: ``run`` split three ways (:func:`split_three`)."""
     started = time.monotonic()
     cfg = config.stoprag
+    engines = actor_engine_factory(config.generation, engine_factory)
     out = run.path / OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
     source = run if train_run is None else StackedRun(train_run, run)  # the training run's rows, then the run's
@@ -159,7 +165,7 @@ def run_stoprag(
     log.info("%d questions: %d train, %d val, %d test; %s", len(trajectories), len(splits.train), len(splits.val),
              len(splits.test), protocol)  # fmt: skip
     questions, histories = load_histories(source, config, {t.qid for t in trajectories})
-    rewards, answers_note = state_rewards(source, config, questions, histories, engine_factory, out)
+    rewards, answers_note = state_rewards(source, config, questions, histories, engines, out)
     trajectories = [rescore(t, rewards[t.qid]) for t in trajectories]  # one generator scores every controller
     episodes = build_episodes(config, questions, histories, rewards)
     val_t = [t for t in trajectories if t.qid in splits.val]
@@ -169,7 +175,7 @@ def run_stoprag(
     controllers.update(stoprag_controllers(config, episodes, splits, val_t, out, ablation, train_qnetwork))
     rows, outcomes = comparison_rows(test_t, controllers, covered)
     if cfg.llm_stop if llm_stop is None else llm_stop:
-        more, more_out = llm_stop_comparison(config, questions, histories, test_t, engine_factory, out)
+        more, more_out = llm_stop_comparison(config, questions, histories, test_t, engines, out)
         rows += more
         outcomes += more_out
     pvalues = stoprag_pvalues(out, rows, outcomes, config.report)
