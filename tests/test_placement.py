@@ -83,3 +83,100 @@ def test_stoprag_engines_run_in_an_actor_holding_a_gpu(tmp_path, ray_fake_gpus, 
         assert len(gpus.strip("[]").split(",")) == 1 and gpus != "[]", table
         assert cuda == gpus.strip("[]"), table
     assert not ray.get_gpu_ids()
+
+
+# ---------------------------------------------------------------- Ray Train workers on GPUs, storage elsewhere
+
+
+class _OneStep:
+    """A Training of one epoch: a DDP step of a tiny model, each worker's GPUs and device written to ``record``."""
+
+    def __init__(self, record: str, worker):
+        import torch
+
+        self.worker, self.record = worker, record
+        self.model = worker.prepare_model(torch.nn.Linear(2, 1))
+
+    def resume(self, folder):
+        raise AssertionError("nothing to resume")
+
+    def epochs(self):
+        import torch
+
+        from raypipe.core.training import EpochEnd
+
+        loss = self.model(torch.ones(4, 2, device=self.worker.device)).sum()
+        loss.backward()  # DDP's all-reduce over the workers' process group
+        gpus = ",".join(str(g) for g in ray.get_gpu_ids())
+        with open(os.path.join(self.record, f"rank{self.worker.rank}"), "w") as fh:
+            fh.write(f"{gpus} {self.worker.device} {os.environ.get('CUDA_VISIBLE_DEVICES')}")
+        yield EpochEnd({"loss": float(loss)}, lambda folder: (folder / "weights.txt").write_text("w"), "e1")
+
+
+def one_step_loop(config: dict) -> None:
+    from functools import partial
+
+    from raypipe.runtime.trainer import run_training
+
+    run_training(partial(_OneStep, config["record"]), seed=0)
+
+
+def test_train_workers_hold_one_gpu_each_and_checkpoint_into_ray_storage_path(tmp_path, ray_fake_gpus, monkeypatch):
+    from raypipe.runtime.trainer import SIMULATED_GPUS, storage_location, torch_trainer
+
+    monkeypatch.setenv(SIMULATED_GPUS, "1")  # the fake GPUs are Ray resources only: torch trains on the CPU
+    config = load_config(overrides=[f"ray.storage_path={tmp_path / 'shared' / 'train'}"])
+    storage = storage_location(config.ray.storage_path, tmp_path / "run", "stoprag/ray_train")
+    (tmp_path / "record").mkdir()
+    trainer = torch_trainer(one_step_loop, {"record": str(tmp_path / "record")}, name="q", storage=storage,
+                            num_workers=FAKE_GPUS, use_gpu=True, cpus_per_worker=0.5, keep=1)  # fmt: skip
+    result = trainer.fit()
+    held = sorted((tmp_path / "record" / f"rank{r}").read_text().split() for r in range(FAKE_GPUS))
+    assert [gpus for gpus, _, _ in held] == ["0", "1"]  # one GPU each, not the same one
+    assert all(device == "cpu" for _, device, _ in held)
+    checkpoint = tmp_path / "shared" / "train" / "run" / "stoprag" / "ray_train" / "q"
+    assert result.checkpoint.path.startswith(str(checkpoint))
+    assert (checkpoint / "e1" / "weights.txt").read_text() == "w"
+    assert not (tmp_path / "run").exists()  # nothing in the run directory
+
+
+def test_a_gpu_worker_whose_torch_sees_no_cuda_fails_with_one_line(tmp_path, ray_fake_gpus, monkeypatch):
+    from raypipe.runtime.trainer import SIMULATED_GPUS, torch_trainer
+
+    monkeypatch.delenv(SIMULATED_GPUS, raising=False)
+    with pytest.raises(RuntimeError, match=r"holds GPU \d \(use_gpu\) but torch sees no CUDA device: install the GPU stack"):
+        torch_trainer(one_step_loop, {}, name="q", storage=tmp_path, num_workers=1, use_gpu=True, cpus_per_worker=0.5,
+                      keep=1)  # fmt: skip
+
+
+def test_storage_follows_the_run_directory_or_ray_storage_path(tmp_path):
+    from raypipe.runtime.trainer import storage_location
+
+    run = tmp_path / "runs" / "r1"
+    assert storage_location(None, run, "stopping/tune") == str((run / "stopping" / "tune").resolve())
+    assert storage_location("/mnt/raypipe/train", run, "stopping/tune") == "/mnt/raypipe/train/r1/stopping/tune"
+    assert storage_location("s3://bucket/train/", run, "models/ray_train") == "s3://bucket/train/r1/models/ray_train"
+    with pytest.raises(ValueError, match="ray.storage_path='train': give an absolute path"):
+        load_config(overrides=["ray.storage_path=train"])
+
+
+class Built(Exception):
+    """Raised by the stand-in trainer: what the stage asked for is recorded, nothing trains."""
+
+
+def test_stoprag_trains_into_ray_storage_path(tmp_path, monkeypatch):
+    from raypipe.stages import stoprag
+
+    asked = {}
+
+    def record(loop, loop_config, **settings):
+        asked.update(settings)
+        raise Built
+
+    monkeypatch.setattr(stoprag, "torch_trainer", record)
+    run = write_stoprag_run(tmp_path / "run", n_questions=20)
+    config = load_config(overrides=["stoprag.split=[0.5,0.25,0.25]", "stoprag.max_length=64", "stoprag.use_gpu=true",
+                                    f"ray.storage_path={tmp_path / 'shared'}"])  # fmt: skip
+    with pytest.raises(Built):
+        stoprag.run_stoprag(run, config, llm_stop=False)
+    assert asked["storage"] == str(tmp_path / "shared" / "run" / "stoprag" / "ray_train") and asked["use_gpu"]

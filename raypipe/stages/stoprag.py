@@ -53,7 +53,7 @@ from raypipe.core.train_run import StackedRun
 from raypipe.llm.base import Engine
 from raypipe.runtime.engine_actor import actor_engine_factory
 from raypipe.runtime.stage_main import RunDirStage, StageRun, print_model_note
-from raypipe.runtime.trainer import run_training, torch_trainer
+from raypipe.runtime.trainer import clear_storage, run_training, storage_location, torch_trainer
 from raypipe.stopping.replay import load_trajectories
 from raypipe.stoprag.comparison import baseline_controllers, comparison_rows, write_comparison
 from raypipe.stoprag.episodes import build_episodes, load_histories, state_rewards
@@ -86,11 +86,13 @@ def train_qnetwork(
     seed: int = 0,
     meta: dict | None = None,
     name: str = "stoprag",
+    storage: str | None = None,
 ) -> tuple[Path, list[dict]]:
     """Train on Ray Train (``ray.init`` already done) and copy the final network to the folder ``dest``.
 
-    Returns ``dest`` and the per-epoch metrics. Ray Train's own run folder (checkpoints) is
-    ``ray_train/<name>`` beside ``dest`` while training; it is removed once the network is copied out.
+    Returns ``dest`` and the per-epoch metrics. Ray Train's own run folder (checkpoints) is ``<storage>/<name>``
+    (``storage``: a path or URI, :func:`storage_location`; None: ``ray_train`` beside ``dest``) while training;
+    the network is read back from its last checkpoint there, and the run folder is removed once it is copied out.
     """
     if not samples:
         raise ValueError("no training states: every training trajectory has a single state or no reward signal")
@@ -99,8 +101,8 @@ def train_qnetwork(
 
         cfg = cfg.model_copy(update={"max_length": encoder_max_length(encoder_path)})
     target = Path(dest).resolve()
-    storage = target.parent / "ray_train"
-    shutil.rmtree(storage / name, ignore_errors=True)  # a rerun trains afresh, never on an old run's state
+    storage = storage or str(target.parent / "ray_train")
+    clear_storage(f"{storage}/{name}")  # a rerun trains afresh, never on an old run's state
     trainer = torch_trainer(
         train_loop,
         loop_config(texts, samples, cfg, encoder_path, seed, meta or {}),
@@ -119,7 +121,7 @@ def train_qnetwork(
             shutil.rmtree(target)
         shutil.copytree(Path(folder) / NETWORK_DIR, target)
         history = json.loads((Path(folder) / HISTORY).read_text())
-    shutil.rmtree(storage / name, ignore_errors=True)  # checkpoints (network + optimizer state) served their purpose
+    clear_storage(f"{storage}/{name}")  # checkpoints (network + optimizer state) served their purpose
     return target, history
 
 
@@ -172,7 +174,8 @@ def run_stoprag(
     test_t = [t for t in trajectories if t.qid in splits.test]
 
     controllers, covered = baseline_controllers(run, config, test_t)
-    controllers.update(stoprag_controllers(config, episodes, splits, val_t, out, ablation, train_qnetwork))
+    trainer = partial(train_qnetwork, storage=storage_location(config.ray.storage_path, run.path, f"{OUT_DIR}/ray_train"))
+    controllers.update(stoprag_controllers(config, episodes, splits, val_t, out, ablation, trainer))
     rows, outcomes = comparison_rows(test_t, controllers, covered)
     if cfg.llm_stop if llm_stop is None else llm_stop:
         more, more_out = llm_stop_comparison(config, questions, histories, test_t, engines, out)
