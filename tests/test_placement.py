@@ -180,3 +180,17 @@ def test_stoprag_trains_into_ray_storage_path(tmp_path, monkeypatch):
     with pytest.raises(Built):
         stoprag.run_stoprag(run, config, llm_stop=False)
     assert asked["storage"] == str(tmp_path / "shared" / "run" / "stoprag" / "ray_train") and asked["use_gpu"]
+
+
+@pytest.mark.parametrize("preset", ["searchr1-7b-gpu", "r1searcher-7b-gpu"])
+def test_gpu_presets_keep_runs_index_and_training_on_the_shared_mount(preset):
+    from raypipe.runtime.trainer import storage_location
+
+    config = load_config(preset)
+    assert config.runs_dir == "/mnt/raypipe/runs"
+    assert config.retrieval.index_dir.startswith("/mnt/raypipe/index/")
+    assert storage_location(config.ray.storage_path, "/mnt/raypipe/runs/x", "stoprag/ray_train") == \
+        "/mnt/raypipe/train/x/stoprag/ray_train"
+    gen = config.generation  # where LLM-Stop's engine runs: a generation node's GPU
+    assert gen.actor_num_gpus == 1 and gen.resources == {"raypipe_generation": 1}
+    assert config.train.use_gpu and config.stoprag.use_gpu

@@ -713,6 +713,12 @@ class RunConfig(StrictModel):
         description="Training run directory (--train-run): train, sweep and stoprag train and tune on its questions and "
         "evaluate on this run's, the seed paper's train/dev protocol; None = cross-fitting within this run.",
     )
+    runs_dir: str = Field(
+        default="runs",
+        description="Where `raypipe probe` puts the run directory when --out is not given: <runs_dir>/<name>. On a "
+        "cluster, a folder every node mounts (the GPU presets: /mnt/raypipe/runs); the later stages take the run "
+        "directory as their argument.",
+    )
     data: DataConfig = Field(default_factory=DataConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
