@@ -144,7 +144,7 @@ def test_a_gpu_worker_whose_torch_sees_no_cuda_fails_with_one_line(tmp_path, ray
     from raypipe.runtime.trainer import SIMULATED_GPUS, torch_trainer
 
     monkeypatch.delenv(SIMULATED_GPUS, raising=False)
-    with pytest.raises(RuntimeError, match=r"holds GPU \d \(use_gpu\) but torch sees no CUDA device: install the GPU stack"):
+    with pytest.raises(RuntimeError, match=r"holds GPU \d \(use_gpu\) but torch sees no CUDA device: install the GPU"):
         torch_trainer(one_step_loop, {}, name="q", storage=tmp_path, num_workers=1, use_gpu=True, cpus_per_worker=0.5,
                       keep=1)  # fmt: skip
 

@@ -367,7 +367,9 @@ class RayConfig(StrictModel):
     def _storage_is_absolute(self) -> RayConfig:
         path = self.storage_path
         if path is not None and "://" not in path and not Path(path).expanduser().is_absolute():
-            raise ValueError(f"ray.storage_path={path!r}: give an absolute path on a shared mount or an s3:// / gs:// URI")
+            raise ValueError(
+                f"ray.storage_path={path!r}: give an absolute path on a shared mount or an s3:// / gs:// URI"
+            )
         return self
 
 

@@ -14,9 +14,10 @@ The build is streamed so that no process holds the corpus and driver memory does
    only the rest; a plan made for another corpus or other settings is discarded.
 3. :func:`assemble_index` builds FAISS from the blocks chunk by chunk: a flat index is written to its file
    block by block (:func:`stream_flat_index`: one block in memory, whatever the corpus size); IVF/PQ/HNSW are
-   built in memory (IVF/PQ trained on a sample first) and then written. It appends the blocks' rows to the doc store, merges the frequencies, writes the sorted id
-   lookup, and renames the finished directory into place. Because the blocks and their order are fixed
-   by the plan, the index equals an uninterrupted build's (same row order, same vectors).
+   built in memory (IVF/PQ trained on a sample first) and then written. It appends the blocks' rows to the doc
+   store, merges the frequencies, writes the sorted id lookup, and renames the finished directory into place.
+   Because the blocks and their order are fixed by the plan, the index equals an uninterrupted build's (same
+   row order, same vectors).
 
 :func:`up_to_date` says whether a directory already holds the build.
 """
@@ -464,7 +465,8 @@ def stream_flat_index(chunks: Callable[[], Iterable[np.ndarray]], n: int, dim: i
     tmp = path.with_name(path.name + ".tmp")
     written = 0
     with open(tmp, "wb") as out:
-        out.write(empty[:8] + n.to_bytes(8, "little") + empty[16:head] + (n * index.code_size // unit).to_bytes(8, "little"))
+        length = n * index.code_size // unit
+        out.write(empty[:8] + n.to_bytes(8, "little") + empty[16:head] + length.to_bytes(8, "little"))
         for chunk in chunks():
             codes = index.sa_encode(np.ascontiguousarray(chunk, dtype=np.float32))
             out.write(codes.tobytes())

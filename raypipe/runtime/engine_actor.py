@@ -37,7 +37,7 @@ class EngineHost:
             engine = self._thread.run(engine)
         self.engine: Engine = engine
         self.placement = {"node_id": current_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid()}  # fmt: skip
+                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}  # fmt: skip
 
     def info(self) -> dict[str, Any]:
         """What the driver's :class:`ActorEngine` mirrors: the protocol's attributes, the engine's record and

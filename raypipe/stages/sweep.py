@@ -199,13 +199,12 @@ def run_tune(
     }
     trial_heads = [["grid", g, w] for g, w in heads] + [["refit", i] for i in range(len(refits))]
     trainable = tune.with_resources(tune.with_parameters(stopping_trial, payload=payload), {"cpu": trial_num_cpus})
+    location = str(storage_path) if is_uri(storage_path) else str(Path(storage_path).resolve())
     tuner = tune.Tuner(
         trainable,
         param_space={"head": tune.grid_search(trial_heads)},
         tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent_trials),
-        run_config=tune.RunConfig(storage_path=storage_path if is_uri(storage_path) else str(Path(storage_path).resolve()),
-                                  name=name, verbose=0,
-                                  callbacks=list(callbacks)),  # fmt: skip
+        run_config=tune.RunConfig(storage_path=location, name=name, verbose=0, callbacks=list(callbacks)),
     )
     results = tuner.fit()
     frames, refit_heads = [], {}
@@ -216,7 +215,7 @@ def run_tune(
             frames.append(pd.read_parquet(Path(folder) / "grid.parquet"))
             if (Path(folder) / "heads.parquet").exists():
                 refit_heads.update(predictions_by_head(pq.read_table(Path(folder) / "heads.parquet")))
-    log.info("Tune experiment %s: %d trials, logs in %s/%s", name, len(frames), storage_path, name)
+    log.info("Tune experiment %s: %d trials, logs in %s/%s", name, len(frames), location, name)
     return pd.concat(frames, ignore_index=True), refit_heads
 
 
