@@ -194,3 +194,20 @@ def test_gpu_presets_keep_runs_index_and_training_on_the_shared_mount(preset):
     gen = config.generation  # where LLM-Stop's engine runs: a generation node's GPU
     assert gen.actor_num_gpus == 1 and gen.resources == {"raypipe_generation": 1}
     assert config.train.use_gpu and config.stoprag.use_gpu
+
+
+def test_train_and_sweep_stages_pass_ray_storage_path_on(tmp_path, monkeypatch):
+    import argparse
+
+    from raypipe.core.rundir import RunDir
+    from raypipe.runtime.stage_main import StageRun
+    from raypipe.stages import sweep, train
+
+    asked = {}
+    monkeypatch.setattr(train, "run_train", lambda *args, trainer, **kw: asked.update(train=trainer.keywords["storage"]))
+    monkeypatch.setattr(sweep, "run_sweep", lambda *args, storage, **kw: asked.update(sweep=storage))
+    config = load_config(overrides=["ray.storage_path=s3://bucket/train"])
+    stage = StageRun(argparse.Namespace(), RunDir(tmp_path / "r7"), config)
+    train._train(stage)
+    sweep._sweep(stage)
+    assert asked == {"train": "s3://bucket/train/r7/models/ray_train", "sweep": "s3://bucket/train/r7/stopping/tune"}
