@@ -355,6 +355,22 @@ class GenerationConfig(StrictModel):
 class RayConfig(StrictModel):
     address: str | None = Field(default=None, description="None: connect to RAY_ADDRESS or start a local Ray.")
     num_cpus: int | None = Field(default=None, ge=1, description="Only when starting a local Ray.")
+    storage_path: str | None = Field(
+        default=None,
+        description="Where Ray Train (cross-encoders, the Stop-RAG Q-network) and Ray Tune (the sweep) keep their "
+        "runs: None = inside the run directory (one machine, or a run directory on a shared mount); else a "
+        "folder every node mounts (e.g. /mnt/raypipe/train) or an s3:// / gs:// URI, under which each run "
+        "directory gets <run name>/<stage folder>. Never a folder on the head's local disk on a multi-node cluster.",
+    )
+
+    @model_validator(mode="after")
+    def _storage_is_absolute(self) -> RayConfig:
+        path = self.storage_path
+        if path is not None and "://" not in path and not Path(path).expanduser().is_absolute():
+            raise ValueError(
+                f"ray.storage_path={path!r}: give an absolute path on a shared mount or an s3:// / gs:// URI"
+            )
+        return self
 
 
 # Multiple-testing corrections of the paired tests (raypipe.analysis.paired.adjust_pvalues implements them).
@@ -698,6 +714,12 @@ class RunConfig(StrictModel):
         default=None,
         description="Training run directory (--train-run): train, sweep and stoprag train and tune on its questions and "
         "evaluate on this run's, the seed paper's train/dev protocol; None = cross-fitting within this run.",
+    )
+    runs_dir: str = Field(
+        default="runs",
+        description="Where `raypipe probe` puts the run directory when --out is not given: <runs_dir>/<name>. On a "
+        "cluster, a folder every node mounts (the GPU presets: /mnt/raypipe/runs); the later stages take the run "
+        "directory as their argument.",
     )
     data: DataConfig = Field(default_factory=DataConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)

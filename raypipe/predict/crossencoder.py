@@ -112,14 +112,16 @@ class Task:
 
 
 def plan_training(
-    tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int
+    tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int, ray_storage: Path | None
 ) -> tuple[dict[str, TrainedModel], list[Task]]:
-    """Split ``tasks`` into the models already trained with the same data and settings (an earlier or
-    interrupted run: reused) and those to train (their unlabelled rows dropped, their ``key`` set)."""
+    """Split ``tasks`` into the models already trained with the same data and settings (an earlier run, or an
+    interrupted one whose final checkpoints are in the folder ``ray_storage``: reused) and those to train
+    (their unlabelled rows dropped, their ``key`` set). ``ray_storage`` None: no interrupted run is looked for
+    (Ray Train's storage is a URI)."""
     done, todo = {}, []
     for task in tasks:
         folder, key = model_dir(models_dir, task.name), task_key(task, cfg, seed)
-        if _reuse(folder, key, models_dir / TRAIN_STORAGE, task.name):
+        if _reuse(folder, key, ray_storage, task.name):
             log.info("%s: already trained with the same data and settings, reusing %s", task.name, folder)
             done[task.name] = load_trained(folder, cfg)
             continue
@@ -178,10 +180,12 @@ def task_key(task: Task, cfg: TrainConfig, seed: int) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def _reuse(folder: Path, key: str, ray_storage: Path, name: str) -> bool:
+def _reuse(folder: Path, key: str, ray_storage: Path | None, name: str) -> bool:
     """Whether ``folder`` holds this task's model, recovering it from an interrupted Ray Train run if needed."""
     if (folder / DONE).exists() and (folder / DONE).read_text() == key:
         return True
+    if ray_storage is None:
+        return False
     for meta_path in sorted(ray_storage.glob(f"*/{name}_epoch*/{META_FILE}")):
         meta = json.loads(meta_path.read_text())
         if meta.get("final") and meta.get("key") == key:

@@ -12,10 +12,12 @@ The build is streamed so that no process holds the corpus and driver memory does
    function does this (:func:`local_encode_blocks` in this process; the index job passes a Ray Data pipeline,
    :mod:`raypipe.stages.index`). A rerun after an interruption keeps every complete block and encodes
    only the rest; a plan made for another corpus or other settings is discarded.
-3. :func:`assemble_index` builds FAISS from the blocks chunk by chunk (IVF/PQ: trained on a sample
-   first), appends the blocks' rows to the doc store, merges the frequencies, writes the sorted id
-   lookup, and renames the finished directory into place. Because the blocks and their order are fixed
-   by the plan, the index equals an uninterrupted build's (same row order, same vectors).
+3. :func:`assemble_index` builds FAISS from the blocks chunk by chunk: a flat index is written to its file
+   block by block (:func:`stream_flat_index`: one block in memory, whatever the corpus size); IVF/PQ/HNSW are
+   built in memory (IVF/PQ trained on a sample first) and then written. It appends the blocks' rows to the doc
+   store, merges the frequencies, writes the sorted id lookup, and renames the finished directory into place.
+   Because the blocks and their order are fixed by the plan, the index equals an uninterrupted build's (same
+   row order, same vectors).
 
 :func:`up_to_date` says whether a directory already holds the build.
 """
@@ -405,11 +407,14 @@ def assemble_index(work_path: Path, blocks: list[Block], target: Path, manifest:
         return np.concatenate(parts)
 
     progress = Progress("vectors", n, label="faiss add", every_s=ENCODE_LINE_EVERY_S, log=log)
-    index, factory = build_faiss_chunked(lambda: (work.embeddings(b) for b in blocks), n, dim, settings, sample, progress)
-    import faiss
+    chunks = lambda: (work.embeddings(b) for b in blocks)  # noqa: E731
+    factory = stream_flat_index(chunks, n, dim, settings, tmp / FAISS_FILE, progress)
+    if factory is None:  # an index that trains or links its rows: built in memory, then written
+        index, factory = build_faiss_chunked(chunks, n, dim, settings, sample, progress)
+        import faiss
 
-    faiss.write_index(index, str(tmp / FAISS_FILE))
-    del index
+        faiss.write_index(index, str(tmp / FAISS_FILE))
+        del index
     faiss_s = time.perf_counter() - start
     merger = FrequencyMerger()
     for b in blocks:
@@ -430,6 +435,48 @@ def assemble_index(work_path: Path, blocks: list[Block], target: Path, manifest:
     finish_index_dir(tmp, target, full)
     shutil.rmtree(work.path, ignore_errors=True)
     return target
+
+
+def stream_flat_index(chunks: Callable[[], Iterable[np.ndarray]], n: int, dim: int, settings: IndexSettings,
+                      path: Path, progress: Progress | None = None) -> str | None:
+    """Write a flat index (``flat``, ``flat`` fp16) of the ``n`` rows ``chunks()`` yields to ``path`` one chunk
+    at a time, so no process holds all vectors (wiki-18's flat fp32 index is 64.6 GB); returns its factory
+    string, or None for an index type that is not flat (it trains, or links rows: built in memory).
+
+    The file is the one ``faiss.write_index`` writes for the filled index, byte for byte: faiss's own
+    serialisation of the empty index (its header, with ``ntotal`` at bytes 8-16, ends with the 8-byte length of
+    the codes), ``ntotal`` and that length set for ``n`` rows, then each chunk's codes (``sa_encode``)."""
+    import faiss
+
+    factory = settings.factory(dim, n)
+    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    if not (isinstance(index, faiss.IndexFlatCodes) and index.is_trained):
+        return None
+    empty = faiss.serialize_index(index).tobytes()
+    one = faiss.clone_index(index)
+    one.add(np.zeros((1, dim), dtype=np.float32))
+    single = faiss.serialize_index(one).tobytes()
+    head = len(empty) - 8
+    changed = [i for i in range(head) if empty[i] != single[i]]
+    length_one = int.from_bytes(single[head:head + 8], "little")
+    if any(not 8 <= i < 16 for i in changed) or len(single) != head + 8 + index.code_size or not length_one:
+        raise RuntimeError(f"faiss {faiss.__version__} writes {factory} in a layout the streamed build does not know")
+    unit = index.code_size // length_one  # the codes' length counts bytes (SQ) or floats (flat fp32)
+    tmp = path.with_name(path.name + ".tmp")
+    written = 0
+    with open(tmp, "wb") as out:
+        length = n * index.code_size // unit
+        out.write(empty[:8] + n.to_bytes(8, "little") + empty[16:head] + length.to_bytes(8, "little"))
+        for chunk in chunks():
+            codes = index.sa_encode(np.ascontiguousarray(chunk, dtype=np.float32))
+            out.write(codes.tobytes())
+            written += len(chunk)
+            if progress is not None:
+                progress.advance(len(chunk))
+    if written != n:
+        raise RuntimeError(f"FAISS index has {written} rows after adding, expected {n}")
+    os.replace(tmp, path)
+    return factory
 
 
 def write_doc_store(tables: Iterable[pa.Table], n: int, out: Path) -> None:

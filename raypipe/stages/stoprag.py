@@ -24,7 +24,10 @@ the workers and the loop resumes from the last checkpoint.
 Everything else is the Ray-free domain :func:`run_stoprag` calls: :mod:`raypipe.stoprag.splits`,
 :mod:`raypipe.stoprag.episodes` (states and their rewards), :mod:`raypipe.stoprag.networks` (a network per
 target and its threshold, trained by :func:`train_qnetwork`), :mod:`raypipe.stoprag.comparison` and
-:mod:`raypipe.stoprag.llm_stop_baseline`.
+:mod:`raypipe.stoprag.llm_stop_baseline`. The engine those call (LLM-Stop, ``stoprag.reward_source=generator``)
+runs in a Ray actor placed like the probe job's generation actors (``generation.actor_num_cpus`` /
+``actor_num_gpus`` / ``resources``; :mod:`raypipe.runtime.engine_actor`), not in the driver, which on a
+cluster runs on the GPU-less head.
 """
 
 from __future__ import annotations
@@ -48,9 +51,9 @@ from raypipe.core.config import EngineConfig, RunConfig, StopRagConfig
 from raypipe.core.rundir import RunDir
 from raypipe.core.train_run import StackedRun
 from raypipe.llm.base import Engine
-from raypipe.llm.factory import build_engine
+from raypipe.runtime.engine_actor import actor_engine_factory
 from raypipe.runtime.stage_main import RunDirStage, StageRun, print_model_note
-from raypipe.runtime.trainer import run_training, torch_trainer
+from raypipe.runtime.trainer import clear_storage, run_training, storage_location, torch_trainer
 from raypipe.stopping.replay import load_trajectories
 from raypipe.stoprag.comparison import baseline_controllers, comparison_rows, write_comparison
 from raypipe.stoprag.episodes import build_episodes, load_histories, state_rewards
@@ -83,11 +86,13 @@ def train_qnetwork(
     seed: int = 0,
     meta: dict | None = None,
     name: str = "stoprag",
+    storage: str | None = None,
 ) -> tuple[Path, list[dict]]:
     """Train on Ray Train (``ray.init`` already done) and copy the final network to the folder ``dest``.
 
-    Returns ``dest`` and the per-epoch metrics. Ray Train's own run folder (checkpoints) is
-    ``ray_train/<name>`` beside ``dest`` while training; it is removed once the network is copied out.
+    Returns ``dest`` and the per-epoch metrics. Ray Train's own run folder (checkpoints) is ``<storage>/<name>``
+    (``storage``: a path or URI, :func:`storage_location`; None: ``ray_train`` beside ``dest``) while training;
+    the network is read back from its last checkpoint there, and the run folder is removed once it is copied out.
     """
     if not samples:
         raise ValueError("no training states: every training trajectory has a single state or no reward signal")
@@ -96,8 +101,8 @@ def train_qnetwork(
 
         cfg = cfg.model_copy(update={"max_length": encoder_max_length(encoder_path)})
     target = Path(dest).resolve()
-    storage = target.parent / "ray_train"
-    shutil.rmtree(storage / name, ignore_errors=True)  # a rerun trains afresh, never on an old run's state
+    storage = storage or str(target.parent / "ray_train")
+    clear_storage(f"{storage}/{name}")  # a rerun trains afresh, never on an old run's state
     trainer = torch_trainer(
         train_loop,
         loop_config(texts, samples, cfg, encoder_path, seed, meta or {}),
@@ -116,7 +121,7 @@ def train_qnetwork(
             shutil.rmtree(target)
         shutil.copytree(Path(folder) / NETWORK_DIR, target)
         history = json.loads((Path(folder) / HISTORY).read_text())
-    shutil.rmtree(storage / name, ignore_errors=True)  # checkpoints (network + optimizer state) served their purpose
+    clear_storage(f"{storage}/{name}")  # checkpoints (network + optimizer state) served their purpose
     return target, history
 
 
@@ -135,15 +140,18 @@ def run_stoprag(
     *,
     llm_stop: bool | None = None,
     ablation: Sequence[str] = (),
-    engine_factory: Callable[[EngineConfig], Engine] = build_engine,
+    engine_factory: Callable[[EngineConfig], Engine] | None = None,
     train_run: RunDir | None = None,
 ) -> StopRagReport:
     """The whole stage (Ray initialised by the caller). ``ablation``: more target types to train;
-    ``llm_stop`` overrides ``stoprag.llm_stop``; ``engine_factory`` builds LLM-Stop's engine;
+    ``llm_stop`` overrides ``stoprag.llm_stop``; ``engine_factory`` (default :func:`build_engine`) builds the
+    engine of LLM-Stop and of ``stoprag.reward_source=generator``, each time in an actor placed like a
+    generation actor (:func:`actor_engine_factory`), never in the driver;
     ``train_run``: train and tune on that run's questions, test on every question of ``run``
     (:func:`split_train_run`); None: ``run`` split three ways (:func:`split_three`)."""
     started = time.monotonic()
     cfg = config.stoprag
+    engines = actor_engine_factory(config.generation, engine_factory)
     out = run.path / OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
     source = run if train_run is None else StackedRun(train_run, run)  # the training run's rows, then the run's
@@ -159,17 +167,19 @@ def run_stoprag(
     log.info("%d questions: %d train, %d val, %d test; %s", len(trajectories), len(splits.train), len(splits.val),
              len(splits.test), protocol)  # fmt: skip
     questions, histories = load_histories(source, config, {t.qid for t in trajectories})
-    scores, answers_note = state_rewards(source, config, questions, histories, engine_factory, out)
+    scores, answers_note = state_rewards(source, config, questions, histories, engines, out)
     trajectories = [rescore(t, scores[t.qid]) for t in trajectories]  # one generator scores every controller
     episodes = build_episodes(config, questions, histories, {qid: s.f1 for qid, s in scores.items()})
     val_t = [t for t in trajectories if t.qid in splits.val]
     test_t = [t for t in trajectories if t.qid in splits.test]
 
     controllers, covered = baseline_controllers(run, config, test_t)
-    controllers.update(stoprag_controllers(config, episodes, splits, val_t, out, ablation, train_qnetwork))
+    storage = storage_location(config.ray.storage_path, run.path, f"{OUT_DIR}/ray_train")
+    trainer = partial(train_qnetwork, storage=storage)
+    controllers.update(stoprag_controllers(config, episodes, splits, val_t, out, ablation, trainer))
     rows, outcomes = comparison_rows(test_t, controllers, covered)
     if cfg.llm_stop if llm_stop is None else llm_stop:
-        more, more_out = llm_stop_comparison(config, questions, histories, test_t, engine_factory, out)
+        more, more_out = llm_stop_comparison(config, questions, histories, test_t, engines, out)
         rows += more
         outcomes += more_out
     pvalues = stoprag_pvalues(out, rows, outcomes, config.report)

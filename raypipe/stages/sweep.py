@@ -42,6 +42,7 @@ from raypipe.core.config import HeadRefit, ReportConfig, StoppingConfig, TrainCo
 from raypipe.core.rundir import RunDir
 from raypipe.predict.qtypes import run_question_types
 from raypipe.runtime.stage_main import RunDirStage, StageRun, print_model_note, tune_callbacks
+from raypipe.runtime.trainer import is_uri, storage_location
 from raypipe.stopping.grid import HeadKey, choose_thresholds, evaluate_grid, predictions_by_head, score_choice
 from raypipe.stopping.heuristic import VARIANTS, Predictions
 from raypipe.stopping.inputs import SweepInputs, check_inputs, load_inputs
@@ -64,13 +65,13 @@ class SweepReport:
 
 def sweep_grid(
     inputs: SweepInputs, cfg: StoppingConfig, out: Path, experiment: str, train: TrainConfig | None, seed: int,
-    callbacks: Sequence = (),
+    callbacks: Sequence = (), storage: str | None = None,
 ) -> tuple[pd.DataFrame, dict[HeadKey, Predictions]]:
-    """Step 2: every head's threshold grid as a Tune experiment under ``out/tune``, kept as data/grid.parquet;
-    with the refit heads' predictions."""
+    """Step 2: every head's threshold grid as a Tune experiment under ``storage`` (a path or URI; None:
+    ``out/tune``), kept as data/grid.parquet; with the refit heads' predictions."""
     grid, refit_heads = run_tune(
         inputs.trajectories, inputs.heads, inputs.split_of, variants=cfg.variants, theta_p=inputs.theta_p,
-        theta_u=inputs.theta_u, min_f1_share=cfg.min_f1_share, storage_path=out / "tune", name=experiment,
+        theta_u=inputs.theta_u, min_f1_share=cfg.min_f1_share, storage_path=storage or out / "tune", name=experiment,
         max_concurrent_trials=cfg.max_concurrent_trials, trial_num_cpus=cfg.trial_num_cpus,
         refits=inputs.refits, refit_frame=inputs.refit_frame, train=train, seed=seed, train_qids=inputs.train_qids,
         callbacks=callbacks,
@@ -89,6 +90,7 @@ def run_sweep(
     question_types: Mapping[str, str] | None = None,
     options: ReportConfig | None = None,
     callbacks: Sequence = (),
+    storage: str | None = None,
 ) -> SweepReport:
     """The whole stage on one run directory (Ray initialised by the caller).
 
@@ -96,14 +98,15 @@ def run_sweep(
     without the signals a refit's group needs (``features/``, ``sup_signals/``), refits are skipped.
     ``train_run``: choose thresholds on that run's questions, report on this run's (:func:`load_inputs`);
     ``question_types`` feed the refits' type one-hot; ``options`` (the report section: correction, bootstrap)
-    set the paired tests against natural stopping; ``callbacks``: Tune's (MLflow when tracking is on).
+    set the paired tests against natural stopping; ``callbacks``: Tune's (MLflow when tracking is on);
+    ``storage``: where Tune keeps the experiment (a path or URI, :func:`storage_location`; None: ``stopping/tune``).
     """
     started = time.monotonic()
     out = run.path / STOPPING_DIR
     (out / DATA).mkdir(parents=True, exist_ok=True)
     inputs = load_inputs(run, cfg, train, train_run, question_types)
     name = experiment or time.strftime("sweep-%Y%m%d-%H%M%S")
-    grid, refit_heads = sweep_grid(inputs, cfg, out, name, train, seed, callbacks)
+    grid, refit_heads = sweep_grid(inputs, cfg, out, name, train, seed, callbacks, storage)
     choices = choose(inputs, grid, cfg.min_f1_share)
     heads = {**inputs.heads, **refit_heads}
     pvalues = sweep_pvalues(out, choices.table, inputs, heads, choices.thresholds, options or ReportConfig())
@@ -196,12 +199,12 @@ def run_tune(
     }
     trial_heads = [["grid", g, w] for g, w in heads] + [["refit", i] for i in range(len(refits))]
     trainable = tune.with_resources(tune.with_parameters(stopping_trial, payload=payload), {"cpu": trial_num_cpus})
+    location = str(storage_path) if is_uri(storage_path) else str(Path(storage_path).resolve())
     tuner = tune.Tuner(
         trainable,
         param_space={"head": tune.grid_search(trial_heads)},
         tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent_trials),
-        run_config=tune.RunConfig(storage_path=str(Path(storage_path).resolve()), name=name, verbose=0,
-                                  callbacks=list(callbacks)),  # fmt: skip
+        run_config=tune.RunConfig(storage_path=location, name=name, verbose=0, callbacks=list(callbacks)),
     )
     results = tuner.fit()
     frames, refit_heads = [], {}
@@ -212,7 +215,7 @@ def run_tune(
             frames.append(pd.read_parquet(Path(folder) / "grid.parquet"))
             if (Path(folder) / "heads.parquet").exists():
                 refit_heads.update(predictions_by_head(pq.read_table(Path(folder) / "heads.parquet")))
-    log.info("Tune experiment %s: %d trials, logs in %s", name, len(frames), Path(storage_path) / name)
+    log.info("Tune experiment %s: %d trials, logs in %s/%s", name, len(frames), location, name)
     return pd.concat(frames, ignore_index=True), refit_heads
 
 
@@ -244,7 +247,8 @@ def _sweep(stage: StageRun) -> SweepReport:
     if config.train.include_type and config.stopping.refits:
         types = {**run_question_types(run.path), **(run_question_types(train_run.path) if train_run else {})}
     return run_sweep(run, config.stopping, train=config.train, seed=config.seed, train_run=train_run,
-                     question_types=types, options=config.report, callbacks=tune_callbacks(stage.tracker))  # fmt: skip
+                     question_types=types, options=config.report, callbacks=tune_callbacks(stage.tracker),
+                     storage=storage_location(config.ray.storage_path, run.path, f"{STOPPING_DIR}/tune"))  # fmt: skip
 
 
 def _headline(run: RunDir, report: SweepReport) -> Headline:

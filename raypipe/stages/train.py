@@ -50,7 +50,7 @@ from raypipe.predict.splits import assign_folds, fold_column, protocol_note
 from raypipe.predict.tables import plot_curves, write_tables
 from raypipe.predict.window import TYPE_COLUMN
 from raypipe.runtime.stage_main import RunDirStage, StageRun, print_model_note
-from raypipe.runtime.trainer import MAX_FAILURES, run_training, torch_trainer
+from raypipe.runtime.trainer import MAX_FAILURES, is_uri, run_training, storage_location, torch_trainer
 
 DESCRIPTION = """Train the P_i / U_i predictors of a run: cross-encoders on Ray Train, the windowed head, Tables 3-4.
 
@@ -71,22 +71,26 @@ def train_loop_per_worker(config: dict) -> None:
 
 
 def train_crossencoders(
-    tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int = 0, max_failures: int = MAX_FAILURES
+    tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int = 0, max_failures: int = MAX_FAILURES,
+    storage: str | None = None,
 ) -> dict[str, TrainedModel]:
     """Fine-tune every task in one TorchTrainer run; each last-epoch model lands in ``model_dir(task)``.
+    Ray Train's runs go to ``storage`` (a path or URI, :func:`storage_location`; None: ``models_dir/ray_train``),
+    and the models are read back from there.
 
     A task whose model is already complete (an earlier or interrupted run) is not trained again. When a
     worker dies (e.g. killed by the node's memory monitor), Ray Train restarts the worker group up to
     ``max_failures`` times and the workers resume after the last finished task (its checkpoint).
     """
-    done, todo = plan_training(tasks, cfg, models_dir, seed)
+    storage = storage or str((models_dir / TRAIN_STORAGE).resolve())
+    done, todo = plan_training(tasks, cfg, models_dir, seed, None if is_uri(storage) else Path(storage))
     if not todo:
         return done
     trainer = torch_trainer(
         train_loop_per_worker,
         loop_config(todo, cfg, seed),
         name=f"crossencoders-{time.strftime('%Y%m%d-%H%M%S')}",
-        storage=(models_dir / TRAIN_STORAGE).resolve(),
+        storage=storage,
         num_workers=cfg.num_workers,
         use_gpu=cfg.use_gpu,
         cpus_per_worker=cfg.cpus_per_worker,
@@ -235,8 +239,9 @@ def _train(stage: StageRun) -> dict[str, object]:
     types = {}
     if config.train.include_type:
         types = {**run_question_types(run.path), **(run_question_types(train_run.path) if train_run else {})}
+    storage = storage_location(config.ray.storage_path, run.path, f"models/{TRAIN_STORAGE}")
     return run_train(run, config.train, doc_lookup_for(config), seed=config.seed, train_run=train_run,
-                     question_types=types)  # fmt: skip
+                     question_types=types, trainer=partial(train_crossencoders, storage=storage))  # fmt: skip
 
 
 def main() -> None:
