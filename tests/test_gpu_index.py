@@ -168,3 +168,15 @@ def test_pre_flight_passes_then_reads_mapped(gpu_index_dir, monkeypatch):
     with pytest.raises(IndexMismatchError, match="FAISS index has 0 x 768"):  # read after the check passed
         IndexDir(gpu_index_dir).faiss_index(SearchParams(faiss_gpu="shard", mmap=False))
     assert read == [True]  # sharded over two 24 GB GPUs fits; the clone adds from the mapped file
+
+
+def test_free_memory_from_nvidia_smi_for_the_visible_gpus(monkeypatch):
+    """Without a CUDA torch (this machine's), the free memory comes from nvidia-smi, for the GPUs Ray made visible."""
+    import subprocess
+
+    out = "0, 40000\n1, 30000\n2, 20000\n"
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: types.SimpleNamespace(stdout=out))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert index_mod.free_gpu_memory(2) == [20000 * 1024**2, 40000 * 1024**2]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert index_mod.free_gpu_memory(1) is None  # no GPU visible: no answer (the clone then refuses anyway)
