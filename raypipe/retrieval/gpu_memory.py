@@ -99,7 +99,8 @@ def paged_peak_bytes(rows: int, dim: int, fp16: bool) -> int:
     own = step * dim * 6 if fp16 and step * dim * 6 > TEMP_MEMORY_BYTES else 0
     previous = step * ((rows - 1) // step) if rows else 0  # rows added before the last page
     last_page = min(step, rows - previous)
-    return TEMP_MEMORY_BYTES + rows * dim * (2 if fp16 else 4) + previous * 4 + max(rows * 4, last_page * dim * 6 if own else 0)
+    page = last_page * dim * 6 if own else 0
+    return TEMP_MEMORY_BYTES + rows * dim * (2 if fp16 else 4) + previous * 4 + max(rows * 4, page)
 
 
 @dataclass(frozen=True)

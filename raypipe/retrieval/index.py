@@ -374,7 +374,8 @@ class IndexDir:
             return
         free = free if free is not None else free_gpu_memory(gpus)
         if free is None:
-            log.warning("cannot read the GPUs' free memory (no CUDA torch, no nvidia-smi): cloning %s unchecked", self.path)
+            log.warning("cannot read the GPUs' free memory (no CUDA torch, no nvidia-smi): cloning %s unchecked",
+                        self.path)
             return
         check_gpu_memory(plan, free, where=f"index {self.path}")
 
@@ -407,7 +408,8 @@ FLAT_FACTORIES = ("Flat", "SQfp16")  # flat indexes: cloned row by row (gpu_memo
 def gpu_plan(manifest: dict[str, Any], gpus: int, shard: bool) -> GpuClonePlan | None:
     """The clone of this index onto ``gpus`` GPUs (float16 store); None for indexes faiss's cloner moves
     (IVF, PQ: not flat)."""
-    if manifest.get("factory", "Flat") not in FLAT_FACTORIES:
+    factory = manifest.get("factory") or ("Flat" if manifest.get("index_type", "flat") == "flat" else None)
+    if factory not in FLAT_FACTORIES:
         return None
     return GpuClonePlan(count=int(manifest["count"]), dim=int(manifest["dimension"]), gpus=gpus, shard=shard)
 
@@ -453,10 +455,9 @@ def to_gpus(index, shard: bool, fp16: bool = True, gpu=None):
     if not hasattr(gpu, "GpuMultipleClonerOptions") or gpu.get_num_gpus() == 0:
         raise RuntimeError("retrieval.faiss_gpu needs faiss-gpu and at least one visible GPU")
     n_gpus = gpu.get_num_gpus()
-    if not isinstance(index, faiss.IndexFlatCodes) or not (
-        isinstance(index, faiss.IndexFlat)
-        or (isinstance(index, faiss.IndexScalarQuantizer) and index.sq.qtype == faiss.ScalarQuantizer.QT_fp16)
-    ):
+    if not (isinstance(index, faiss.IndexFlat) or (
+        isinstance(index, faiss.IndexScalarQuantizer) and index.sq.qtype == faiss.ScalarQuantizer.QT_fp16
+    )):
         options = gpu.GpuMultipleClonerOptions()
         options.shard = shard
         options.useFloat16 = fp16
