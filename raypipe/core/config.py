@@ -192,7 +192,11 @@ class EngineConfig(StrictModel):
     max_model_len: int = Field(default=4096, ge=256)
     kv_cache_gib: float = Field(default=2.0, gt=0, description="KV cache size on CPU (vLLM needs one).")
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    tensor_parallel_size: int = Field(default=1, ge=1)
+    tensor_parallel_size: int = Field(
+        default=1, ge=1,
+        description="vLLM tensor parallelism: GPUs per engine; a GPU actor holding an engine "
+        "(generation.actor_num_gpus, serve_agent.num_gpus) must have as many.",
+    )
     block_size: int | None = Field(default=32, ge=1, description="KV block; small so probes hit the prefix cache.")
     enable_prefix_caching: bool = True
     cpu_threads: str | None = Field(
