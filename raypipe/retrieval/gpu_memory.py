@@ -28,6 +28,7 @@ from typing import Literal
 GiB = 1024**3
 ADD_PAGE_BYTES = 256 * 1024**2  # faiss/gpu/GpuIndex.cu kAddPageSize
 ADD_PAGE_ROWS = 32 * 1024  # faiss/gpu/GpuIndex.cu kSearchVecSize (caps a page's rows)
+ADD_VEC_ROWS = 512 * 1024  # faiss/gpu/GpuIndex.cu kAddVecSize: up to this many rows (and one page's bytes), one page
 TEMP_MEMORY_BYTES = 1536 * 1024**2  # faiss/gpu/StandardGpuResources.cpp kMaxTempMem (cards over 8 GiB)
 WIKI18_ROWS = 21_015_324  # Search-R1's wiki-18 corpus (e5-base-v2: 768 dimensions)
 
@@ -42,8 +43,10 @@ class Event:
     bytes: int = 0
 
 
-def page_rows(dim: int) -> int:
-    """Rows per page of ``GpuIndexFlat::add`` (float32 input)."""
+def page_rows(rows: int, dim: int) -> int:
+    """Rows per page when ``GpuIndexFlat::add`` adds ``rows`` float32 vectors (``GpuIndex::addPaged_``)."""
+    if rows <= ADD_VEC_ROWS and rows * dim * 4 <= ADD_PAGE_BYTES:
+        return max(rows, 1)
     return max(1, min(ADD_PAGE_ROWS, ADD_PAGE_BYTES // (dim * 4)))
 
 
@@ -61,7 +64,7 @@ def clone_events(rows: int, dim: int, fp16: bool, method: Method) -> list[Event]
         events.append(Event("norms", rows * 4))
         return events
     events.append(Event("store", rows * dim * value))  # reserved once for every row
-    step = page_rows(dim) if fp16 else max(rows, 1)  # a float32 store appends from the host without paging
+    step = page_rows(rows, dim) if fp16 else max(rows, 1)  # a float32 store appends from the host without paging
     own = fp16 and step * dim * 6 > TEMP_MEMORY_BYTES  # page temporaries outside the reserved temporary memory
     added, norms = 0, None
     while added < rows:
@@ -91,18 +94,6 @@ def peak_bytes(events: list[Event]) -> int:
     return peak
 
 
-def paged_peak_bytes(rows: int, dim: int, fp16: bool) -> int:
-    """:func:`peak_bytes` of the paged add in closed form (21M rows make 642 pages): at the last page, the store,
-    the previous norms beside the new ones (or beside the page's temporaries, where they are not inside
-    faiss's temporary memory)."""
-    step = page_rows(dim) if fp16 else max(rows, 1)
-    own = step * dim * 6 if fp16 and step * dim * 6 > TEMP_MEMORY_BYTES else 0
-    previous = step * ((rows - 1) // step) if rows else 0  # rows added before the last page
-    last_page = min(step, rows - previous)
-    page = last_page * dim * 6 if own else 0
-    return TEMP_MEMORY_BYTES + rows * dim * (2 if fp16 else 4) + previous * 4 + max(rows * 4, page)
-
-
 @dataclass(frozen=True)
 class GpuClonePlan:
     """What one GPU of a flat index's clone holds: ``rows`` of ``count`` vectors (all when replicated)."""
@@ -123,7 +114,8 @@ class GpuClonePlan:
 
     @property
     def peak_bytes(self) -> int:
-        return paged_peak_bytes(self.rows, self.dim, self.fp16)
+        """The paged add's peak on one GPU (raypipe's clone)."""
+        return peak_bytes(clone_events(self.rows, self.dim, self.fp16, "paged"))
 
     @property
     def mode(self) -> str:
