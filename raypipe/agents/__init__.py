@@ -6,11 +6,16 @@ the loop itself takes any engine and retriever (tests pass fakes).
 
 from __future__ import annotations
 
-from raypipe.agents.factory import build_loop, build_protocol, visible_docs
-from raypipe.agents.loop import AgentLoop, TrajectoryOutput
-from raypipe.agents.protocol import Action, AgentProtocol
-from raypipe.agents.r1_searcher import R1Searcher
-from raypipe.agents.search_r1 import SearchR1
+from raypipe.core.lazy import lazy_exports
+
+# Each name loads on first use: the Stop-RAG network imports raypipe.agents.hooks without the loop's tables.
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "factory": ("build_loop", "build_protocol", "visible_docs"),
+    "loop": ("AgentLoop", "TrajectoryOutput"),
+    "protocol": ("Action", "AgentProtocol"),
+    "r1_searcher": ("R1Searcher",),
+    "search_r1": ("SearchR1",),
+})
 
 __all__ = [
     "Action",

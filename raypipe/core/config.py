@@ -192,7 +192,11 @@ class EngineConfig(StrictModel):
     max_model_len: int = Field(default=4096, ge=256)
     kv_cache_gib: float = Field(default=2.0, gt=0, description="KV cache size on CPU (vLLM needs one).")
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    tensor_parallel_size: int = Field(default=1, ge=1)
+    tensor_parallel_size: int = Field(
+        default=1, ge=1,
+        description="vLLM tensor parallelism: GPUs per engine; a GPU actor holding an engine "
+        "(generation.actor_num_gpus, serve_agent.num_gpus) must have as many.",
+    )
     block_size: int | None = Field(default=32, ge=1, description="KV block; small so probes hit the prefix cache.")
     enable_prefix_caching: bool = True
     cpu_threads: str | None = Field(
@@ -741,6 +745,22 @@ class RunConfig(StrictModel):
             raise ValueError("engine.backend=openai needs engine.base_url")
         return self
 
+    @model_validator(mode="after")
+    def _check_tensor_parallel_gpus(self) -> "RunConfig":
+        """A vLLM engine of tensor_parallel_size N in a GPU actor needs N GPUs in that actor (vLLM would fail late,
+        "World size (N) is larger than the number of available GPUs"); an actor of 0 GPUs runs vLLM on CPUs."""
+        tp = self.engine.tensor_parallel_size
+        if self.engine.backend != "vllm" or tp == 1:
+            return self
+        for setting, gpus in (("generation.actor_num_gpus", self.generation.actor_num_gpus),
+                              ("serve_agent.num_gpus", self.serve_agent.num_gpus)):
+            if 0 < gpus < tp:
+                raise ValueError(
+                    f"engine.tensor_parallel_size={tp} needs {tp} GPUs in each engine's actor, {setting}={gpus:g} "
+                    f"gives it {gpus:g}: set {setting}={tp} or lower engine.tensor_parallel_size"
+                )
+        return self
+
 
 def known_presets() -> list[str]:
     """The preset names shipped in the package."""
@@ -798,6 +818,8 @@ def _describe(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
         if err["type"] == "extra_forbidden":
             lines.append(f"  {where}: unknown key")
+        elif not err["loc"]:  # a check across sections: its message names the settings (the input is the whole tree)
+            lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
     return "\n".join(lines)

@@ -42,20 +42,20 @@ Errors: :class:`IndexNotFoundError` (missing directory or files), :class:`IndexM
 with another encoder, dimension or build setting), raised before any model or index is loaded.
 """
 
-from raypipe.retrieval.batcher import QueryBatcher
-from raypipe.retrieval.build import encoder_spec, index_dir_for, index_settings, search_params
-from raypipe.retrieval.encoders import Encoder, EncoderSpec, passage_text
-from raypipe.retrieval.index import (
-    IndexDir,
-    IndexMismatchError,
-    IndexNotFoundError,
-    IndexSettings,
-    SearchParams,
-    load_index_dir,
-)
-from raypipe.retrieval.searcher import LocalRetriever
-from raypipe.retrieval.store import CorpusStats, DocStore, tokenize
-from raypipe.retrieval.types import Retriever, SearchHit, SearchResult
+from raypipe.core.lazy import lazy_exports
+
+# Each name loads from its module on first use: a process that needs one module (the GPU check: encoders,
+# gpu_memory) does not load Arrow, FAISS and the searcher with the package.
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "batcher": ("QueryBatcher",),
+    "build": ("encoder_spec", "index_dir_for", "index_settings", "search_params"),
+    "encoders": ("Encoder", "EncoderSpec", "passage_text"),
+    "index": ("IndexDir", "IndexMismatchError", "IndexNotFoundError", "IndexSettings", "SearchParams",
+              "load_index_dir"),
+    "searcher": ("LocalRetriever",),
+    "store": ("CorpusStats", "DocStore", "tokenize"),
+    "types": ("Retriever", "SearchHit", "SearchResult"),
+})
 
 __all__ = [
     "CorpusStats",

@@ -17,7 +17,9 @@ Layout of an index directory (written to a temporary sibling and renamed into pl
 
 A replica serving on the CPU maps the doc store and, for flat indexes (``Flat``/``SQfp16``), the FAISS
 index from disk (``faiss.IO_FLAG_MMAP_IFC``) instead of copying them into its heap, so replicas and
-stages on one node share the pages (``SearchParams.mmap``); GPU serving reads the index and clones it.
+stages on one node share the pages (``SearchParams.mmap``); GPU serving (``faiss_gpu``) first checks from the
+manifest that the clone's peak fits each GPU's free memory, then adds a flat index's rows from the mapped file
+onto the GPUs (:func:`to_gpus`, :mod:`raypipe.retrieval.gpu_memory`).
 
 Loading checks the directory, its files, the size of ``index.faiss`` against the manifest (a truncated
 file) and the manifest against the configured encoder (name, quantization, dimension, query prefix) and
@@ -41,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from raypipe.retrieval.encoders import EncoderSpec, int8_kernel_isa
+from raypipe.retrieval.gpu_memory import GpuClonePlan, check_gpu_memory
 from raypipe.retrieval.store import LEGACY_STATS_FILE, LEXICON_FILES, CorpusStats, DocStore
 
 log = logging.getLogger(__name__)
@@ -340,7 +343,10 @@ class IndexDir:
         import faiss
 
         params = params or SearchParams()
-        index = self._read_faiss(mapped=params.mmap and params.faiss_gpu == "none")
+        if params.faiss_gpu != "none":
+            self.check_gpu_memory(params.faiss_gpu == "shard")
+        # a GPU clone of a flat index adds its rows from the mapped file
+        index = self._read_faiss(mapped=params.faiss_gpu != "none" or params.mmap)
         if index.ntotal != self.manifest["count"] or index.d != self.manifest["dimension"]:
             raise IndexMismatchError(
                 f"{self.path}: FAISS index has {index.ntotal} x {index.d}, manifest says "
@@ -354,6 +360,24 @@ class IndexDir:
         if params.faiss_gpu != "none":
             index = to_gpus(index, shard=params.faiss_gpu == "shard")
         return index
+
+    def check_gpu_memory(self, shard: bool, gpus: int | None = None, free: list[int] | None = None) -> None:
+        """Refuse (:class:`GpuMemoryError`, one line with the numbers) before the index file is read, if the
+        clone's peak on a GPU (:class:`GpuClonePlan`, from the manifest) exceeds that GPU's free memory.
+        ``gpus`` and ``free`` default to the visible GPUs and what they have free."""
+        if gpus is None:
+            import faiss
+
+            gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+        plan = gpu_plan(self.manifest, gpus, shard) if gpus else None
+        if plan is None:
+            return
+        free = free if free is not None else free_gpu_memory(gpus)
+        if free is None:
+            log.warning("cannot read the GPUs' free memory (no CUDA torch, no nvidia-smi): cloning %s unchecked",
+                        self.path)
+            return
+        check_gpu_memory(plan, free, where=f"index {self.path}")
 
     def vectors(self, rows) -> np.ndarray:
         """Stored passage vectors for FAISS row ids (exact for flat indexes; approximate for PQ)."""
@@ -378,19 +402,94 @@ def read_faiss(path: Path, mapped: bool = True):
     return faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY if mapped else 0)
 
 
-def to_gpus(index, shard: bool, fp16: bool = True):
-    """Spread an index over all visible GPUs (faiss-gpu): sharded (each GPU holds 1/n) or replicated.
+FLAT_FACTORIES = ("Flat", "SQfp16")  # flat indexes: cloned row by row (gpu_memory), checked before reading
 
-    Vectors are held in float16 on the GPUs by default, as Search-R1's retrieval server does.
+
+def gpu_plan(manifest: dict[str, Any], gpus: int, shard: bool) -> GpuClonePlan | None:
+    """The clone of this index onto ``gpus`` GPUs (float16 store); None for indexes faiss's cloner moves
+    (IVF, PQ: not flat)."""
+    factory = manifest.get("factory") or ("Flat" if manifest.get("index_type", "flat") == "flat" else None)
+    if factory not in FLAT_FACTORIES:
+        return None
+    return GpuClonePlan(count=int(manifest["count"]), dim=int(manifest["dimension"]), gpus=gpus, shard=shard)
+
+
+def free_gpu_memory(gpus: int) -> list[int] | None:
+    """Free bytes of each of the ``gpus`` visible GPUs: torch's view when it sees CUDA, else ``nvidia-smi``'s
+    (faiss's Python has no such call) for the ids ``CUDA_VISIBLE_DEVICES`` names; None when neither answers."""
+    import os
+    import subprocess
+
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() >= gpus:
+            return [int(torch.cuda.mem_get_info(i)[0]) for i in range(gpus)]
+    except ImportError:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    free = {i.strip(): int(mib) * 1024**2 for i, mib in (line.split(",") for line in out.strip().splitlines())}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",") if v.strip()] if visible is not None else sorted(free, key=int)
+    return [free[i] for i in ids[:gpus]] if all(i in free for i in ids[:gpus]) and len(ids) >= gpus else None
+
+
+def to_gpus(index, shard: bool, fp16: bool = True, gpu=None):
+    """Spread an index over all visible GPUs (faiss-gpu): sharded (each GPU holds 1/n of the rows, in order,
+    so FAISS id i stays row i) or replicated (a full copy on each).
+
+    Vectors are held in float16 on the GPUs by default, as Search-R1's retrieval server does. Flat indexes
+    (IndexFlat, SQfp16) are built on each GPU as an empty ``GpuIndexFlat`` filled by one ``add`` of its rows,
+    which faiss reserves once and pages (:mod:`raypipe.retrieval.gpu_memory`): the peak is the store plus a
+    page, not faiss's cloner's float32 and float16 copies of every row. The rows come straight from the mapped
+    file for IndexFlat (no copy in the heap), decoded per GPU for SQfp16. Other index types go through
+    faiss's cloner. ``gpu``: the faiss namespace with the GPU classes (tests pass a fake).
     """
     import faiss
 
-    if not hasattr(faiss, "GpuMultipleClonerOptions") or faiss.get_num_gpus() == 0:
+    gpu = gpu or faiss
+    if not hasattr(gpu, "GpuMultipleClonerOptions") or gpu.get_num_gpus() == 0:
         raise RuntimeError("retrieval.faiss_gpu needs faiss-gpu and at least one visible GPU")
-    options = faiss.GpuMultipleClonerOptions()
-    options.shard = shard
-    options.useFloat16 = fp16
-    return faiss.index_cpu_to_all_gpus(index, co=options)
+    n_gpus = gpu.get_num_gpus()
+    if not (isinstance(index, faiss.IndexFlat) or (
+        isinstance(index, faiss.IndexScalarQuantizer) and index.sq.qtype == faiss.ScalarQuantizer.QT_fp16
+    )):
+        options = gpu.GpuMultipleClonerOptions()
+        options.shard = shard
+        options.useFloat16 = fp16
+        return gpu.index_cpu_to_all_gpus(index, co=options)
+    n, d = index.ntotal, index.d
+    if shard:
+        bounds = [n * g // n_gpus for g in range(n_gpus + 1)]
+        ranges = list(zip(bounds[:-1], bounds[1:]))
+    else:
+        ranges = [(0, n)] * n_gpus
+    mapped = faiss.rev_swig_ptr(index.get_xb(), n * d).reshape(n, d) if isinstance(index, faiss.IndexFlat) else None
+    parts = []
+    for device, (start, stop) in enumerate(ranges):
+        resources = gpu.StandardGpuResources()
+        config = gpu.GpuIndexFlatConfig()
+        config.device = device
+        config.useFloat16 = fp16
+        part = gpu.GpuIndexFlat(resources, d, index.metric_type, config)
+        rows = mapped[start:stop] if mapped is not None else index.reconstruct_n(start, stop - start)
+        if stop > start:
+            part.add(rows)  # one call: faiss reserves the store once and adds it page by page
+        log.info("GPU %d holds rows %d-%d of %d (%s)", device, start, stop, n, "float16" if fp16 else "float32")
+        parts.append((resources, part))
+        del rows
+    if n_gpus == 1:
+        combined = parts[0][1]
+    else:
+        combined = gpu.IndexShards(d, True, True) if shard else gpu.IndexReplicas(d, True)
+        for _, part in parts:
+            combined.add_shard(part) if shard else combined.add_replica(part)
+    combined.referenced_objects = parts  # the GPU indexes and their resources live as long as the result
+    return combined
 
 
 def load_index_dir(path: str | Path, spec: EncoderSpec | None = None) -> IndexDir:

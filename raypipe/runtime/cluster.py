@@ -25,8 +25,21 @@ DRIVER_HANDLER = "raypipe-driver-log"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+# Ray 2.60 leaves CUDA_VISIBLE_DEVICES as the node has it in a worker that asked for no GPU (ray-project/ray
+# #54868), so a CPU actor on a GPU node (retrieval, features, encoding) would put its models on a GPU it was not
+# given. This switch, read by each worker (ray._private.utils.set_visible_accelerator_ids), restores hiding them.
+HIDE_UNASKED_GPUS = "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"
+
+
+def job_runtime_env() -> dict:
+    """The runtime environment of every job's workers: GPUs hidden (``CUDA_VISIBLE_DEVICES=""``) from tasks and
+    actors that asked for none, unless the job's environment already sets :data:`HIDE_UNASKED_GPUS` itself."""
+    return {} if HIDE_UNASKED_GPUS in os.environ else {"env_vars": {HIDE_UNASKED_GPUS: "1"}}
+
+
 def init_ray(config: RunConfig, log_to_driver: bool = True) -> None:
-    """Connect to ``ray.address`` (or ``RAY_ADDRESS``, set by ``ray job submit``), else start a local Ray.
+    """Connect to ``ray.address`` (or ``RAY_ADDRESS``, set by ``ray job submit``), else start a local Ray;
+    either way with :func:`job_runtime_env`.
 
     A cluster's resources are its own: ``ray.num_cpus`` only sizes a Ray started here.
     """
@@ -35,9 +48,10 @@ def init_ray(config: RunConfig, log_to_driver: bool = True) -> None:
     if ray.is_initialized():
         return
     if config.ray.address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=config.ray.address, log_to_driver=log_to_driver)
+        ray.init(address=config.ray.address, log_to_driver=log_to_driver, runtime_env=job_runtime_env())
     else:
-        ray.init(num_cpus=config.ray.num_cpus, include_dashboard=False, log_to_driver=log_to_driver)
+        ray.init(num_cpus=config.ray.num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
+                 runtime_env=job_runtime_env())
 
 
 def current_node_id() -> str | None:

@@ -26,10 +26,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from raypipe.core.config import PAPER_F1_SHARE
-from raypipe.stopping.replay import Decision, OfflineController, Summary, Trajectory, evaluate, natural_decision
+
+if TYPE_CHECKING:  # the replay (and its Arrow tables) loads where a controller is evaluated, not with the targets
+    from raypipe.stopping.replay import OfflineController, Summary, Trajectory
 
 TargetType = Literal["qlambda", "mc", "q0", "binary"]
 TARGET_TYPES: tuple[TargetType, ...] = ("qlambda", "mc", "q0", "binary")
@@ -310,6 +312,7 @@ def margin_controller(margins: Margins, threshold: float, reason: str = "stoprag
     whose margin exceeds ``threshold`` and return that iteration's probed answer; otherwise natural.
     Iterations without a margin (before ``first_decision``, or the terminal one) never stop. Any per-
     iteration score works (LLM-Stop replays its decisions as margins 1/0 with threshold 0.5)."""
+    from raypipe.stopping.replay import Decision, natural_decision
 
     def controller(trajectory: Trajectory) -> Decision:
         per_it = margins.get(trajectory.qid)
@@ -346,6 +349,8 @@ def tune_threshold(
     ``share``: the fewest iterations keeping at least ``min_share`` of natural stopping's mean F1
     (when no threshold does, the best F1).
     """
+    from raypipe.stopping.replay import evaluate
+
     if not trajectories:
         raise ValueError("no validation trajectories to tune the threshold on")
     best: tuple[tuple[float, ...], float, Summary] | None = None
