@@ -20,6 +20,7 @@ request) under the run files the probe job writes, so the later stages read the 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import threading
@@ -133,11 +134,14 @@ class RequestLog:
         self.run_dir, self.engine_json = run_dir, engine_json
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
         self.prefix = f"part-{stamp}-{uuid.uuid4().hex[:8]}"  # replicas write side by side
-        self.written = 0
+        self._numbers = itertools.count(1)  # one part number per request, taken once under the lock
+        self._lock = threading.Lock()
 
     def write(self, output: TrajectoryOutput) -> None:
-        self.written += 1
-        write_batch(self.run_dir, to_table([output], self.engine_json), f"{self.prefix}-{self.written:06d}")
+        """Write one request's rows as its own part (called from one worker thread per request)."""
+        with self._lock:
+            number = next(self._numbers)
+        write_batch(self.run_dir, to_table([output], self.engine_json), f"{self.prefix}-{number:06d}")
 
 
 class AgentAnswerer:
