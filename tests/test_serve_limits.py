@@ -219,3 +219,22 @@ def test_the_deadline_gives_408():
     started = time.perf_counter()
     late = refusal(lambda: asyncio.run(within_deadline(asyncio.sleep(5), 0.05)))
     assert late.status == 408 and "within 0.05 s" in late.detail and time.perf_counter() - started < 1.0
+
+
+def test_the_deadline_gives_408_where_asyncio_has_its_own_timeout_error(monkeypatch):
+    """Python 3.10: asyncio.wait_for raises asyncio.TimeoutError, which is not the builtin TimeoutError; the
+    deadline must still be a 408, not a 500. Here asyncio's names are those of 3.10 (a class of its own)."""
+    import types
+
+    import raypipe.runtime.serve as serve_module
+
+    class AsyncioTimeout(Exception):  # asyncio.exceptions.TimeoutError on 3.10: a subclass of Exception only
+        pass
+
+    async def wait_for(work, _timeout_s):
+        work.close()
+        raise AsyncioTimeout
+
+    monkeypatch.setattr(serve_module, "asyncio", types.SimpleNamespace(wait_for=wait_for, TimeoutError=AsyncioTimeout))
+    late = refusal(lambda: asyncio.run(serve_module.within_deadline(asyncio.sleep(5), 0.05)))
+    assert late.status == 408 and "retrieval.serve_timeout_s" in late.detail

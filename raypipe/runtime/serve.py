@@ -200,7 +200,7 @@ async def within_deadline(work: Awaitable[T], timeout_s: float) -> T:
     running it finishes unseen)."""
     try:
         return await asyncio.wait_for(work, timeout_s)
-    except TimeoutError:
+    except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
         raise RequestError(408, f"no answer within {timeout_s:g} s (retrieval.serve_timeout_s): the server is busy "
                            "or the request too big") from None  # fmt: skip
 
