@@ -80,7 +80,7 @@ def service(ray_local):
     """The application on the module's local Ray, with the paced engine and a fake retriever."""
     from raypipe.runtime.serve_agent import deploy_agent, undeploy_agent
 
-    yield deploy_agent(CONFIG, None, port=free_port(), engine_factory=paced_engine, retriever=FakeRetriever())
+    yield deploy_agent(CONFIG, FakeRetriever(), port=free_port(), engine_factory=paced_engine)
     undeploy_agent(CONFIG)
 
 
@@ -226,6 +226,106 @@ def test_a_second_application_with_a_token_stops_when_told(service):
     assert not job.is_alive()
     assert "raypipe-test-agent-2" not in serve.status().applications
     assert call(f"{service}/health")[0] == 200  # the first one serves on
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory) -> list[str]:
+    """Settings of a 40-passage index of the bundled corpus, built in-process (seconds)."""
+    from raypipe.data.loaders import BUNDLED_CORPUS
+    from raypipe.stages.index import ensure_index
+
+    corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+    with BUNDLED_CORPUS.open() as src:
+        corpus.write_text("".join(next(src) for _ in range(40)))
+    settings = [f"data.corpus={corpus}", f"retrieval.index_dir={tmp_path_factory.mktemp('idx') / 'tiny'}",
+                "retrieval.num_cpus=0", "serve_agent.num_cpus=0"]  # fmt: skip
+    ensure_index(load_config("embedded", settings), use_ray=False)
+    return settings
+
+
+def retrieval_actors() -> int:
+    """Live retrieval replicas on the module's Ray (from the GCS: the test Ray runs no dashboard)."""
+    from ray._private.state import actors
+
+    return sum(a["ActorClassName"] == "RetrievalActor" and a["State"] == "ALIVE" for a in actors().values())
+
+
+def test_agent_replicas_share_one_retrieval_service(service, indexed):
+    """retrieval.backend: actors with two agent replicas: the command starts the retrieval replicas once and every
+    agent replica searches through them (before: each agent replica started its own)."""
+    from raypipe.stages.serve_agent import serve_until_stopped
+
+    config = load_config("embedded", [*indexed, "serve_agent.replicas=2", "retrieval.replicas=1",
+                                      "serve_agent.deployment=raypipe-test-agent-shared",
+                                      "serve_agent.route_prefix=/shared"])  # fmt: skip
+    before = retrieval_actors()
+    port = int(service.rsplit(":", 1)[1])
+    stop = threading.Event()
+    job = threading.Thread(target=serve_until_stopped, args=(config, "127.0.0.1", port, stop),
+                           kwargs={"engine_factory": paced_engine})  # fmt: skip
+    job.start()
+    try:
+        url = f"{service}/shared"
+        deadline = time.monotonic() + 180
+        while call(f"{url}/health")[0] != 200:
+            assert time.monotonic() < deadline and job.is_alive(), "the application never came up"
+            time.sleep(1)
+        from ray import serve
+
+        while serve.status().applications["raypipe-test-agent-shared"].status != "RUNNING":
+            assert time.monotonic() < deadline, "the two replicas never ran"
+            time.sleep(0.5)
+        replicas = set()
+        for i in range(8):
+            status, text = call(f"{url}/v1/answer", {"question": f"Who is Ed Wood? {i}", "return_trajectory": True})
+            assert status == 200, text
+            assert json.loads(text)["trajectory"]["iterations"][1]["doc_ids"]  # searched the index
+            replicas.add(json.loads(call(f"{url}/health")[1])["replica"])
+        assert len(replicas) == 2  # both replicas served
+        assert retrieval_actors() - before == 1  # one retrieval replica for both agent replicas
+    finally:
+        stop.set()
+        job.join(timeout=120)
+    assert not job.is_alive()
+    assert retrieval_actors() == before  # stopped with the application
+
+
+def test_retrieval_that_never_becomes_ready_fails_within_the_bound(ray_local, indexed):
+    """A retrieval replica asking for a resource no node has: a clear error after retrieval.start_timeout_s, the
+    replicas stopped (before: ray.get waited forever)."""
+    from raypipe.retrieval import index_dir_for
+    from raypipe.runtime.retrieval import RetrievalStartError, start_retrieval_service
+
+    config = load_config("embedded", [*indexed, "retrieval.resources={raypipe_nowhere: 1}",
+                                      "retrieval.start_timeout_s=2"])  # fmt: skip
+    before = retrieval_actors()
+    started = time.monotonic()
+    with pytest.raises(RetrievalStartError) as failed:
+        start_retrieval_service(config, index_dir_for(config))
+    assert time.monotonic() - started < 30
+    message = str(failed.value)
+    assert "not ready within 2 s (retrieval.start_timeout_s)" in message and "raypipe_nowhere" in message
+    assert "\n" not in message
+    deadline = time.monotonic() + 30
+    while retrieval_actors() > before:
+        assert time.monotonic() < deadline, "the replicas that never started were not stopped"
+        time.sleep(0.5)
+
+
+def test_agent_replicas_that_cannot_be_placed_fail_within_the_bound(service):
+    from raypipe.runtime.serve_agent import AgentStartError, deploy_agent, undeploy_agent
+
+    config = load_config("embedded", ["serve_agent.resources={raypipe_generation: 1}", "serve_agent.num_cpus=0",
+                                      "serve_agent.start_timeout_s=3", "serve_agent.deployment=raypipe-test-unplaced",
+                                      "serve_agent.route_prefix=/unplaced"])  # fmt: skip
+    started = time.monotonic()
+    try:
+        with pytest.raises(AgentStartError) as failed:
+            deploy_agent(config, FakeRetriever(), port=int(service.rsplit(":", 1)[1]), engine_factory=paced_engine)
+    finally:
+        undeploy_agent(config)
+    assert time.monotonic() - started < 60
+    assert "within 3 s (serve_agent.start_timeout_s)" in str(failed.value) and "raypipe_generation" in str(failed.value)
 
 
 @pytest.mark.slow

@@ -284,3 +284,21 @@ def test_chat_replies_and_events_follow_openai_and_sse():
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and chunks[-1]["raypipe"]["stop_reason"] == "answer"
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
     assert sse({"a": 1}, "answer") == 'event: answer\ndata: {"a": 1}\n\n' and sse("[DONE]") == "data: [DONE]\n\n"
+
+
+def test_the_documented_cluster_command_places_each_replica_on_a_generation_gpu():
+    """docs/serve-agent.md's cluster command: each agent replica asks one GPU and the generation nodes' resource, as
+    the preset's generation actors do (so none lands on a retrieval node's GPU)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "serve-agent.md").read_text()
+    section = text.split("## On a cluster", 1)[1]
+    command = re.search(r"```bash\n(.*?)```", section, re.S).group(1).replace("\\\n", " ")
+    words = shlex.split(command)
+    preset = words[words.index("--config") + 1]
+    config = load_config(preset, [words[i + 1] for i, w in enumerate(words) if w == "--set"])
+    assert config.serve_agent.num_gpus == 1 and config.serve_agent.resources == {"raypipe_generation": 1}
+    assert config.generation.resources == config.serve_agent.resources
+    assert "raypipe_generation" not in config.retrieval.resources

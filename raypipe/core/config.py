@@ -179,6 +179,11 @@ class RetrievalConfig(StrictModel):
         default=60.0, gt=0, description="`raypipe serve-retrieval`: deadline of one request on a replica, from its "
         "arrival to its answer (more: HTTP 408; through a Serve handle, the same error raised).",
     )
+    start_timeout_s: float = Field(
+        default=1800.0, gt=0, description="How long a job (or `raypipe serve-agent`) waits for its retrieval replicas "
+        "to be placed and load the index; past it, it stops with an error naming what each replica asks "
+        "(retrieval.num_cpus/num_gpus/resources).",
+    )
 
 
 class EngineConfig(StrictModel):
@@ -689,6 +694,10 @@ class ServeAgentConfig(StrictModel):
     max_question_chars: int = Field(default=4000, ge=1, description="Longest question (more: HTTP 422).")
     max_turns_limit: int = Field(default=10, ge=1, description="Largest max_turns a request may ask (more: HTTP 422).")
     model_name: str = Field(default="raypipe-agent", description="The model name /v1/chat/completions answers with.")
+    start_timeout_s: float = Field(
+        default=1800.0, gt=0, description="How long the command waits for its replicas to be placed and warm up their "
+        "engines; past it, it deletes the application and stops with an error naming what each replica asks.",
+    )
 
 
 class RunConfig(StrictModel):

@@ -1,11 +1,14 @@
 """The agent loop as a Ray Serve application (``raypipe serve-agent``): a question in, one trajectory, the answer out.
 
-``deploy_agent(config, index_path, host, port, ...)`` runs the application ``serve_agent.deployment``:
+``deploy_agent(config, retriever, host, port, ...)`` runs the application ``serve_agent.deployment``:
 ``serve_agent.replicas`` replicas (or Serve's autoscaling with ``serve_agent.autoscaling``), each with
-``serve_agent.num_cpus`` / ``num_gpus`` / ``resources``, each holding one engine and one retriever
-(:class:`~raypipe.runtime.answering.AgentAnswerer`: the probe job's engine start and loop; retrieval through
-``retrieval.backend``: retrieval actors the replica starts over the index, a ``serve-retrieval`` deployment,
-or a Search-R1 ``/retrieve`` URL), behind Serve's HTTP proxy at ``http://HOST:PORT``:
+``serve_agent.num_cpus`` / ``num_gpus`` / ``resources``, each holding one engine
+(:class:`~raypipe.runtime.answering.AgentAnswerer`: the probe job's engine start and loop) and a copy of one
+retrieval client that every replica shares (``retriever``, opened once by the command: the retrieval actors
+it started over the index, a ``serve-retrieval`` deployment, or a Search-R1 ``/retrieve`` URL; a replica that
+autoscaling adds starts no retrieval of its own), behind Serve's HTTP proxy at ``http://HOST:PORT``. It waits
+at most ``serve_agent.start_timeout_s`` for the replicas (:class:`AgentStartError`, naming what each asks).
+Routes:
 
 - ``POST /v1/answer``: :mod:`raypipe.agents.answer_api`'s request and reply; ``"stream": true`` answers with
   server-sent events: one ``iteration`` event per iteration row, then ``answer`` (or ``error``).
@@ -43,6 +46,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.serve.metrics import Counter, Gauge, Histogram
+from ray.serve.schema import ApplicationStatus
 
 from raypipe.agents.answer_api import (
     Answer,
@@ -62,7 +66,7 @@ from raypipe.llm.base import Engine
 from raypipe.retrieval.http_client import TOKEN_ENV, one_line
 from raypipe.retrieval.types import Retriever
 from raypipe.runtime.answering import Admission, AgentAnswerer, PolicyBook, within_deadline
-from raypipe.runtime.retrieval import open_retrieval
+from raypipe.runtime.retrieval import placement
 from raypipe.runtime.serve import LOOPBACK, RequestGate, replica_gate, undeploy_app
 
 HEADROOM = 8  # Serve lets this many requests more than max_in_flight reach a replica: /health, /ready, the 429s
@@ -136,14 +140,11 @@ class ServiceMetrics:
 class AgentDeployment:
     """One replica: an :class:`AgentAnswerer` behind the routes, its admission bound and its metrics."""
 
-    async def __init__(self, config: dict[str, Any], index_path: str | None, token: str | None = None,
+    async def __init__(self, config: dict[str, Any], retriever: Retriever, token: str | None = None,
                        controller: str | None = None, stoprag: str | None = None, log_run: str | None = None,
-                       engine_factory: Callable[[EngineConfig], Engine] | None = None,
-                       retriever: Retriever | None = None):  # fmt: skip
+                       engine_factory: Callable[[EngineConfig], Engine] | None = None):  # fmt: skip
         self.config = RunConfig.model_validate(config)
         self.limits, self.token = self.config.serve_agent, token  # replica_gate reads both
-        if retriever is None:
-            retriever = await asyncio.to_thread(open_retrieval, self.config, lambda _config: Path(str(index_path)))
         policies = await asyncio.to_thread(load_policies, self.config, controller, stoprag)
         self.answerer = await AgentAnswerer.start(self.config, retriever, policies, engine_factory, log_run)
         self.admission = Admission(self.limits.max_in_flight)
@@ -249,11 +250,11 @@ class AgentDeployment:
             work.cancel()  # the client went away: the trajectory stops (a finished one is not affected)
 
 
-def agent_app(config: RunConfig, index_path: str | Path | None, token: str | None = None, controller: str | None = None,
+def agent_app(config: RunConfig, retriever: Retriever, token: str | None = None, controller: str | None = None,
               stoprag: str | None = None, log_run: str | None = None,
-              engine_factory: Callable[[EngineConfig], Engine] | None = None,
-              retriever: Retriever | None = None):  # fmt: skip
-    """The Serve application; ``engine_factory`` and ``retriever`` (tests, benchmarks) must pickle."""
+              engine_factory: Callable[[EngineConfig], Engine] | None = None):  # fmt: skip
+    """The Serve application; ``retriever`` (every replica gets a copy: it must pickle) and ``engine_factory``
+    (tests, benchmarks; picklable)."""
     cfg = config.serve_agent
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "resources": cfg.resources},
@@ -266,22 +267,48 @@ def agent_app(config: RunConfig, index_path: str | Path | None, token: str | Non
     else:
         options["num_replicas"] = cfg.replicas
     return AgentDeployment.options(**options).bind(
-        config.model_dump(mode="json"), None if index_path is None else str(index_path), token, controller, stoprag,
-        None if log_run is None else str(Path(log_run).resolve()), engine_factory, retriever,
+        config.model_dump(mode="json"), retriever, token, controller, stoprag,
+        None if log_run is None else str(Path(log_run).resolve()), engine_factory,
     )  # fmt: skip
 
 
-def deploy_agent(config: RunConfig, index_path: str | Path | None, host: str = "127.0.0.1", port: int = 8000,
+def deploy_agent(config: RunConfig, retriever: Retriever, host: str = "127.0.0.1", port: int = 8000,
                  token: str | None = None, **app_args: Any) -> str:  # fmt: skip
     """Start Serve's HTTP proxy at ``host:port`` (on the connected Ray), run the application and wait until every
-    replica has started its engine; returns the base URL. ``app_args``: :func:`agent_app`'s."""
+    replica has started its engine (at most ``serve_agent.start_timeout_s``: :class:`AgentStartError`); returns
+    the base URL. ``app_args``: :func:`agent_app`'s."""
     if host not in LOOPBACK and not token:
         log.warning("listening on %s without a token: anyone who can reach port %d can spend this server's engine; "
                     "set --token or %s", host, port, TOKEN_ENV)  # fmt: skip
     serve.start(http_options={"host": host, "port": port})
     cfg = config.serve_agent
-    serve.run(agent_app(config, index_path, token, **app_args), name=cfg.deployment, route_prefix=cfg.route_prefix)
+    app = agent_app(config, retriever, token, **app_args)
+    serve.run_many([serve.RunTarget(app, cfg.deployment, cfg.route_prefix)], wait_for_applications_running=False)
+    wait_running(cfg.deployment, cfg.start_timeout_s, placement(cfg.num_cpus, cfg.num_gpus, cfg.resources))
     return f"http://{host}:{port}{cfg.route_prefix.rstrip('/')}"
+
+
+class AgentStartError(RuntimeError):
+    """The agent application did not run within ``serve_agent.start_timeout_s``, or failed to start (one line)."""
+
+
+def wait_running(name: str, timeout_s: float, asks: str) -> None:
+    """Until the application ``name`` runs: :class:`AgentStartError` when it fails to deploy, or is still deploying
+    after ``timeout_s`` (its replicas wait for resources the cluster lacks, or their engines for longer)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        app = serve.status().applications.get(name)
+        state = None if app is None else app.status
+        if state == ApplicationStatus.RUNNING:
+            return
+        if state in (ApplicationStatus.DEPLOY_FAILED, ApplicationStatus.UNHEALTHY):
+            raise AgentStartError(f"the agent application {name!r} failed to start: {one_line(app.message, 600)}")
+        if time.monotonic() > deadline:
+            raise AgentStartError(
+                f"the agent application {name!r} was not running within {timeout_s:g} s (serve_agent.start_timeout_s):"
+                f" each replica asks {asks} and starts an engine; check the cluster has them (`ray status`)"
+            )  # fmt: skip
+        time.sleep(0.5)
 
 
 def undeploy_agent(config: RunConfig) -> None:
