@@ -26,8 +26,8 @@ bodies over ``serve_agent.max_body_bytes`` get 413 before they are read. With a 
 ``Authorization: Bearer TOKEN``. Bad requests get a 4xx whose JSON ``detail`` is one line.
 
 Metrics (Ray's Prometheus export, through ``ray.serve.metrics``): ``raypipe_agent_requests`` (by policy and
-outcome), ``raypipe_agent_iterations``, ``raypipe_agent_iterations_saved`` (searching turns the limit allowed
-that a controller's stop left unrun), ``raypipe_agent_tokens`` (by kind), ``raypipe_agent_latency_s``,
+outcome), ``raypipe_agent_iterations``, ``raypipe_agent_iterations_left`` (the turn limit's searching turns minus
+the iterations run, of trajectories a policy stopped), ``raypipe_agent_tokens`` (by kind), ``raypipe_agent_latency_s``,
 ``raypipe_agent_in_flight``.
 """
 
@@ -71,6 +71,7 @@ from raypipe.runtime.serve import LOOPBACK, RequestGate, replica_gate, undeploy_
 
 HEADROOM = 8  # Serve lets this many requests more than max_in_flight reach a replica: /health, /ready, the 429s
 LATENCY_BUCKETS = [1, 2, 5, 10, 20, 30, 60, 120, 300, 600]
+INTERNAL_ERROR = "the replica failed to answer (its log has the error)"  # a 500's detail: nothing of the replica
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,13 @@ api.add_middleware(RequestGate, settings=replica_gate, body_setting="serve_agent
 @api.exception_handler(ApiError)
 async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
     return JSONResponse({"detail": exc.detail}, exc.status, exc.headers)
+
+
+@api.exception_handler(Exception)
+async def internal_error(_request: Request, exc: Exception) -> JSONResponse:
+    """A failure that is no refusal: a 500 naming nothing of the replica (its log has the traceback)."""
+    log.error("a request failed", exc_info=exc)
+    return JSONResponse({"detail": INTERNAL_ERROR}, 500)
 
 
 def load_policies(config: RunConfig, controller: str | None, stoprag: str | None) -> PolicyBook:
@@ -104,9 +112,9 @@ class ServiceMetrics:
     def __init__(self):
         self.requests = Counter("raypipe_agent_requests", "Questions by policy and outcome", ("policy", "outcome"))
         self.iterations = Counter("raypipe_agent_iterations", "Retrieval iterations run", ("policy",))
-        self.saved = Counter("raypipe_agent_iterations_saved",
-                             "Searching turns a controller's stop left unrun, of those the turn limit allowed",
-                             ("policy",))  # fmt: skip
+        self.left = Counter("raypipe_agent_iterations_left",
+                            "The turn limit's searching turns minus the iterations run, of trajectories a policy stopped",
+                            ("policy",))  # fmt: skip
         self.tokens = Counter("raypipe_agent_tokens", "Engine tokens by kind (prompt, cached, generated)", ("kind",))
         self.latency = Histogram("raypipe_agent_latency_s", "Seconds from arrival to answer", LATENCY_BUCKETS,
                                  ("policy",))  # fmt: skip
@@ -119,7 +127,7 @@ class ServiceMetrics:
         generated = (trajectory["tokens_generated"] or 0) + (trajectory["probe_tokens"] or 0)
         for counter, value, tags in (
             (self.iterations, trajectory["n_iterations"], {"policy": policy}),
-            (self.saved, answer.iterations_saved, {"policy": policy}),
+            (self.left, answer.iterations_left, {"policy": policy}),
             (self.tokens, trajectory["prompt_tokens"], {"kind": "prompt"}),
             (self.tokens, trajectory["cached_tokens"], {"kind": "cached"}),
             (self.tokens, generated, {"kind": "generated"}),
@@ -127,7 +135,7 @@ class ServiceMetrics:
             if value:  # a Ray counter takes positive steps only (null: a backend that does not report it)
                 counter.inc(value, tags)
         self.latency.observe(seconds, {"policy": policy})
-        self.counts.update({"iterations": trajectory["n_iterations"], "iterations_saved": answer.iterations_saved,
+        self.counts.update({"iterations": trajectory["n_iterations"], "iterations_left": answer.iterations_left,
                             "generated_tokens": generated})  # fmt: skip
 
     def outcome(self, policy: str, outcome: str) -> None:
@@ -135,6 +143,32 @@ class ServiceMetrics:
         self.counts[outcome] += 1
 
 
+def stream_failure(exc: Exception) -> dict[str, Any]:
+    """What a stream's last event says of a failure: a refusal's status and detail, or, for anything else, a 500
+    that names nothing of the replica (no exception text, no path); the replica's log has the traceback."""
+    if isinstance(exc, ApiError):
+        return {"status": exc.status, "detail": exc.detail}
+    log.error("a streamed answer failed", exc_info=exc)
+    return {"status": 500, "detail": INTERNAL_ERROR}
+
+
+class TrajectoryStream(StreamingResponse):
+    """Server-sent events of one admitted request whose trajectory (``work``) ends with the response however the
+    response ends: a client that leaves, even before the first event (when the events' generator never starts,
+    so no cleanup of its own would run), cancels it and frees its slot."""
+
+    def __init__(self, events: AsyncIterator[str], work: asyncio.Future):
+        super().__init__(events, media_type="text/event-stream")
+        self.work = work
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.work.cancel()  # a finished trajectory is not affected
+
+
+# Defined above the deployment: @serve.ingress pickles the routes with the module's names as they are then.
 @serve.deployment
 @serve.ingress(api)
 class AgentDeployment:
@@ -156,7 +190,7 @@ class AgentDeployment:
         if parsed.stream:
             rows: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
             work = self._admitted(parsed, rows.put_nowait)  # refused (429, 400) before the stream starts
-            return StreamingResponse(self._events(work, rows), media_type="text/event-stream")
+            return TrajectoryStream(self._events(work, rows), work)
         return answer_body(await self._admitted(parsed))
 
     @api.post("/v1/chat/completions")
@@ -169,14 +203,15 @@ class AgentDeployment:
             async def chunks() -> AsyncIterator[str]:
                 try:
                     reply = chat_body(answer_body(await work), self.limits.model_name, reply_id, created)
-                except ApiError as exc:
-                    yield sse({"error": {"message": exc.detail, "code": exc.status}})
+                except Exception as exc:  # noqa: BLE001 - the stream has begun (200): its last chunk says what failed
+                    failure = stream_failure(exc)
+                    yield sse({"error": {"message": failure["detail"], "code": failure["status"]}})
                     return
                 for chunk in chat_chunks(reply):
                     yield sse(chunk)
                 yield sse("[DONE]")
 
-            return StreamingResponse(chunks(), media_type="text/event-stream")
+            return TrajectoryStream(chunks(), work)
         return chat_body(answer_body(await self._admitted(parsed)), self.limits.model_name, reply_id, created)
 
     @api.get("/v1/models")
@@ -212,7 +247,15 @@ class AgentDeployment:
             self.metrics.outcome(parsed.policy.name, "rejected")
             raise
         self.metrics.in_flight.set(self.admission.in_flight)
-        return asyncio.ensure_future(self._run(parsed, observer))
+        work = asyncio.ensure_future(self._run(parsed, observer))
+        work.add_done_callback(self._finished)  # registered first: the slot is back before any awaiter resumes
+        return work
+
+    def _finished(self, _work: asyncio.Future) -> None:
+        """A request's slot back however its trajectory ended: answered, failed, or cancelled, even before it began
+        (its coroutine then never runs)."""
+        self.admission.leave()
+        self.metrics.in_flight.set(self.admission.in_flight)
 
     async def reset_prefix_cache(self) -> bool:
         """Handle call (benchmarks): empty the engine's prefix cache, so no run inherits another's."""
@@ -228,26 +271,18 @@ class AgentDeployment:
         except Exception:
             self.metrics.outcome(parsed.policy.name, "error")
             raise
-        finally:
-            self.admission.leave()
-            self.metrics.in_flight.set(self.admission.in_flight)
         self.metrics.answered(answer, time.monotonic() - started)
         return answer
 
     async def _events(self, work: asyncio.Future, rows: asyncio.Queue) -> AsyncIterator[str]:
         """The stream of one admitted request: its iteration rows as they come, then the answer (or the error)."""
         work.add_done_callback(lambda _: rows.put_nowait(None))
+        while (row := await rows.get()) is not None:
+            yield sse(iteration_view(row, self.answerer.visible), "iteration")
         try:
-            while (row := await rows.get()) is not None:
-                yield sse(iteration_view(row, self.answerer.visible), "iteration")
-            try:
-                yield sse(answer_body(await work), "answer")
-            except ApiError as exc:
-                yield sse({"status": exc.status, "detail": exc.detail}, "error")
-            except Exception as exc:  # noqa: BLE001 - the stream has begun (200): its last event says what failed
-                yield sse({"status": 500, "detail": one_line(f"{type(exc).__name__}: {exc}")}, "error")
-        finally:
-            work.cancel()  # the client went away: the trajectory stops (a finished one is not affected)
+            yield sse(answer_body(await work), "answer")
+        except Exception as exc:  # noqa: BLE001 - the stream has begun (200): its last event says what failed
+            yield sse(stream_failure(exc), "error")
 
 
 def agent_app(config: RunConfig, retriever: Retriever, token: str | None = None, controller: str | None = None,
