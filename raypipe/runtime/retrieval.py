@@ -321,7 +321,7 @@ def open_retrieval(config: RunConfig, ensure_index: Callable[[RunConfig], Path])
     if backend == "serve":
         from raypipe.runtime.serve_client import ServeRetriever
 
-        return ServeRetriever(config.retrieval.deployment)
+        return ServeRetriever(config.retrieval.deployment, config.retrieval.serve_timeout_s)
     return start_retrieval_service(config, ensure_index(config))
 
 

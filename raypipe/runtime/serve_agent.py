@@ -67,7 +67,7 @@ from raypipe.retrieval.http_client import TOKEN_ENV, one_line
 from raypipe.retrieval.types import Retriever
 from raypipe.runtime.answering import Admission, AgentAnswerer, PolicyBook, within_deadline
 from raypipe.runtime.retrieval import placement
-from raypipe.runtime.serve import LOOPBACK, RequestGate, replica_gate, undeploy_app
+from raypipe.runtime.serve import LOOPBACK, RequestGate, replica_gate, start_proxy, undeploy_app
 
 HEADROOM = 8  # Serve lets this many requests more than max_in_flight reach a replica: /health, /ready, the 429s
 LATENCY_BUCKETS = [1, 2, 5, 10, 20, 30, 60, 120, 300, 600]
@@ -315,8 +315,8 @@ def deploy_agent(config: RunConfig, retriever: Retriever, host: str = "127.0.0.1
     if host not in LOOPBACK and not token:
         log.warning("listening on %s without a token: anyone who can reach port %d can spend this server's engine; "
                     "set --token or %s", host, port, TOKEN_ENV)  # fmt: skip
-    serve.start(http_options={"host": host, "port": port})
     cfg = config.serve_agent
+    start_proxy(host, port, cfg.timeout_s)
     app = agent_app(config, retriever, token, **app_args)
     serve.run_many([serve.RunTarget(app, cfg.deployment, cfg.route_prefix)], wait_for_applications_running=False)
     wait_running(cfg.deployment, cfg.start_timeout_s, placement(cfg.num_cpus, cfg.num_gpus, cfg.resources))
