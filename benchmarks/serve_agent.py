@@ -145,6 +145,7 @@ def main() -> None:
     from ray import serve
 
     from raypipe.runtime.cluster import init_ray
+    from raypipe.runtime.retrieval import open_retrieval
     from raypipe.runtime.serve_agent import deploy_agent, undeploy_agent
     from raypipe.stages.index import ensure_index
     from raypipe.stages.serve_agent import bundle_paths
@@ -152,7 +153,8 @@ def main() -> None:
     init_ray(config)
     controller, _ = bundle_paths(config, args.bundle, None)
     started = time.monotonic()
-    url = deploy_agent(config, ensure_index(config), port=args.port, controller=controller)
+    retrieval = open_retrieval(config, ensure_index)
+    url = deploy_agent(config, retrieval, port=args.port, controller=controller)
     start_s = time.monotonic() - started
     handle = serve.get_app_handle(config.serve_agent.deployment)
     runs = []
@@ -164,6 +166,7 @@ def main() -> None:
                 runs.append(asyncio.run(open_loop(url, questions, policy, rate, args.seed + i, name)))
     finally:
         undeploy_agent(config)
+        retrieval.shutdown()
     runs.sort(key=lambda r: (r.rate, [p for p, _ in policies].index(r.policy)))
 
     model, flags, cores = cpu_description()

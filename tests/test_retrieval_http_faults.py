@@ -106,6 +106,22 @@ def test_hang_ups_and_408_are_retried_other_4xx_are_not(serve):
     assert len(server.requests) == 4
 
 
+def test_a_408_from_serves_proxy_is_retried_and_each_try_has_its_own_deadline(serve):
+    """What docs/retrieval.md says: a 408 (here Serve's proxy's, plain text) is retried, and the deadline
+    (retrieval.http_timeout_s) is per HTTP call: two tries of 0.35 s each succeed under a 0.5 s deadline."""
+    replies = iter([Reply(408, b"Request 1a2b timed out after 60.0s.", delay_s=0.35), None])
+
+    def script(request: Received) -> Reply:
+        reply = next(replies)
+        return reply if reply is not None else json_reply(search_r1_answer(request), delay_s=0.35)
+
+    server = serve(script)
+    client = HttpRetriever(server.url, timeout_s=0.5, retries=1, backoff_s=0)
+    started = time.perf_counter()
+    assert client.search_batch(["q"], 1)[0].hits[0].doc_id == "q-0"
+    assert time.perf_counter() - started > 0.5 and len(server.requests) == 2
+
+
 def test_the_token_goes_with_every_request(serve, monkeypatch):
     server = serve(lambda request: json_reply(search_r1_answer(request) if request.body else {"status": "ok"}))
     monkeypatch.setenv(TOKEN_ENV, "from-the-environment")

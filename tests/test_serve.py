@@ -154,7 +154,7 @@ def test_every_path_returns_the_in_job_ids_and_scores(config, local, service):
     finally:
         actors.shutdown()
     over_http = HttpRetriever(service).search_batch(queries, k)
-    by_handle = asyncio.run(ServeRetriever(config.retrieval.deployment).search(queries, k))
+    by_handle = asyncio.run(ServeRetriever(config.retrieval.deployment, config.retrieval.serve_timeout_s).search(queries, k))
     assert in_job == expected
     assert ids_and_scores(over_http) == expected  # scores exactly: floats survive JSON
     assert ids_and_scores(by_handle) == expected
@@ -192,7 +192,7 @@ def test_corpus_calls_answer_as_the_in_job_actors(config, local, service):
     assert expected[2] == [local.index_dir.stats.df(t) for t in terms] and expected[2][-1] == 0
     actors = start_retrieval_service(config, local.index_dir.path)
     try:
-        transports = {"actors": ReplicaTransport(actors), "serve": ServeTransport(ServeRetriever(config.retrieval.deployment)),
+        transports = {"actors": ReplicaTransport(actors), "serve": ServeTransport(ServeRetriever(config.retrieval.deployment, config.retrieval.serve_timeout_s)),
                       "http": HttpTransport(HttpRetriever(service), chunk=4)}  # fmt: skip
         got = {name: (t.corpus_info(), t.doc_vectors(ids), t.document_frequencies(terms, "plain"), t.encode_queries(texts))
                for name, t in transports.items()}  # fmt: skip

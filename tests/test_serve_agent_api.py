@@ -167,7 +167,7 @@ def answered(service: AgentAnswerer, data: dict, observer=None):
 def test_an_answer_carries_the_stop_reason_iterations_and_cost():
     service = answerer(3)
     natural = answer_body(answered(service, {"question": "Who?"}))
-    assert (natural["answer"], natural["stop_reason"], natural["iterations"], natural["iterations_saved"]) == (
+    assert (natural["answer"], natural["stop_reason"], natural["iterations"], natural["iterations_left"]) == (
         "final", STOP_ANSWER, 3, 0)
     assert natural["f1"] is None and natural["policy"] == "natural" and "trajectory" not in natural
     spent = natural["cost"]
@@ -178,7 +178,7 @@ def test_an_answer_carries_the_stop_reason_iterations_and_cost():
     capped = answer_body(answered(service, {"question": "Who?", "policy": {"name": "cap", "k": 1},
                                             "return_trajectory": True, "golden_answers": ["probe 1"]}))  # fmt: skip
     assert (capped["answer"], capped["stop_reason"], capped["iterations"]) == ("probe 1", STOP_CONTROLLER, 1)
-    assert capped["iterations_saved"] == 3 and capped["policy"] == "cap1" and capped["f1"] == 1.0
+    assert capped["iterations_left"] == 3 and capped["policy"] == "cap1" and capped["f1"] == 1.0
     assert capped["cost"]["searches_dropped"] == 1  # turn 1's search ran beside its probe, then the cap stopped
     rows = capped["trajectory"]["iterations"]
     assert [r["iteration"] for r in rows] == [0, 1] and rows[1]["query"] == "query 0"
@@ -241,6 +241,23 @@ def test_the_request_log_is_a_probe_run(tmp_path):
     assert run.read("trajectories").num_rows == 3
 
 
+def test_the_request_log_keeps_every_row_of_64_concurrent_requests(tmp_path):
+    """Each request's rows land in their own part, whatever the threads writing beside it do: nothing lost, nothing
+    mixed, both tables hold the same questions."""
+    run = RunDir(tmp_path / "log")
+    service = answerer(1, log_run=run.path)
+
+    async def many():
+        return await asyncio.gather(*(service.answer(AnswerRequest(question=f"q{i}?")) for i in range(64)))
+
+    answers = asyncio.run(many())
+    qids = {a.output.trajectory["qid"] for a in answers}
+    trajectories, iterations = run.read("trajectories"), run.read("iterations")
+    assert trajectories.num_rows == 64 and set(trajectories.column("qid").to_pylist()) == qids
+    assert iterations.num_rows == 2 * 64 and set(iterations.column("qid").to_pylist()) == qids
+    assert len(list((run.path / "trajectories").glob("*.parquet"))) == 64
+
+
 def test_the_in_flight_bound_and_the_deadline():
     admission = Admission(2)
     admission.enter()
@@ -267,3 +284,89 @@ def test_chat_replies_and_events_follow_openai_and_sse():
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and chunks[-1]["raypipe"]["stop_reason"] == "answer"
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
     assert sse({"a": 1}, "answer") == 'event: answer\ndata: {"a": 1}\n\n' and sse("[DONE]") == "data: [DONE]\n\n"
+
+
+def test_the_documented_cluster_command_places_each_replica_on_a_generation_gpu():
+    """docs/serve-agent.md's cluster command: each agent replica asks one GPU and the generation nodes' resource, as
+    the preset's generation actors do (so none lands on a retrieval node's GPU)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "serve-agent.md").read_text()
+    section = text.split("## On a cluster", 1)[1]
+    command = re.search(r"```bash\n(.*?)```", section, re.S).group(1).replace("\\\n", " ")
+    words = shlex.split(command)
+    preset = words[words.index("--config") + 1]
+    config = load_config(preset, [words[i + 1] for i, w in enumerate(words) if w == "--set"])
+    assert config.serve_agent.num_gpus == 1 and config.serve_agent.resources == {"raypipe_generation": 1}
+    assert config.generation.resources == config.serve_agent.resources
+    assert "raypipe_generation" not in config.retrieval.resources
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_policy_thresholds_refuse_nan_and_infinity(value):
+    for field in ("theta_p", "theta_u"):
+        raw = f'{{"question": "q", "policy": {{"name": "heuristic", "{field}": {value}}}}}'.encode()
+        error = refused(raw)
+        assert error.status == 422 and f"policy.{field}" in error.detail and "finite" in error.detail
+        chat = f'{{"messages": [{{"role": "user", "content": "q"}}], "policy": {{"name": "heuristic", "{field}": {value}}}}}'
+        assert refused(chat.encode(), parse_chat_request).status == 422
+
+
+def test_a_reply_shows_an_error_without_paths_addresses_or_traceback():
+    from raypipe.agents.answer_api import public_error
+
+    raw = ('OSError: [Errno 2] No such file: \'/root/.cache/raypipe/models/smollm2/model.bin\' via '
+           'http://10.0.3.7:8000/retrieve and ./runs/x/y\nTraceback (most recent call last):\n  File "/srv/a.py"')
+    shown = public_error(raw)
+    assert shown == "OSError: [Errno 2] No such file: '<hidden>' via <hidden> and <hidden>"
+    assert public_error(None) is None and public_error("EngineError: prompt too long") == "EngineError: prompt too long"
+
+
+def test_health_names_the_model_but_no_path():
+    class LocalModelEngine(FakeEngine):
+        def describe(self):
+            from pathlib import Path
+
+            from raypipe.llm.common import engine_record
+
+            return engine_record(self, CONFIG.engine, Path("/root/.cache/raypipe/models/smollm2"))
+
+    config = load_config("embedded", ["engine.model=/data/models/my-model"])
+    service = asyncio.run(AgentAnswerer.start(config, FakeRetriever(), PolicyBook(config.stopping),
+                                              lambda _cfg: LocalModelEngine(searches(1))))  # fmt: skip
+    described = service.describe()
+    assert described["engine"]["model"] == "my-model" and described["request_log"] is False
+    assert "/" not in json.dumps(described["engine"])
+
+
+def test_the_dataset_field_names_the_rows_dataset_and_selects_nothing(tmp_path):
+    """`dataset` is written on the rows (reply and request log); the heuristic's decisions are the same whatever it
+    says, and docs/serve-agent.md says so instead of promising per-dataset thresholds or question types."""
+    from pathlib import Path
+
+    run = RunDir(tmp_path / "log")
+    service = answerer(3, PolicyBook(CONFIG.stopping, StepPredictor()), log_run=run.path)
+    policy = {"name": "heuristic", "theta_p": 0.2, "theta_u": 0.0}
+    replies = [answer_body(answered(service, {"question": "A?", "policy": policy, "dataset": name}))
+               for name in ("hotpotqa", "musique")]  # fmt: skip
+    assert [(r["stop_reason"], r["iterations"], r["answer"]) for r in replies] == [(STOP_CONTROLLER, 2, "probe 2")] * 2
+    assert sorted(run.read("trajectories").column("dataset").to_pylist()) == ["hotpotqa", "musique"]
+    docs = " ".join((Path(__file__).resolve().parents[1] / "docs" / "serve-agent.md").read_text().split())
+    assert "It selects nothing" in docs and "names the question's dataset for per-dataset thresholds" not in docs
+
+
+def test_a_resume_is_not_refused_when_only_service_limits_or_client_retries_changed(tmp_path):
+    """check_resumable (the probe job's rerun and the request log): limits of the services, client retries and
+    timeouts, replica placement do not change what a run's rows say; what searches or generates does."""
+    run = RunDir(tmp_path / "log")
+    answered(answerer(1, log_run=run.path), {"question": "Who?"})
+    operational = ["retrieval.http_retries=9", "retrieval.http_timeout_s=5", "retrieval.max_task_retries=0",
+                   "retrieval.serve_max_queries=8", "retrieval.serve_max_topk=200", "retrieval.serve_timeout_s=2",
+                   "retrieval.serve_max_body_bytes=4096", "retrieval.replicas=3", "retrieval.num_cpus=1",
+                   "retrieval.start_timeout_s=10", "engine.max_retries=7", "engine.request_timeout_s=9"]  # fmt: skip
+    check_resumable(load_config("embedded", operational), run)
+    for changed in ("retrieval.deep_k=50", "retrieval.nprobe=4", "engine.max_model_len=2048"):
+        with pytest.raises(ConfigError, match=changed.split("=")[0].replace(".", r"\.")):
+            check_resumable(load_config("embedded", [changed]), run)

@@ -17,7 +17,8 @@ from raypipe.retrieval import LocalRetriever, encoder_spec
 from raypipe.retrieval.types import SearchHit, SearchResult
 from raypipe.runtime.serve import RequestError, RequestGate, ServeLimits, search_by_topk
 
-LIMITS = ServeLimits(max_queries=4, max_topk=50, max_items=8, max_body_bytes=1000, timeout_s=5.0)
+LIMITS = ServeLimits(max_queries=4, max_topk=50, max_items=8, max_body_bytes=1000, timeout_s=5.0, max_results=120,
+                     max_batch_results=40)  # fmt: skip
 
 
 def refusal(call, *args) -> RequestError:
@@ -207,7 +208,7 @@ def test_corpus_calls_run_off_the_event_loop_within_the_limits_and_the_deadline(
         assert answer and ticks >= 10, (answer, ticks)  # the loop went on serving during the 0.4 s
     refused = refusal(lambda: asyncio.run(slow.document_frequencies([f"t{i}" for i in range(9)])))
     assert refused.status == 413 and "9 terms" in refused.detail
-    late = replica(SlowCorpus(1.0), ServeLimits(4, 50, 8, 1000, timeout_s=0.1))
+    late = replica(SlowCorpus(1.0), ServeLimits(4, 50, 8, 1000, 0.1, 120, 40))
     timed_out = refusal(lambda: asyncio.run(late.encode_queries(["q"])))
     assert timed_out.status == 408 and "retrieval.serve_timeout_s" in timed_out.detail
 
@@ -219,3 +220,77 @@ def test_the_deadline_gives_408():
     started = time.perf_counter()
     late = refusal(lambda: asyncio.run(within_deadline(asyncio.sleep(5), 0.05)))
     assert late.status == 408 and "within 0.05 s" in late.detail and time.perf_counter() - started < 1.0
+
+
+def test_the_deadline_gives_408_where_asyncio_has_its_own_timeout_error(monkeypatch):
+    """Python 3.10: asyncio.wait_for raises asyncio.TimeoutError, which is not the builtin TimeoutError; the
+    deadline must still be a 408, not a 500. Here asyncio's names are those of 3.10 (a class of its own)."""
+    import types
+
+    import raypipe.runtime.serve as serve_module
+
+    class AsyncioTimeout(Exception):  # asyncio.exceptions.TimeoutError on 3.10: a subclass of Exception only
+        pass
+
+    async def wait_for(work, _timeout_s):
+        work.close()
+        raise AsyncioTimeout
+
+    monkeypatch.setattr(serve_module, "asyncio", types.SimpleNamespace(wait_for=wait_for, TimeoutError=AsyncioTimeout))
+    late = refusal(lambda: asyncio.run(serve_module.within_deadline(asyncio.sleep(5), 0.05)))
+    assert late.status == 408 and "retrieval.serve_timeout_s" in late.detail
+
+
+def test_queries_times_topk_is_bounded_per_request_and_per_search_call():
+    """1,024 queries x topk 1,024 in one request was allowed by default, and Serve's batching could merge 64 such:
+    a request is refused past retrieval.serve_max_results hits, and merged requests are searched in calls of at most
+    retrieval.serve_max_batch_results hits."""
+    LIMITS.check_results(4, 30)  # 120 hits: the limit
+    over = refusal(LIMITS.check_results, 4, 31)
+    assert over.status == 413 and "124 hits" in over.detail and "retrieval.serve_max_results" in over.detail
+    defaults = load_config("embedded").retrieval
+    default_limits = ServeLimits.from_config(defaults)
+    assert defaults.deep_k * defaults.max_batch_size <= default_limits.max_results  # the agents' batches fit
+    assert refusal(default_limits.check_results, 1024, 1024).status == 413
+    assert default_limits.max_batch_results < defaults.max_batch_size * default_limits.max_results
+
+    sizes: list[int] = []
+
+    def search(queries: list[str], k: int) -> list[SearchResult]:
+        sizes.append(len(queries) * k)
+        return results_for(queries, k)
+
+    calls = [([f"q{i}-{j}" for j in range(4)], 10) for i in range(5)] + [(["x"], 3)]  # 200 hits at k=10, 3 at k=3
+    out = asyncio.run(search_by_topk(calls, search, max_results=LIMITS.max_batch_results))
+    assert max(sizes) <= LIMITS.max_batch_results and sum(sizes) == 203
+    assert [[r.query for r in o] for o in out[:2]] == [[f"q0-{j}" for j in range(4)], [f"q1-{j}" for j in range(4)]]
+    assert out[5][0].query == "x" and len(out[5][0].hits) == 3
+
+
+def test_a_handle_search_has_its_deadline_from_the_call_its_queue_included():
+    """retrieval.backend=serve: a search through the Serve handle that gets no answer within retrieval.serve_timeout_s
+    (here it waits in Serve's queue) is cancelled and fails with a one-line RetrievalServerError."""
+    from raypipe.retrieval.http_client import RetrievalServerError
+    from raypipe.runtime.serve_client import ServeRetriever
+
+    class Queued:  # a DeploymentResponse that never leaves Serve's queue
+        cancelled = False
+
+        def __await__(self):
+            return asyncio.sleep(30).__await__()
+
+        def cancel(self):
+            Queued.cancelled = True
+
+    class Handle:
+        class search:
+            @staticmethod
+            def remote(queries, k):
+                return Queued()
+
+    retriever = object.__new__(ServeRetriever)
+    retriever.handle, retriever.name, retriever.timeout_s = Handle(), "raypipe-retrieval", 0.1
+    started = time.perf_counter()
+    with pytest.raises(RetrievalServerError, match=r"within 0.1 s \(retrieval.serve_timeout_s\), its queue included"):
+        asyncio.run(retriever.search(["q"], 3))
+    assert time.perf_counter() - started < 2 and Queued.cancelled

@@ -116,6 +116,27 @@ def test_the_stage_skeleton_checks_first_and_logs_its_headline(tmp_path, monkeyp
     assert artifact_paths(client, logged.info.run_id) == {"out.csv", "demo.yaml"}
 
 
+def test_a_tracking_failure_after_a_finished_stage_is_a_warning(tmp_path, monkeypatch, caplog):
+    """The store answered the check before the work, then failed when the finished stage was logged: the stage's
+    outputs stand and it ends normally, with a warning naming the failure (before: `error:` and exit 1)."""
+    import logging
+
+    import raypipe.runtime.stage_main as stage_main
+
+    monkeypatch.setattr(stage_main, "init_ray", lambda config, log_to_driver: None)
+
+    def store_gone(self, *args):
+        raise TrackingError(f"could not log the {self.stage} stage to MLflow at {self.uri} (the server went away)")
+
+    monkeypatch.setattr(StageTracker, "log", store_gone)
+    run = build_run_dir(tmp_path / "run-a")
+    stage = stage_main.RunDirStage("demo", "a demo stage", "a run")
+    with caplog.at_level(logging.WARNING, logger="raypipe.runtime.stage_main"):
+        _, result = stage.main(lambda s: 7, [str(run.path), "--set", f"tracking.mlflow_uri={tmp_path / 'mlruns'}"])
+    assert result == 7 and (run.path / "demo.yaml").exists()
+    assert "the stage finished, but tracking it failed: could not log the demo stage" in caplog.text
+
+
 def test_compare_logs_its_figures_and_page_to_the_baselines_experiment(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", sys.argv[:])
     base, other = build_run_dir(tmp_path / "base"), build_run_dir(tmp_path / "other", protocol="r1_searcher")

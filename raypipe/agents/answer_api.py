@@ -10,12 +10,14 @@ and, on request, the trajectory (queries, the ids of the documents the agent rea
 and the P̂/Û a predictor controller made; null where none did).
 
 A question sent without ``golden_answers`` is not scored: its F1 columns are null in the answer and in the
-request log, never a made-up 0.
+request log, never a made-up 0. What goes back names no local path and carries no traceback: a trajectory's
+``error`` is its first line with paths and URLs replaced (:func:`public_error`; the request log keeps it whole).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -49,8 +51,8 @@ class Policy(_Strict):
     """How the request's trajectory may stop early (``"cap"`` alone is short for ``{"name": "cap"}``)."""
 
     name: str = NATURAL
-    theta_p: float | None = None
-    theta_u: float | None = None
+    theta_p: float | None = Field(default=None, allow_inf_nan=False)
+    theta_u: float | None = Field(default=None, allow_inf_nan=False)
     preset: str | None = None
     variant: str | None = None
     k: int | None = Field(default=None, ge=0)
@@ -69,7 +71,7 @@ class AnswerRequest(_Strict):
     return_trajectory: bool = False
     stream: bool = False
     golden_answers: list[str] | None = None  # scores the answer and the probes (F1), as in a probe run
-    dataset: str = "serve"  # the dataset name the rows carry (per-dataset thresholds, the question type)
+    dataset: str = "serve"  # the dataset name the rows carry (the request log's dataset column); nothing else reads it
 
     @field_validator("policy", mode="before")
     @classmethod
@@ -210,7 +212,19 @@ class Answer:
     policy: str  # the policy as run, e.g. heuristic(θ_P=0.3, θ_U=0.2, paper)
     predictions: Predictions
     visible: int  # documents the agent read per search
-    iterations_saved: int  # searching turns the limit allowed that a controller's stop left unrun
+    iterations_left: int  # the turn limit's searching turns minus the iterations run, where the policy stopped it
+
+
+LOCAL_NAME = re.compile(r"[a-z][a-z0-9+.-]*://\S+|(?<![\w.])(?:~|\.{1,2})?(?:/[^\s/'\"`:,;()<>\[\]]+){2,}/?", re.I)
+
+
+def public_error(error: str | None) -> str | None:
+    """A trajectory's error as a reply shows it: its first line, with every URL and file path (two parts or more)
+    replaced by ``<hidden>``; the request log and the replica's log keep it whole."""
+    if error is None:
+        return None
+    first = error.strip().splitlines()[0] if error.strip() else ""
+    return one_line(LOCAL_NAME.sub("<hidden>", first))
 
 
 def cost(trajectory: dict[str, Any]) -> dict[str, Any]:
@@ -253,9 +267,9 @@ def answer_body(answer: Answer) -> dict[str, Any]:
         "qid": trajectory["qid"],
         "answer": trajectory["final_answer"],
         "stop_reason": trajectory["stop_reason"],
-        "error": trajectory["error"],
+        "error": public_error(trajectory["error"]),
         "iterations": trajectory["n_iterations"],
-        "iterations_saved": answer.iterations_saved,
+        "iterations_left": answer.iterations_left,
         "policy": answer.policy,
         "f1": trajectory["final_f1"],
         "cost": cost(trajectory),

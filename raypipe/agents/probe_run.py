@@ -25,6 +25,15 @@ log = logging.getLogger(__name__)
 INFO_FILE = "probe_info.yaml"
 # Sections whose change alters what a trajectory is; a rerun into the same directory must keep them.
 RESULT_SECTIONS = ("seed", "engine", "agent", "retrieval")
+# Settings of those sections that bound or place a service, or say how often a client retries, and not what a
+# search or a generation returns: a resume may change them.
+OPERATIONAL = {
+    "engine": {"request_timeout_s", "max_retries"},
+    "retrieval": {"replicas", "num_cpus", "resources", "search_threads", "max_restarts", "max_task_retries",
+                  "max_query_crashes", "start_timeout_s", "http_timeout_s", "http_retries", "http_max_response_bytes",
+                  "serve_max_queries", "serve_max_topk", "serve_max_items", "serve_max_body_bytes", "serve_timeout_s",
+                  "serve_max_results", "serve_max_batch_results"},
+}  # fmt: skip
 
 
 def resolve_config(config: RunConfig) -> RunConfig:
@@ -66,7 +75,8 @@ def update_info(path: Path, **entries: object) -> None:
 
 
 def check_resumable(config: RunConfig, run_dir: RunDir) -> None:
-    """Refuse to add trajectories to a run directory written with other agent/engine/retrieval settings."""
+    """Refuse to add trajectories to a run directory written with other agent/engine/retrieval settings (those in
+    :data:`OPERATIONAL` excepted: limits, placement, client retries)."""
     path = run_dir.path / "config.yaml"
     if not path.exists() or not run_dir.has("trajectories"):
         return
@@ -75,7 +85,8 @@ def check_resumable(config: RunConfig, run_dir: RunDir) -> None:
     changed = [
         f"{section}.{key}"
         for section in RESULT_SECTIONS
-        for key in sorted(set(_as_dict(old.get(section))) | set(_as_dict(new.get(section))))
+        for key in sorted((set(_as_dict(old.get(section))) | set(_as_dict(new.get(section))))
+                          - OPERATIONAL.get(section, set()))  # fmt: skip
         if _as_dict(old.get(section)).get(key) != _as_dict(new.get(section)).get(key)
     ]
     if changed:

@@ -168,6 +168,16 @@ class RetrievalConfig(StrictModel):
         default=1024, ge=1, description="`raypipe serve-retrieval`: largest topk a request may ask (more: HTTP 422); a "
         "topk above the passages indexed gets them all.",
     )
+    serve_max_results: int = Field(
+        default=65_536, ge=1, description="`raypipe serve-retrieval`: most hits one request may ask, its queries x the "
+        "depth searched (more: HTTP 413; 64 queries at topk 1,024, or 655 at the agents' deep list of 100; about 36 MB "
+        "of JSON with the bundled corpus).",
+    )
+    serve_max_batch_results: int = Field(
+        default=262_144, ge=1, description="`raypipe serve-retrieval`: most hits one search call may hold, queries x "
+        "depth: the requests Serve's batching merges (up to retrieval.max_batch_size of them) are searched in calls of "
+        "at most this many (FAISS allocates queries x depth per call).",
+    )
     serve_max_items: int = Field(
         default=4096, ge=1, description="`raypipe serve-retrieval`: most ids, terms or texts in one /raypipe/ corpus "
         "request (more: HTTP 413; raypipe's client sends 512 at a time).",
@@ -176,8 +186,14 @@ class RetrievalConfig(StrictModel):
         default=8 * 2**20, ge=1024, description="`raypipe serve-retrieval`: largest request body (more: HTTP 413)."
     )
     serve_timeout_s: float = Field(
-        default=60.0, gt=0, description="`raypipe serve-retrieval`: deadline of one request on a replica, from its "
-        "arrival to its answer (more: HTTP 408; through a Serve handle, the same error raised).",
+        default=60.0, gt=0, description="`raypipe serve-retrieval`: deadline of one request from its arrival at Serve's "
+        "HTTP proxy (Serve's queue included) to its answer, and of a handle call (retrieval.backend=serve) from the "
+        "call; more: HTTP 408 (through a handle, RetrievalServerError).",
+    )
+    start_timeout_s: float = Field(
+        default=1800.0, gt=0, description="How long a job (or `raypipe serve-agent`) waits for its retrieval replicas "
+        "to be placed and load the index; past it, it stops with an error naming what each replica asks "
+        "(retrieval.num_cpus/num_gpus/resources).",
     )
 
 
@@ -709,6 +725,10 @@ class ServeAgentConfig(StrictModel):
     max_question_chars: int = Field(default=4000, ge=1, description="Longest question (more: HTTP 422).")
     max_turns_limit: int = Field(default=10, ge=1, description="Largest max_turns a request may ask (more: HTTP 422).")
     model_name: str = Field(default="raypipe-agent", description="The model name /v1/chat/completions answers with.")
+    start_timeout_s: float = Field(
+        default=1800.0, gt=0, description="How long the command waits for its replicas to be placed and warm up their "
+        "engines; past it, it deletes the application and stops with an error naming what each replica asks.",
+    )
 
 
 class RunConfig(StrictModel):

@@ -20,6 +20,7 @@ request) under the run files the probe job writes, so the later stages read the 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import threading
@@ -61,6 +62,16 @@ from raypipe.stopping.heuristic import VARIANTS, Thresholds
 from raypipe.stopping.online import OnlineController, Predictor
 
 log = logging.getLogger(__name__)
+
+# What /health shows of an engine's record (raypipe.llm.common.engine_record and the backends' settings): none of
+# them a path or an address.
+PUBLIC_ENGINE_FIELDS = ("backend", "dtype", "max_model_len", "supports_regex", "start_seconds", "block_size",
+                        "enable_prefix_caching", "served_model")  # fmt: skip
+
+
+def model_name(engine: EngineConfig) -> str:
+    """The model as a client may see it: an embedded name as configured, a local folder or file by its last part."""
+    return Path(engine.model).name
 
 
 class RecordingPredictor:
@@ -133,11 +144,14 @@ class RequestLog:
         self.run_dir, self.engine_json = run_dir, engine_json
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
         self.prefix = f"part-{stamp}-{uuid.uuid4().hex[:8]}"  # replicas write side by side
-        self.written = 0
+        self._numbers = itertools.count(1)  # one part number per request, taken once under the lock
+        self._lock = threading.Lock()
 
     def write(self, output: TrajectoryOutput) -> None:
-        self.written += 1
-        write_batch(self.run_dir, to_table([output], self.engine_json), f"{self.prefix}-{self.written:06d}")
+        """Write one request's rows as its own part (called from one worker thread per request)."""
+        with self._lock:
+            number = next(self._numbers)
+        write_batch(self.run_dir, to_table([output], self.engine_json), f"{self.prefix}-{number:06d}")
 
 
 class AgentAnswerer:
@@ -182,15 +196,18 @@ class AgentAnswerer:
             await asyncio.to_thread(self.request_log.write, output)
         searching = self.protocol.turn_plan(config.agent)[1]
         trajectory = output.trajectory
-        saved = max(searching - trajectory["n_iterations"], 0) if trajectory["stop_reason"] == STOP_CONTROLLER else 0
-        return Answer(request, output, policy, predictions, self.visible, saved)
+        left = max(searching - trajectory["n_iterations"], 0) if trajectory["stop_reason"] == STOP_CONTROLLER else 0
+        return Answer(request, output, policy, predictions, self.visible, left)
 
     def describe(self) -> dict[str, Any]:
-        """What ``/health`` shows of the replica's engine, agent and policies."""
-        return {"engine": self.engine.describe(), "protocol": self.protocol.name,
+        """What ``/health`` shows of the replica's engine, agent and policies: no file path, no address (the
+        engine's record names its model, not where it was loaded from; the request log is on or off)."""
+        record = self.engine.describe()
+        engine = {key: record[key] for key in PUBLIC_ENGINE_FIELDS if key in record}
+        engine["model"] = model_name(self.config.engine)
+        return {"engine": engine, "protocol": self.protocol.name,
                 "max_turns": self.protocol.turn_limit(self.config.agent), "documents_read": self.visible,
-                "policies": self.policies.offered(),
-                "request_log": None if self.request_log is None else str(self.request_log.run_dir.path)}  # fmt: skip
+                "policies": self.policies.offered(), "request_log": self.request_log is not None}  # fmt: skip
 
     async def close(self) -> None:
         await self.engine.close()

@@ -3,7 +3,8 @@
 ``start_retrieval_service(config, index_path)``, on the connected Ray and over an index directory that
 exists (the probe job builds or reuses it with :func:`raypipe.stages.index.ensure_index`), starts
 ``retrieval.replicas`` :class:`RetrievalActor` s with ``retrieval.num_cpus`` / ``num_gpus`` each, waits
-until they have loaded, and returns a :class:`RetrievalClient`. The client is picklable (it holds actor
+until they have loaded (at most ``retrieval.start_timeout_s``: then :class:`RetrievalStartError`, which names
+what each replica asks), and returns a :class:`RetrievalClient`. The client is picklable (it holds actor
 handles), so it can be passed into generation actors and Ray tasks; its ``await search(queries, k)``
 goes to the replicas round robin. Each actor queues the requests it receives and runs them as one
 batch every ``max_wait_ms`` or as soon as ``max_batch_size`` queries are waiting.
@@ -253,6 +254,34 @@ class RetrievalClient:
             ray.kill(actor)
 
 
+class RetrievalStartError(RuntimeError):
+    """Retrieval replicas were not ready within ``retrieval.start_timeout_s`` (one line: what they ask for)."""
+
+
+def placement(num_cpus: float, num_gpus: float, resources: dict[str, float]) -> str:
+    """What one replica asks of the cluster, as an error names it."""
+    return f"num_cpus={num_cpus:g}, num_gpus={num_gpus:g}, resources={dict(resources or {})}"
+
+
+def wait_ready(actors: list, timeout_s: float, asks: str) -> list[dict]:
+    """Each replica's ``ready()`` answer, waited for at most ``timeout_s``; past it the replicas are killed and a
+    :class:`RetrievalStartError` says how many were ready and what each asks (a replica that cannot be placed
+    would otherwise be waited for forever)."""
+    import ray
+
+    calls = [a.ready.remote() for a in actors]
+    done, _ = ray.wait(calls, num_returns=len(calls), timeout=timeout_s)
+    if len(done) < len(calls):
+        for actor in actors:
+            ray.kill(actor)
+        raise RetrievalStartError(
+            f"{len(calls) - len(done)} of {len(calls)} retrieval replica(s) not ready within {timeout_s:g} s "
+            f"(retrieval.start_timeout_s); each asks {asks}: check the cluster has them (`ray status`) and the "
+            "index loads on the nodes that do"
+        )  # fmt: skip
+    return ray.get(calls)
+
+
 def start_retrieval_service(config: RunConfig, index_path: str | Path,
                             search_fault: Callable[[list[str]], None] | None = None) -> RetrievalClient:
     """Start the replica actors for an existing index on the connected Ray, wait until each has loaded it,
@@ -274,7 +303,7 @@ def start_retrieval_service(config: RunConfig, index_path: str | Path,
                          cfg.search_threads, search_fault)
         for _ in range(cfg.replicas)
     ]
-    info = ray.get([a.ready.remote() for a in actors])
+    info = wait_ready(actors, cfg.start_timeout_s, placement(cfg.num_cpus, cfg.num_gpus, cfg.resources))
     log.info("retrieval service: %d replica(s) over %d passages (%s)", len(actors), info[0]["count"],
              info[0]["encoder"])
     return RetrievalClient(actors, index_path, [i["node_id"] for i in info], cfg.max_task_retries,
@@ -292,7 +321,7 @@ def open_retrieval(config: RunConfig, ensure_index: Callable[[RunConfig], Path])
     if backend == "serve":
         from raypipe.runtime.serve_client import ServeRetriever
 
-        return ServeRetriever(config.retrieval.deployment)
+        return ServeRetriever(config.retrieval.deployment, config.retrieval.serve_timeout_s)
     return start_retrieval_service(config, ensure_index(config))
 
 

@@ -80,11 +80,14 @@ class ServeLimits:
     max_items: int
     max_body_bytes: int
     timeout_s: float
+    max_results: int
+    max_batch_results: int
 
     @classmethod
     def from_config(cls, retrieval: RetrievalConfig) -> "ServeLimits":
         return cls(retrieval.serve_max_queries, retrieval.serve_max_topk, retrieval.serve_max_items,
-                   retrieval.serve_max_body_bytes, retrieval.serve_timeout_s)  # fmt: skip
+                   retrieval.serve_max_body_bytes, retrieval.serve_timeout_s, retrieval.serve_max_results,
+                   retrieval.serve_max_batch_results)  # fmt: skip
 
     def check_queries(self, count: int) -> None:
         if count > self.max_queries:
@@ -98,6 +101,13 @@ class ServeLimits:
             raise RequestError(422, f"topk {topk} is outside 1..{self.max_topk}, this server's range "
                                "(retrieval.serve_max_topk)")  # fmt: skip
         return min(topk, max(passages, 1))
+
+    def check_results(self, queries: int, depth: int) -> None:
+        """Queries x the depth searched: the hits one request asks for (and FAISS allocates)."""
+        if queries * depth > self.max_results:
+            raise RequestError(413, f"{queries} queries x depth {depth} = {queries * depth:,} hits in one request, over "
+                               f"this server's limit of {self.max_results:,} (retrieval.serve_max_results): send fewer "
+                               "queries per request or a smaller topk")  # fmt: skip
 
     def check_items(self, field: str, count: int) -> None:
         if count > self.max_items:
@@ -200,21 +210,26 @@ async def within_deadline(work: Awaitable[T], timeout_s: float) -> T:
     running it finishes unseen)."""
     try:
         return await asyncio.wait_for(work, timeout_s)
-    except TimeoutError:
+    except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
         raise RequestError(408, f"no answer within {timeout_s:g} s (retrieval.serve_timeout_s): the server is busy "
                            "or the request too big") from None  # fmt: skip
 
 
 async def search_by_topk(
-    calls: list[SearchCall], search: Callable[[list[str], int], list[SearchResult]]
+    calls: list[SearchCall], search: Callable[[list[str], int], list[SearchResult]], max_results: int | None = None
 ) -> list[list[SearchResult] | Exception]:
-    """One ``search`` (in a worker thread) per distinct ``k`` over every query of the calls with that ``k``,
-    split back per call. A search that fails is the answer of its own calls only."""
+    """``search`` (in a worker thread) per distinct ``k`` over every query of the calls with that ``k``, in calls
+    of at most ``max_results`` hits (queries x ``k``; at least one query each), split back per call. A search that
+    fails is the answer of its own calls only (those of its ``k``)."""
     out: list[list[SearchResult] | Exception] = [[] for _ in calls]
     for k in dict.fromkeys(k for _, k in calls):
         mine = [i for i, (_, ki) in enumerate(calls) if ki == k]
+        queries = [q for i in mine for q in calls[i][0]]
+        step = max(1, (max_results or len(queries) * k) // k)
         try:
-            results = await asyncio.to_thread(search, [q for i in mine for q in calls[i][0]], k)
+            results = []
+            for start in range(0, len(queries), step):
+                results += await asyncio.to_thread(search, queries[start : start + step], k)
         except Exception as exc:  # noqa: BLE001 - the answer of this group's calls, raised to each
             for i in mine:
                 out[i] = exc
@@ -290,6 +305,7 @@ class RetrievalDeployment(CorpusMethods):
         queries = list(queries)
         self.limits.check_queries(len(queries))
         depth = self.limits.depth(k, self.retriever.index.ntotal)
+        self.limits.check_results(len(queries), depth)
         results = await within_deadline(self._search_calls((queries, depth)), self.limits.timeout_s)
         if isinstance(results, Exception):
             raise RequestError(500, f"the search failed: {type(results).__name__}: {one_line(str(results))}")
@@ -317,7 +333,7 @@ class RetrievalDeployment(CorpusMethods):
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005)  # set from the config in __init__
     async def _search_calls(self, calls: list[SearchCall]) -> list[list[SearchResult] | Exception]:
         self.batches += len({k for _, k in calls})
-        return await search_by_topk(calls, self.retriever.search_batch)
+        return await search_by_topk(calls, self.retriever.search_batch, self.limits.max_batch_results)
 
 
 def retrieval_app(config: RunConfig, index_path: str | Path, token: str | None = None):
@@ -343,9 +359,16 @@ def deploy_retrieval(config: RunConfig, index_path: str | Path, host: str = "127
         log.warning("listening on %s without a token: anyone who can reach port %d can search the index and read "
                     "its passages, vectors and term counts (docs/retrieval.md); set --token or %s",
                     host, port, TOKEN_ENV)  # fmt: skip
-    serve.start(http_options={"host": host, "port": port})
+    start_proxy(host, port, config.retrieval.serve_timeout_s)
     serve.run(retrieval_app(config, index_path, token), name=config.retrieval.deployment, route_prefix="/")
     return f"http://{host}:{port}"
+
+
+def start_proxy(host: str, port: int, deadline_s: float) -> None:
+    """Start Serve's HTTP proxy at ``host:port``, ending every request ``deadline_s`` after it arrived there (Serve's
+    queue included: a 408 from the proxy, which cancels the request on its replica). A proxy already running on the
+    cluster keeps its own settings (Serve warns when they differ)."""
+    serve.start(http_options={"host": host, "port": port, "request_timeout_s": deadline_s})
 
 
 def undeploy_retrieval(config: RunConfig) -> None:

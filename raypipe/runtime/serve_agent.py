@@ -1,11 +1,14 @@
 """The agent loop as a Ray Serve application (``raypipe serve-agent``): a question in, one trajectory, the answer out.
 
-``deploy_agent(config, index_path, host, port, ...)`` runs the application ``serve_agent.deployment``:
+``deploy_agent(config, retriever, host, port, ...)`` runs the application ``serve_agent.deployment``:
 ``serve_agent.replicas`` replicas (or Serve's autoscaling with ``serve_agent.autoscaling``), each with
-``serve_agent.num_cpus`` / ``num_gpus`` / ``resources``, each holding one engine and one retriever
-(:class:`~raypipe.runtime.answering.AgentAnswerer`: the probe job's engine start and loop; retrieval through
-``retrieval.backend``: retrieval actors the replica starts over the index, a ``serve-retrieval`` deployment,
-or a Search-R1 ``/retrieve`` URL), behind Serve's HTTP proxy at ``http://HOST:PORT``:
+``serve_agent.num_cpus`` / ``num_gpus`` / ``resources``, each holding one engine
+(:class:`~raypipe.runtime.answering.AgentAnswerer`: the probe job's engine start and loop) and a copy of one
+retrieval client that every replica shares (``retriever``, opened once by the command: the retrieval actors
+it started over the index, a ``serve-retrieval`` deployment, or a Search-R1 ``/retrieve`` URL; a replica that
+autoscaling adds starts no retrieval of its own), behind Serve's HTTP proxy at ``http://HOST:PORT``. It waits
+at most ``serve_agent.start_timeout_s`` for the replicas (:class:`AgentStartError`, naming what each asks).
+Routes:
 
 - ``POST /v1/answer``: :mod:`raypipe.agents.answer_api`'s request and reply; ``"stream": true`` answers with
   server-sent events: one ``iteration`` event per iteration row, then ``answer`` (or ``error``).
@@ -23,8 +26,8 @@ bodies over ``serve_agent.max_body_bytes`` get 413 before they are read. With a 
 ``Authorization: Bearer TOKEN``. Bad requests get a 4xx whose JSON ``detail`` is one line.
 
 Metrics (Ray's Prometheus export, through ``ray.serve.metrics``): ``raypipe_agent_requests`` (by policy and
-outcome), ``raypipe_agent_iterations``, ``raypipe_agent_iterations_saved`` (searching turns the limit allowed
-that a controller's stop left unrun), ``raypipe_agent_tokens`` (by kind), ``raypipe_agent_latency_s``,
+outcome), ``raypipe_agent_iterations``, ``raypipe_agent_iterations_left`` (the turn limit's searching turns minus
+the iterations run, of trajectories a policy stopped), ``raypipe_agent_tokens`` (by kind), ``raypipe_agent_latency_s``,
 ``raypipe_agent_in_flight``.
 """
 
@@ -43,6 +46,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.serve.metrics import Counter, Gauge, Histogram
+from ray.serve.schema import ApplicationStatus
 
 from raypipe.agents.answer_api import (
     Answer,
@@ -62,11 +66,12 @@ from raypipe.llm.base import Engine
 from raypipe.retrieval.http_client import TOKEN_ENV, one_line
 from raypipe.retrieval.types import Retriever
 from raypipe.runtime.answering import Admission, AgentAnswerer, PolicyBook, within_deadline
-from raypipe.runtime.retrieval import open_retrieval
-from raypipe.runtime.serve import LOOPBACK, RequestGate, replica_gate, undeploy_app
+from raypipe.runtime.retrieval import placement
+from raypipe.runtime.serve import LOOPBACK, RequestGate, replica_gate, start_proxy, undeploy_app
 
 HEADROOM = 8  # Serve lets this many requests more than max_in_flight reach a replica: /health, /ready, the 429s
 LATENCY_BUCKETS = [1, 2, 5, 10, 20, 30, 60, 120, 300, 600]
+INTERNAL_ERROR = "the replica failed to answer (its log has the error)"  # a 500's detail: nothing of the replica
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +82,13 @@ api.add_middleware(RequestGate, settings=replica_gate, body_setting="serve_agent
 @api.exception_handler(ApiError)
 async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
     return JSONResponse({"detail": exc.detail}, exc.status, exc.headers)
+
+
+@api.exception_handler(Exception)
+async def internal_error(_request: Request, exc: Exception) -> JSONResponse:
+    """A failure that is no refusal: a 500 naming nothing of the replica (its log has the traceback)."""
+    log.error("a request failed", exc_info=exc)
+    return JSONResponse({"detail": INTERNAL_ERROR}, 500)
 
 
 def load_policies(config: RunConfig, controller: str | None, stoprag: str | None) -> PolicyBook:
@@ -100,9 +112,9 @@ class ServiceMetrics:
     def __init__(self):
         self.requests = Counter("raypipe_agent_requests", "Questions by policy and outcome", ("policy", "outcome"))
         self.iterations = Counter("raypipe_agent_iterations", "Retrieval iterations run", ("policy",))
-        self.saved = Counter("raypipe_agent_iterations_saved",
-                             "Searching turns a controller's stop left unrun, of those the turn limit allowed",
-                             ("policy",))  # fmt: skip
+        self.left = Counter("raypipe_agent_iterations_left",
+                            "The turn limit's searching turns minus the iterations run, of trajectories a policy stopped",
+                            ("policy",))  # fmt: skip
         self.tokens = Counter("raypipe_agent_tokens", "Engine tokens by kind (prompt, cached, generated)", ("kind",))
         self.latency = Histogram("raypipe_agent_latency_s", "Seconds from arrival to answer", LATENCY_BUCKETS,
                                  ("policy",))  # fmt: skip
@@ -115,7 +127,7 @@ class ServiceMetrics:
         generated = (trajectory["tokens_generated"] or 0) + (trajectory["probe_tokens"] or 0)
         for counter, value, tags in (
             (self.iterations, trajectory["n_iterations"], {"policy": policy}),
-            (self.saved, answer.iterations_saved, {"policy": policy}),
+            (self.left, answer.iterations_left, {"policy": policy}),
             (self.tokens, trajectory["prompt_tokens"], {"kind": "prompt"}),
             (self.tokens, trajectory["cached_tokens"], {"kind": "cached"}),
             (self.tokens, generated, {"kind": "generated"}),
@@ -123,7 +135,7 @@ class ServiceMetrics:
             if value:  # a Ray counter takes positive steps only (null: a backend that does not report it)
                 counter.inc(value, tags)
         self.latency.observe(seconds, {"policy": policy})
-        self.counts.update({"iterations": trajectory["n_iterations"], "iterations_saved": answer.iterations_saved,
+        self.counts.update({"iterations": trajectory["n_iterations"], "iterations_left": answer.iterations_left,
                             "generated_tokens": generated})  # fmt: skip
 
     def outcome(self, policy: str, outcome: str) -> None:
@@ -131,19 +143,42 @@ class ServiceMetrics:
         self.counts[outcome] += 1
 
 
+def stream_failure(exc: Exception) -> dict[str, Any]:
+    """What a stream's last event says of a failure: a refusal's status and detail, or, for anything else, a 500
+    that names nothing of the replica (no exception text, no path); the replica's log has the traceback."""
+    if isinstance(exc, ApiError):
+        return {"status": exc.status, "detail": exc.detail}
+    log.error("a streamed answer failed", exc_info=exc)
+    return {"status": 500, "detail": INTERNAL_ERROR}
+
+
+class TrajectoryStream(StreamingResponse):
+    """Server-sent events of one admitted request whose trajectory (``work``) ends with the response however the
+    response ends: a client that leaves, even before the first event (when the events' generator never starts,
+    so no cleanup of its own would run), cancels it and frees its slot."""
+
+    def __init__(self, events: AsyncIterator[str], work: asyncio.Future):
+        super().__init__(events, media_type="text/event-stream")
+        self.work = work
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.work.cancel()  # a finished trajectory is not affected
+
+
+# Defined above the deployment: @serve.ingress pickles the routes with the module's names as they are then.
 @serve.deployment
 @serve.ingress(api)
 class AgentDeployment:
     """One replica: an :class:`AgentAnswerer` behind the routes, its admission bound and its metrics."""
 
-    async def __init__(self, config: dict[str, Any], index_path: str | None, token: str | None = None,
+    async def __init__(self, config: dict[str, Any], retriever: Retriever, token: str | None = None,
                        controller: str | None = None, stoprag: str | None = None, log_run: str | None = None,
-                       engine_factory: Callable[[EngineConfig], Engine] | None = None,
-                       retriever: Retriever | None = None):  # fmt: skip
+                       engine_factory: Callable[[EngineConfig], Engine] | None = None):  # fmt: skip
         self.config = RunConfig.model_validate(config)
         self.limits, self.token = self.config.serve_agent, token  # replica_gate reads both
-        if retriever is None:
-            retriever = await asyncio.to_thread(open_retrieval, self.config, lambda _config: Path(str(index_path)))
         policies = await asyncio.to_thread(load_policies, self.config, controller, stoprag)
         self.answerer = await AgentAnswerer.start(self.config, retriever, policies, engine_factory, log_run)
         self.admission = Admission(self.limits.max_in_flight)
@@ -155,7 +190,7 @@ class AgentDeployment:
         if parsed.stream:
             rows: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
             work = self._admitted(parsed, rows.put_nowait)  # refused (429, 400) before the stream starts
-            return StreamingResponse(self._events(work, rows), media_type="text/event-stream")
+            return TrajectoryStream(self._events(work, rows), work)
         return answer_body(await self._admitted(parsed))
 
     @api.post("/v1/chat/completions")
@@ -168,14 +203,15 @@ class AgentDeployment:
             async def chunks() -> AsyncIterator[str]:
                 try:
                     reply = chat_body(answer_body(await work), self.limits.model_name, reply_id, created)
-                except ApiError as exc:
-                    yield sse({"error": {"message": exc.detail, "code": exc.status}})
+                except Exception as exc:  # noqa: BLE001 - the stream has begun (200): its last chunk says what failed
+                    failure = stream_failure(exc)
+                    yield sse({"error": {"message": failure["detail"], "code": failure["status"]}})
                     return
                 for chunk in chat_chunks(reply):
                     yield sse(chunk)
                 yield sse("[DONE]")
 
-            return StreamingResponse(chunks(), media_type="text/event-stream")
+            return TrajectoryStream(chunks(), work)
         return chat_body(answer_body(await self._admitted(parsed)), self.limits.model_name, reply_id, created)
 
     @api.get("/v1/models")
@@ -211,7 +247,15 @@ class AgentDeployment:
             self.metrics.outcome(parsed.policy.name, "rejected")
             raise
         self.metrics.in_flight.set(self.admission.in_flight)
-        return asyncio.ensure_future(self._run(parsed, observer))
+        work = asyncio.ensure_future(self._run(parsed, observer))
+        work.add_done_callback(self._finished)  # registered first: the slot is back before any awaiter resumes
+        return work
+
+    def _finished(self, _work: asyncio.Future) -> None:
+        """A request's slot back however its trajectory ended: answered, failed, or cancelled, even before it began
+        (its coroutine then never runs)."""
+        self.admission.leave()
+        self.metrics.in_flight.set(self.admission.in_flight)
 
     async def reset_prefix_cache(self) -> bool:
         """Handle call (benchmarks): empty the engine's prefix cache, so no run inherits another's."""
@@ -227,33 +271,25 @@ class AgentDeployment:
         except Exception:
             self.metrics.outcome(parsed.policy.name, "error")
             raise
-        finally:
-            self.admission.leave()
-            self.metrics.in_flight.set(self.admission.in_flight)
         self.metrics.answered(answer, time.monotonic() - started)
         return answer
 
     async def _events(self, work: asyncio.Future, rows: asyncio.Queue) -> AsyncIterator[str]:
         """The stream of one admitted request: its iteration rows as they come, then the answer (or the error)."""
         work.add_done_callback(lambda _: rows.put_nowait(None))
+        while (row := await rows.get()) is not None:
+            yield sse(iteration_view(row, self.answerer.visible), "iteration")
         try:
-            while (row := await rows.get()) is not None:
-                yield sse(iteration_view(row, self.answerer.visible), "iteration")
-            try:
-                yield sse(answer_body(await work), "answer")
-            except ApiError as exc:
-                yield sse({"status": exc.status, "detail": exc.detail}, "error")
-            except Exception as exc:  # noqa: BLE001 - the stream has begun (200): its last event says what failed
-                yield sse({"status": 500, "detail": one_line(f"{type(exc).__name__}: {exc}")}, "error")
-        finally:
-            work.cancel()  # the client went away: the trajectory stops (a finished one is not affected)
+            yield sse(answer_body(await work), "answer")
+        except Exception as exc:  # noqa: BLE001 - the stream has begun (200): its last event says what failed
+            yield sse(stream_failure(exc), "error")
 
 
-def agent_app(config: RunConfig, index_path: str | Path | None, token: str | None = None, controller: str | None = None,
+def agent_app(config: RunConfig, retriever: Retriever, token: str | None = None, controller: str | None = None,
               stoprag: str | None = None, log_run: str | None = None,
-              engine_factory: Callable[[EngineConfig], Engine] | None = None,
-              retriever: Retriever | None = None):  # fmt: skip
-    """The Serve application; ``engine_factory`` and ``retriever`` (tests, benchmarks) must pickle."""
+              engine_factory: Callable[[EngineConfig], Engine] | None = None):  # fmt: skip
+    """The Serve application; ``retriever`` (every replica gets a copy: it must pickle) and ``engine_factory``
+    (tests, benchmarks; picklable)."""
     cfg = config.serve_agent
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "resources": cfg.resources},
@@ -266,22 +302,48 @@ def agent_app(config: RunConfig, index_path: str | Path | None, token: str | Non
     else:
         options["num_replicas"] = cfg.replicas
     return AgentDeployment.options(**options).bind(
-        config.model_dump(mode="json"), None if index_path is None else str(index_path), token, controller, stoprag,
-        None if log_run is None else str(Path(log_run).resolve()), engine_factory, retriever,
+        config.model_dump(mode="json"), retriever, token, controller, stoprag,
+        None if log_run is None else str(Path(log_run).resolve()), engine_factory,
     )  # fmt: skip
 
 
-def deploy_agent(config: RunConfig, index_path: str | Path | None, host: str = "127.0.0.1", port: int = 8000,
+def deploy_agent(config: RunConfig, retriever: Retriever, host: str = "127.0.0.1", port: int = 8000,
                  token: str | None = None, **app_args: Any) -> str:  # fmt: skip
     """Start Serve's HTTP proxy at ``host:port`` (on the connected Ray), run the application and wait until every
-    replica has started its engine; returns the base URL. ``app_args``: :func:`agent_app`'s."""
+    replica has started its engine (at most ``serve_agent.start_timeout_s``: :class:`AgentStartError`); returns
+    the base URL. ``app_args``: :func:`agent_app`'s."""
     if host not in LOOPBACK and not token:
         log.warning("listening on %s without a token: anyone who can reach port %d can spend this server's engine; "
                     "set --token or %s", host, port, TOKEN_ENV)  # fmt: skip
-    serve.start(http_options={"host": host, "port": port})
     cfg = config.serve_agent
-    serve.run(agent_app(config, index_path, token, **app_args), name=cfg.deployment, route_prefix=cfg.route_prefix)
+    start_proxy(host, port, cfg.timeout_s)
+    app = agent_app(config, retriever, token, **app_args)
+    serve.run_many([serve.RunTarget(app, cfg.deployment, cfg.route_prefix)], wait_for_applications_running=False)
+    wait_running(cfg.deployment, cfg.start_timeout_s, placement(cfg.num_cpus, cfg.num_gpus, cfg.resources))
     return f"http://{host}:{port}{cfg.route_prefix.rstrip('/')}"
+
+
+class AgentStartError(RuntimeError):
+    """The agent application did not run within ``serve_agent.start_timeout_s``, or failed to start (one line)."""
+
+
+def wait_running(name: str, timeout_s: float, asks: str) -> None:
+    """Until the application ``name`` runs: :class:`AgentStartError` when it fails to deploy, or is still deploying
+    after ``timeout_s`` (its replicas wait for resources the cluster lacks, or their engines for longer)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        app = serve.status().applications.get(name)
+        state = None if app is None else app.status
+        if state == ApplicationStatus.RUNNING:
+            return
+        if state in (ApplicationStatus.DEPLOY_FAILED, ApplicationStatus.UNHEALTHY):
+            raise AgentStartError(f"the agent application {name!r} failed to start: {one_line(app.message, 600)}")
+        if time.monotonic() > deadline:
+            raise AgentStartError(
+                f"the agent application {name!r} was not running within {timeout_s:g} s (serve_agent.start_timeout_s):"
+                f" each replica asks {asks} and starts an engine; check the cluster has them (`ray status`)"
+            )  # fmt: skip
+        time.sleep(0.5)
 
 
 def undeploy_agent(config: RunConfig) -> None:

@@ -3,6 +3,7 @@ serve``): searches through a Serve handle, without HTTP. The deployment itself i
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -15,9 +16,11 @@ from raypipe.retrieval.types import SearchResult
 
 class ServeRetriever:
     """A :class:`~raypipe.retrieval.types.SharedRetrievalService` over the deployment ``name`` on the connected
-    Ray cluster (a Serve handle). Picklable: generation actors call the replicas directly."""
+    Ray cluster (a Serve handle). Picklable: generation actors call the replicas directly. Each search has the
+    deadline ``timeout_s`` (``retrieval.serve_timeout_s``) from the call, Serve's queue included: past it the call
+    is cancelled and :class:`RetrievalServerError` raised."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, timeout_s: float):
         try:
             self.handle = serve.get_app_handle(name)
         except Exception as exc:
@@ -25,10 +28,20 @@ class ServeRetriever:
                 f"no Ray Serve application {name!r} on this Ray cluster ({type(exc).__name__}: {exc}); start it with "
                 "`raypipe serve-retrieval` and point ray.address at its cluster, or use retrieval.backend=http"
             ) from exc
-        self.name = name
+        self.name, self.timeout_s = name, timeout_s
 
     async def search(self, queries: Sequence[str], k: int) -> list[SearchResult]:
-        return await self.handle.search.remote(list(queries), k)
+        response = self.handle.search.remote(list(queries), k)
+
+        async def answer() -> list[SearchResult]:
+            return await response
+
+        try:
+            return await asyncio.wait_for(answer(), self.timeout_s)
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+            response.cancel()
+            raise RetrievalServerError(f"no answer from the Ray Serve application {self.name!r} within "
+                                       f"{self.timeout_s:g} s (retrieval.serve_timeout_s), its queue included") from None
 
     def describe(self) -> dict[str, Any]:
         started = time.perf_counter()

@@ -7,12 +7,14 @@ one ``error: ...`` line, and the resolved config written next to the outputs.
 
 Tracking (``tracking.mlflow_uri``, :mod:`raypipe.analysis.tracking`): the store is checked before the work
 starts, and after it the stage's run is logged: the resolved config, the written ``<stage>.yaml`` and what
-the stage's ``headline`` hook returns from its result (headline figures, tables, files).
+the stage's ``headline`` hook returns from its result (headline figures, tables, files). A store that fails
+only then is a warning (:func:`log_finished`): the stage's outputs are written, so the stage has not failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -25,6 +27,7 @@ from raypipe.core.train_run import add_train_run_argument, resolve_train_run
 from raypipe.runtime.cluster import init_ray
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -84,7 +87,7 @@ class RunDirStage:
         if tracker.enabled:
             headline = self.headline(run, result) if self.headline is not None else Headline()
             headline = Headline(headline.metrics, [*headline.artifacts, written], headline.tables)
-            tracking_or_exit(tracker.log, config, headline)
+            log_finished(tracker, config, headline)
         return stage, result
 
     def _guarded(self, step: Callable[[StageRun], T], stage: StageRun) -> T:
@@ -102,11 +105,22 @@ def print_model_note(*runs: RunDir) -> None:
 
 
 def tracking_or_exit(step: Callable[..., T], *args) -> T:
-    """``step(*args)`` (opening or logging a stage's tracking); a :class:`TrackingError` exits with its one line."""
+    """``step(*args)`` (opening a stage's tracking, before its work); a :class:`TrackingError` exits with its one
+    line."""
     try:
         return step(*args)
     except TrackingError as exc:
         raise SystemExit(f"error: {exc}") from None
+
+
+def log_finished(tracker: StageTracker, *args: Any) -> str | None:
+    """``tracker.log(*args)`` after a stage's work is done and written: a :class:`TrackingError` is a warning with its
+    one line (the outputs stand; the stage has not failed) and gives None."""
+    try:
+        return tracker.log(*args)
+    except TrackingError as exc:
+        log.warning("the stage finished, but tracking it failed: %s", exc)
+        return None
 
 
 def tune_callbacks(tracker: StageTracker | None) -> list:

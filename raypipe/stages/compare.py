@@ -19,7 +19,7 @@ from raypipe.analysis.tracking import Headline, StageTracker, run_tracking
 from raypipe.core.config import ConfigError
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.core.rundir import RunDir
-from raypipe.runtime.stage_main import print_model_note, tracking_or_exit
+from raypipe.runtime.stage_main import log_finished, print_model_note, tracking_or_exit
 
 DESCRIPTION = """Compare runs question by question against a baseline run: paired exact and t tests.
 
@@ -90,4 +90,4 @@ def main() -> None:
     params = {"compare": {"baseline": str(baseline.resolve()), "runs": [str(r.resolve()) for r in runs],
                           "correction": correction, "allow_mixed_metrics": args.allow_mixed_metrics}}  # fmt: skip
     headline = Headline(comparison_figures(comparison), [html, md, html.parent / "tables"])
-    tracking_or_exit(tracker.log, config, headline, params)
+    log_finished(tracker, config, headline, params)

@@ -74,7 +74,7 @@ from raypipe.runtime.generation import (
 from raypipe.runtime.generation_progress import GenerationReporter, engine_start_hint, show_actor_logs
 from raypipe.runtime.interrupt import shutdown_now
 from raypipe.runtime.retrieval import open_retrieval
-from raypipe.runtime.stage_main import print_model_note
+from raypipe.runtime.stage_main import log_finished, print_model_note
 from raypipe.stages.index import ensure_index
 from raypipe.stopping.online import controller_from_path
 
@@ -264,7 +264,7 @@ def main() -> None:
         tracker = StageTracker.open(config.tracking, run.path, "probe")  # tracking.mlflow_uri checked before the work
         controller = controller_from_path(args.controller, config) if args.controller else None
         written = run_probe(config, run, controller=controller, relay_worker_logs=args.verbose)
-        tracker.log(config, probe_headline(run, written))
+        log_finished(tracker, config, probe_headline(run, written))
     except (ConfigError, DataError, FileNotFoundError, RetrievalIndexError, RetrievalServerError) as exc:
         sys.exit(f"error: {exc}")
     except KeyboardInterrupt:

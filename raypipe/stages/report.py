@@ -17,7 +17,7 @@ from raypipe.analysis.tracking import Headline, StageTracker, run_tracking
 from raypipe.core.config import ReportConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.core.rundir import RunDir
-from raypipe.runtime.stage_main import print_model_note, tracking_or_exit
+from raypipe.runtime.stage_main import log_finished, print_model_note, tracking_or_exit
 
 DESCRIPTION = """Write RUN_DIR/report/: statistics, bootstrap intervals, plots and one HTML page (plus Markdown).
 
@@ -130,6 +130,6 @@ def main() -> None:
         except ScreenshotError as exc:
             sys.exit(f"error: {exc}")
         log.info("screenshot %s: %s", png, measures)
-    tracking_or_exit(tracker.log, config, result.headline((png,) if args.screenshot else ()))
+    log_finished(tracker, config, result.headline((png,) if args.screenshot else ()))
     if result.errors:
         sys.exit(f"error: sections failed: {', '.join(s.key for s in result.errors)} (see {result.html})")

@@ -18,18 +18,20 @@ from raypipe.core.jobargs import config_from_args, setup_logging
 from raypipe.core.models import locate_llm
 from raypipe.data.loaders import DataError
 from raypipe.llm.base import Engine
+from raypipe.retrieval.http_client import RetrievalServerError
 from raypipe.retrieval.index import RetrievalIndexError
 from raypipe.retrieval.types import Retriever
 from raypipe.runtime.cluster import init_ray
+from raypipe.runtime.retrieval import RetrievalStartError
 from raypipe.stages.index import ensure_index
 from raypipe.stages.serve import service_parser, stop_on_signals
 
 DESCRIPTION = """Answer questions live with the agent loop, each stopped by its own policy: POST /v1/answer (Ray Serve).
 
 Deploys the Ray Serve application serve_agent.deployment: serve_agent.replicas replicas (or Serve's
-autoscaling, serve_agent.autoscaling), each with its own engine (the probe job's: engine.*, agent.*) and
-retrieval through retrieval.backend (retrieval actors over the configured index, built or reused as
-`raypipe index` does; a serve-retrieval deployment; a Search-R1 /retrieve URL). Each request runs one
+autoscaling, serve_agent.autoscaling), each with its own engine (the probe job's: engine.*, agent.*), all
+sharing one retrieval through retrieval.backend, opened once here (retrieval actors over the configured index,
+built or reused as `raypipe index` does; a serve-retrieval deployment; a Search-R1 /retrieve URL). Each request runs one
 trajectory with its own stopping policy: natural, cap (Cap@k), heuristic (the 4-state heuristic on the
 --controller predictor bundle) or stoprag (the --stoprag Q-network). Routes: POST /v1/answer (JSON, or
 server-sent events with "stream": true), the OpenAI-compatible POST /v1/chat/completions and GET /v1/models,
@@ -62,18 +64,20 @@ def serve_until_stopped(config: RunConfig, host: str, port: int, stop: threading
                         controller: str | None = None, stoprag: str | None = None, log_run: str | None = None,
                         engine_factory: Callable[[EngineConfig], Engine] | None = None,
                         retriever: Retriever | None = None) -> None:  # fmt: skip
-    """Deploy, print the URL, wait for ``stop``, then delete the application. ``engine_factory`` and ``retriever``
-    (tests, benchmarks; picklable) replace the configured engine and retrieval."""
+    """Open the retrieval every replica shares (once: with ``retrieval.backend: actors`` the retrieval replicas
+    start here, not in each agent replica), deploy, print the URL, wait for ``stop``, then delete the application
+    and stop the retrieval replicas. ``engine_factory`` and ``retriever`` (tests, benchmarks; picklable) replace
+    the configured engine and retrieval."""
+    from raypipe.runtime.retrieval import open_retrieval
     from raypipe.runtime.serve_agent import deploy_agent, undeploy_agent
 
     controller, stoprag = bundle_paths(config, controller, stoprag)
     if engine_factory is None and config.engine.backend != "openai":
         locate_llm(config.engine.model)  # a missing model fails here, not in every replica
-    needs_index = retriever is None and config.retrieval.backend == "actors"
-    index_path = ensure_index(config) if needs_index else None
+    shared = retriever if retriever is not None else open_retrieval(config, ensure_index)
     try:
-        url = deploy_agent(config, index_path, host, port, token, controller=controller, stoprag=stoprag,
-                           log_run=log_run, engine_factory=engine_factory, retriever=retriever)  # fmt: skip
+        url = deploy_agent(config, shared, host, port, token, controller=controller, stoprag=stoprag,
+                           log_run=log_run, engine_factory=engine_factory)  # fmt: skip
         cfg = config.serve_agent
         print(f"agent service ready at {url}  (POST {url}/v1/answer, POST {url}/v1/chat/completions, GET {url}/health;"
               f" Ray Serve application {cfg.deployment!r}); Ctrl-C stops it", flush=True)  # fmt: skip
@@ -82,6 +86,8 @@ def serve_until_stopped(config: RunConfig, host: str, port: int, stop: threading
         log.info("stopping the agent service")
     finally:
         undeploy_agent(config)
+        if retriever is None:
+            shared.shutdown()
 
 
 def main() -> None:
@@ -104,12 +110,15 @@ def main() -> None:
 
     import ray
 
+    from raypipe.runtime.serve_agent import AgentStartError
+
     init_ray(config)
     stop = stop_on_signals()
     try:
         serve_until_stopped(config, args.host, args.port, stop, args.token or None, args.controller, args.stoprag,
                             args.log_run)  # fmt: skip
-    except (ConfigError, DataError, FileNotFoundError, RetrievalIndexError, ValueError) as exc:
+    except (AgentStartError, ConfigError, DataError, FileNotFoundError, RetrievalIndexError, RetrievalServerError,
+            RetrievalStartError, ValueError) as exc:  # fmt: skip
         sys.exit(f"error: {exc}")
     finally:
         ray.shutdown()
