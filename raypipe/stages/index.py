@@ -122,8 +122,9 @@ def shipped_encoding(
     check = shipped.verify(corpus, plan_blocks(corpus, config.retrieval.build_block_rows), spec)
     if check is None:
         return None, None
-    log.info("using the shipped vectors %s: %d re-encoded passages match (cosine min %.5f)",
-             shipped.path, check["sample_rows"], check["cosine_min"])
+    log.info("using the shipped vectors %s: every row a unit vector, %d re-encoded passages and the rankings of %d "
+             "questions match (cosine min %.5f; sample seed %d)", shipped.path, check["sample_rows"],
+             check["rank_questions"], check["cosine_min"], check["seed"])
     return shipped.encode_blocks, {"source": "shipped", "file": shipped.path.name, "made_by": shipped.meta.get("made_by"), **check}
 
 
