@@ -10,12 +10,12 @@ not yet written over the actor pool (``map_batches``), and writes each output ba
 tables (same part name; iterations first, so a part in ``trajectories/`` means the batch is complete). A
 rerun skips the qids already in ``trajectories/`` and removes iteration parts a crash left without their
 trajectories part (:mod:`raypipe.agents.probe_run`); it runs again the questions whose rows ended in an
-outage (``engine_error``, ``retrieval_error``; :mod:`raypipe.core.retry`) and removes their old rows when its
-first batch comes, so a rerun whose engine or retrieval does not start removes nothing. A generation actor whose process dies is restarted and
-its batches run again (up to ``generation.max_actor_restarts`` times); only the driver writes, and each
-output batch reaches it once. A dead engine is a dead actor: when the engine reports
-:class:`~raypipe.llm.base.EngineDiedError` (vLLM's EngineCore process died) the actor exits its process, so
-Ray restarts it with a new engine, instead of writing the batch's rows as engine errors. The crash ledger
+outage (``engine_error``, ``retrieval_error``; :mod:`raypipe.core.retry`) and removes their old rows when
+its first batch comes, so a rerun whose engine or retrieval does not start removes nothing. A generation
+actor whose process dies is restarted and its batches run again (up to ``generation.max_actor_restarts``
+times); only the driver writes, and each output batch reaches it once. A dead engine is a dead actor: when
+the engine reports :class:`~raypipe.llm.base.EngineDiedError` (vLLM's EngineCore process died) the actor
+exits its process, so Ray restarts it with a new engine, instead of writing the batch's rows as engine errors. The crash ledger
 (``raypipe/runtime/crashes.py``) bounds the questions that kill every engine. SIGINT or SIGTERM stops
 ``main`` within seconds (:func:`~raypipe.runtime.interrupt.shutdown_now`): the parts written are kept and
 the same command resumes. ``main`` ends the Ray that :func:`run_probe` started.
