@@ -129,10 +129,9 @@ def test_a_shipped_vector_build_ranks_the_bundled_questions_as_a_fresh_encoding(
     spec = encoder_spec(load_config("embedded", []).retrieval)
     shipped = shipped_module.find_shipped(spec, file_sha256(BUNDLED_CORPUS))
     blocks = plan_blocks(BUNDLED_CORPUS, 2000)
-    top3 = shipped.verify(BUNDLED_CORPUS, blocks, spec, size=8, questions=60, k=3)
-    assert top3 is not None and top3["rank_identical"] == top3["rank_questions"] == 60
-    top10 = shipped.verify(BUNDLED_CORPUS, blocks, spec, size=8, questions=60, k=10)
-    assert top10 is not None and top10["rank_top_k"] == 10 and top10["rank_questions"] == 60
+    check = shipped.verify(BUNDLED_CORPUS, blocks, spec, size=8, questions=60, k=10)  # 60 questions a new sample each run
+    assert check is not None and check["rank_top_k"] == 10 and check["rank_questions"] == 60
+    assert check["rank_identical_top3"] == 60
 
 
 def test_a_build_takes_the_shipped_vectors_and_records_it(encoded, tmp_path, monkeypatch):

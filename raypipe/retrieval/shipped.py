@@ -59,6 +59,7 @@ SHIPPED_DIR = BUNDLED_DIR / "vectors"
 SHIPPED_VERIFY_SAMPLE = 32  # random passages re-encoded
 SHIPPED_VERIFY_QUESTIONS = 12  # bundled questions whose top-k is compared
 SHIPPED_VERIFY_TOPK = 10
+SHIPPED_READ_TOPK = 3  # the passages the agents read by default: their top 3 are counted apart
 FORMAT = "raypipe shipped vectors v2"  # v2: the .npy's sha256 is recorded and checked
 # ||float16(v) - v|| for a unit vector v: at most half a float16 ulp (2^-11 relative) per component, plus
 # the absolute error of components small enough to be subnormal (2^-25 each, 384 of them at most)
@@ -167,12 +168,13 @@ class ShippedVectors:
                 f"{int((found < MIN_COSINE).sum())} of the {len(rows)} passages the sample questions rank first or "
                 f"cite, re-encoded, do not match their shipped vectors (least cosine {found.min():.9f} < {MIN_COSINE:.9f})")
         fresh_of = dict(zip(rows.tolist(), range(len(rows))))
-        identical, differing = 0, []
+        identical, identical_read, differing = 0, 0, []
         for i, rows_i in enumerate(candidates):
             fresh_scores = {int(r): float(query_vectors[i] @ fresh[fresh_of[int(r)]]) for r in rows_i}
             fresh_top = sorted(rows_i.tolist(), key=lambda r: (-fresh_scores[r], r))[:k]
             shipped_top = order[i, :k]
             identical += bool(np.array_equal(shipped_top, fresh_top))
+            identical_read += bool(np.array_equal(shipped_top[:SHIPPED_READ_TOPK], fresh_top[:SHIPPED_READ_TOPK]))
             if not same_ranking(shipped_top, np.asarray(fresh_top), fresh_scores, 2 * MAX_DISTANCE):
                 differing.append(queries[i])
         if differing:
@@ -181,7 +183,7 @@ class ShippedVectors:
                 f"vectors than in a fresh encoding (top {k}), e.g. {differing[0]!r}")
         return {"rank_questions": len(queries), "rank_top_k": k, "rank_passages_encoded": len(rows),
                 "rank_own_paragraphs": int(sum(len(o) for o in own)), "rank_identical": identical,
-                "rank_cosine_min": round(float(found.min()), 9)}
+                f"rank_identical_top{SHIPPED_READ_TOPK}": identical_read, "rank_cosine_min": round(float(found.min()), 9)}
 
     def encode_blocks(self, spec: EncoderSpec, corpus: Path, blocks: list[Block]) -> Iterator[EncodedBlock]:
         """An ``EncodeBlocks`` that reads each block and takes its vectors from the file (no encoder)."""

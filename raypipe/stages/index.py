@@ -285,6 +285,6 @@ def print_summary(path: Path, elapsed: float) -> None:
     vectors = manifest.get("build", {}).get("vectors", {})
     if vectors.get("source") == "shipped":
         print(f"  {'vectors':<10} shipped {vectors['file']}, verified on {vectors['sample_rows']} re-encoded passages "
-              f"(cosine min {vectors['cosine_min']})")
+              f"(cosine min {vectors['cosine_min']}; sample seed {vectors.get('seed', 0)})")
     print(f"  {'size':<10} {size / 1e6:.1f} MB on disk")
     print(f"  {'elapsed':<10} {elapsed:.1f} s")
