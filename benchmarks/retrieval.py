@@ -1,9 +1,11 @@
 """Retrieval benchmark: encode speed, index build time, search throughput, recall@k and index memory.
 
 For each encoder (--encoders, default the configured one; ``minilm@none`` / ``minilm@int8`` pick the
-quantisation) it builds or reuses the index of the
-configured corpus (--force rebuilds and so times the build; otherwise the build times recorded in the
-manifest are shown), then measures on this machine:
+quantisation) it reuses the index a job with that encoder uses, or builds it, over the configured corpus:
+after ``make run`` the default encoder's is the one that command built, from the vectors shipped for the
+bundled corpus (the "index vectors" row says so, and no encoding figures come from its manifest).
+--force rebuilds by encoding (shipped vectors off) and so times an encoding's build; otherwise the build
+times recorded in the manifest are shown. Then it measures on this machine:
   - passages/s encoding a sample of the corpus in-process (wall clock, and per CPU-second of this
     process, which is steadier on a shared machine; the load average is printed beside them), the
     build's own encoder CPU-seconds from the manifest and what they make on 2 idle cores, and for a
@@ -25,15 +27,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 
-from raypipe.core.config import RunConfig
+from raypipe.core.config import ConfigError, RunConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.data.loaders import load_corpus, load_datasets
 from raypipe.retrieval.build import encoder_spec, search_params
 from raypipe.retrieval.encoders import EncoderSpec, passage_text
 from raypipe.retrieval.evaluate import dataset_recall
-from raypipe.retrieval.index import DOCSTORE_FILE, load_index_dir
+from raypipe.retrieval.index import DOCSTORE_FILE, RetrievalIndexError, load_index_dir, vector_source
 from raypipe.retrieval.searcher import LocalRetriever
 from raypipe.runtime.cluster import init_ray
 from raypipe.runtime.retrieval import start_retrieval_service
@@ -150,11 +153,22 @@ def print_service_table(rows: list[dict], passages: int) -> None:
         print(f"\n{row['path']}: {row[max(CLIENTS)]['qps'] / base:.2f}x the in-job throughput at {max(CLIENTS)} clients")
 
 
-def bench_encoder(base: RunConfig, encoder: str, args) -> dict:
-    update = {"encoder": encoder, "shipped_vectors": False}  # the build's figures are an encoding's
+def bench_config(base: RunConfig, encoder: str, force: bool) -> RunConfig:
+    """The configuration of one encoder's column: ``base`` with ``encoder`` (NAME or NAME@QUANTIZATION).
+
+    Its index is the one a job with that encoder uses (for the default encoder, ``make run``'s, whichever
+    vectors it holds). ``force``: the index is rebuilt by encoding (shipped vectors off), so the build's
+    figures are an encoding's."""
+    update = {"encoder": encoder}
     if "@" in encoder:  # minilm@none / minilm@int8: the encoder with that retrieval.encoder_quantization
         update["encoder"], update["encoder_quantization"] = encoder.split("@", 1)
-    config = base.model_copy(update={"retrieval": base.retrieval.model_copy(update=update)})
+    if force:
+        update["shipped_vectors"] = False
+    return base.model_copy(update={"retrieval": base.retrieval.model_copy(update=update)})
+
+
+def bench_encoder(base: RunConfig, encoder: str, args) -> dict:
+    config = bench_config(base, encoder, args.force)
     cfg = config.retrieval
     log.info("%s: building or reusing the index", encoder)
     path, build_wall, _ = timed(lambda: ensure_index(config, force=args.force, use_ray=not args.no_ray))
@@ -164,6 +178,7 @@ def bench_encoder(base: RunConfig, encoder: str, args) -> dict:
     row = {
         "encoder": spec.name,
         "variant": f"{spec.resolved_backend} {spec.resolved_quantization}",
+        "vectors": vector_source(idx.manifest),
         "passages": idx.manifest["count"],
         "encode_cpu_s": build.get("encode_cpu_seconds"),
         "build_s": build_wall if args.force else sum(v for k, v in build.items()
@@ -212,6 +227,7 @@ def print_table(rows: list[dict]) -> None:
     add("passages", [r["passages"] for r in rows])
     add("FAISS index", [r["index_type"] for r in rows])
     add("passage encoder (backend, weights)", [r["variant"] for r in rows])
+    add("index vectors", [r["vectors"] for r in rows])
     add("passage vectors: cosine to fp32", [r.get("cosine", "1 (fp32)") for r in rows])
     add("sample: passages/s (wall)", [f"{r['passages_per_s']:.1f}" for r in rows])
     add("sample: passages per CPU-second", [f"{r['passages_per_cpu_s']:.1f}" for r in rows])
@@ -264,6 +280,8 @@ def main() -> None:
             passages = load_index_dir(ensure_index(config)).manifest["count"]
         else:
             rows = [bench_encoder(config, encoder, args) for encoder in encoders]
+    except (ConfigError, FileNotFoundError, RetrievalIndexError) as exc:  # e.g. an index built otherwise: one line
+        sys.exit(f"error: {exc}")
     finally:
         ray.shutdown()
     print()

@@ -6,7 +6,7 @@ from raypipe.agents import AgentLoop, R1Searcher, SearchR1
 from raypipe.core.config import AgentConfig
 from raypipe.core.schema import conform
 from raypipe.data.loaders import Question
-from raypipe.llm.base import EngineError
+from raypipe.llm.base import EngineError, EngineUnavailableError
 from raypipe.testing.fakes import FakeEngine, FakeRetriever, ScriptedController, agent_turns
 
 Q = Question(qid="q1", dataset="toy", question="Who wrote Hamlet", golden_answers=["William Shakespeare"])
@@ -162,18 +162,45 @@ def test_invalid_action_stops_pyterrier_and_is_corrected_in_search_r1_original()
     assert out.iterations[2]["query"] == "Hamlet author" and out.trajectory["n_iterations"] == 1
 
 
-def test_engine_error_is_recorded_on_the_row():
-    out, _ = run([SEARCH_1, EngineError("GPU fell over")])
+def test_an_engine_outage_is_engine_error_and_a_refused_request_internal_error():
+    """An engine that cannot answer is an outage (engine_error: a rerun retries it); a request it refuses
+    would be refused again (internal_error: a rerun keeps it)."""
+    out, _ = run([SEARCH_1, EngineUnavailableError("http://x/v1 failed after 3 attempts: HTTP 503")])
     traj = out.trajectory
-    assert traj["stop_reason"] == "engine_error" and traj["error"] == "GPU fell over"
+    assert traj["stop_reason"] == "engine_error" and traj["error"] == "http://x/v1 failed after 3 attempts: HTTP 503"
     assert traj["final_answer"] is None and traj["final_f1"] == 0.0
     assert [r["iteration"] for r in out.iterations] == [0]
     conform([traj], "trajectories")
+    out, _ = run([SEARCH_1, EngineError("HTTP 400 from http://x/v1: bad request")])
+    assert out.trajectory["stop_reason"] == "internal_error" and out.trajectory["error"].startswith("HTTP 400")
+    assert [r["iteration"] for r in out.iterations] == [0]
+    conform([out.trajectory], "trajectories")
 
 
-def test_unexpected_exception_is_an_engine_error_not_a_crash():
-    out, _ = run([SEARCH_1, RuntimeError("boom")])
-    assert out.trajectory["stop_reason"] == "engine_error" and out.trajectory["error"] == "RuntimeError: boom"
+def test_a_bug_is_an_internal_error_not_a_crash():
+    out, _ = run([SEARCH_1, RuntimeError("boom")])  # an engine wrapper raising outside its contract
+    assert out.trajectory["stop_reason"] == "internal_error" and out.trajectory["error"] == "RuntimeError: boom"
+    out, _ = run([SEARCH_1, SEARCH_2, ANSWER], controller=ScriptedController(at=1, answer_iteration=5))
+    assert out.trajectory["stop_reason"] == "internal_error" and "controller named iteration 5" in out.trajectory["error"]
+
+
+def test_a_prompt_that_cannot_be_built_is_an_internal_error():
+    class NoTemplate(FakeEngine):
+        def apply_chat_template(self, messages, add_generation_prompt=True):
+            raise EngineError("the tokenizer in /m has no chat template")
+
+    out, engine = run(None, engine=NoTemplate(agent_turns([ANSWER])))
+    assert out.trajectory["stop_reason"] == "internal_error" and "no chat template" in out.trajectory["error"]
+    assert out.iterations == [] and engine.requests == []
+
+
+def test_an_outage_seen_by_the_controller_is_still_an_engine_error():
+    class EngineDown:
+        async def decide(self, question, history):
+            raise EngineUnavailableError("judge engine unreachable")
+
+    out, _ = run([SEARCH_1, ANSWER], controller=EngineDown())
+    assert out.trajectory["stop_reason"] == "engine_error" and "judge engine unreachable" in out.trajectory["error"]
 
 
 def test_context_overflow_row():
@@ -189,6 +216,14 @@ def test_context_overflow_row():
 def test_retrieval_error_row():
     out, _ = run([SEARCH_1], retriever=FakeRetriever(fail_on=["Hamlet author"]))
     assert out.trajectory["stop_reason"] == "retrieval_error" and "retrieval service down" in out.trajectory["error"]
+
+
+def test_a_query_that_crashes_its_replica_is_a_query_crash_not_a_retrieval_error():
+    out, _ = run([SEARCH_1], retriever=FakeRetriever(crash_on=["Hamlet author"]))
+    traj = out.trajectory
+    assert traj["stop_reason"] == "query_crash" and "QueryCrashError: in flight at 3" in traj["error"]
+    assert "'Hamlet author'" in traj["error"] and [r["iteration"] for r in out.iterations] == [0]
+    conform([traj], "trajectories")
 
 
 def test_controller_stop_rolls_back_to_the_named_iteration():

@@ -60,7 +60,7 @@ def retrieval_reference(ray_local, index_config, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", list(cases.POISON_SEARCHES))
-def test_a_query_that_kills_its_replica_every_time_ends_retrieval_error(index_config, retrieval_reference, tmp_path, kind):
+def test_a_query_that_kills_its_replica_every_time_ends_query_crash(index_config, retrieval_reference, tmp_path, kind):
     assert passed(cases.poison_retrieval_query(tmp_path, index_config, retrieval_reference, kind))
 
 

@@ -1,11 +1,11 @@
-"""Retrying transient failures on a rerun (issue 27): which rows go, in which order, and nothing doubled."""
+"""Retrying transient failures on a rerun (issues 27, 41): which rows go, when, in which order, and nothing doubled."""
 
 import pyarrow as pa
 import pytest
 
 from raypipe.core import retry
 from raypipe.core.rundir import RunDir
-from raypipe.core.schema import ITERATIONS, TRAJECTORIES, TRANSIENT_STOP_REASONS
+from raypipe.core.schema import ITERATIONS, STOP_REASONS, TRAJECTORIES, TRANSIENT_STOP_REASONS
 
 
 def trajectory(qid: str, reason: str) -> dict:
@@ -37,7 +37,24 @@ def qids(run: RunDir, table: str) -> list[str]:
 
 def test_only_outage_reasons_are_transient():
     assert set(TRANSIENT_STOP_REASONS) == {"engine_error", "retrieval_error"}
-    assert "engine_crash" not in TRANSIENT_STOP_REASONS and "context_overflow" not in TRANSIENT_STOP_REASONS
+    for own in ("engine_crash", "context_overflow", "internal_error", "query_crash", "no_valid_action"):
+        assert own in STOP_REASONS and own not in TRANSIENT_STOP_REASONS
+
+
+def test_a_rerun_keeps_the_questions_own_failures_and_removes_nothing_before_the_drop(tmp_path, caplog):
+    """Deterministic failures (a bug or refused request: internal_error; a query that crashed its replica alone:
+    query_crash) are not retried; planning the retry removes nothing (the rows go only once the rerun's engine
+    and retrieval answer, :func:`retry.drop_retried`)."""
+    run = write_run(tmp_path / "run", {"part-a": [("a1", "internal_error"), ("a2", "query_crash"), ("a3", "engine_error")],
+                                       "part-b": [("b1", "retrieval_error"), ("b2", "engine_crash")]})
+    caplog.set_level("INFO")
+    planned = retry.plan_retry(run)
+    assert planned == {"a3": "engine_error", "b1": "retrieval_error"}
+    assert "retrying 2 questions" in caplog.text and "engine_error 1, retrieval_error 1" in caplog.text
+    assert qids(run, "trajectories") == ["a1", "a2", "a3", "b1", "b2"]  # nothing removed yet
+    assert len(qids(run, "iterations")) == 10
+    assert retry.drop_retried(run, planned) == 2
+    assert qids(run, "trajectories") == ["a1", "a2", "b2"] and qids(run, "iterations") == ["a1", "a1", "a2", "a2", "b2", "b2"]
 
 
 def test_retry_takes_out_exactly_the_transient_rows_from_both_tables(tmp_path, caplog):
@@ -47,14 +64,15 @@ def test_retry_takes_out_exactly_the_transient_rows_from_both_tables(tmp_path, c
         "part-c": [("c1", "max_turns"), ("c2", "context_overflow")],
     })
     caplog.set_level("INFO")
-    failed = retry.retry_transient(run)
+    failed = retry.plan_retry(run)
     assert failed == {"a2": "retrieval_error", "b1": "engine_error", "b2": "retrieval_error"}
+    assert retry.drop_retried(run, failed) == 3
     assert qids(run, "trajectories") == ["a1", "a3", "c1", "c2"]
     assert qids(run, "iterations") == sorted(["a1", "a1", "a3", "a3", "c1", "c1", "c2", "c2"])
     assert sorted(p.stem for p in run.table_dir("trajectories").glob("*.parquet")) == ["part-a", "part-c"]
     assert sorted(p.stem for p in run.table_dir("iterations").glob("*.parquet")) == ["part-a", "part-c"]
     assert "retrying 3 questions" in caplog.text and "engine_error 1, retrieval_error 2" in caplog.text
-    assert retry.retry_transient(run) == {}  # nothing left to retry: a second call changes nothing
+    assert retry.plan_retry(run) == {}  # nothing left to retry: a second call changes nothing
     assert qids(run, "trajectories") == ["a1", "a3", "c1", "c2"]
 
 
@@ -70,16 +88,17 @@ def test_a_crash_between_the_two_tables_leaves_no_question_twice(tmp_path, monke
 
     monkeypatch.setattr(RunDir, "write_part", crash_on_trajectories)
     with pytest.raises(KeyboardInterrupt):
-        retry.retry_transient(run)
+        retry.drop_retried(run, retry.plan_retry(run))
     monkeypatch.setattr(RunDir, "write_part", real_write)
     assert qids(run, "iterations") == ["a1", "a1"]  # a2's iterations are gone, its row not yet
     assert retry.transient_failures(run) == {"a2": "retrieval_error"}  # so the next rerun retries it
-    retry.retry_transient(run)
+    retry.drop_retried(run, retry.plan_retry(run))
     assert qids(run, "trajectories") == ["a1"] and qids(run, "iterations") == ["a1", "a1"]
 
 
 def test_reasons_can_be_narrowed_and_an_empty_run_has_nothing(tmp_path):
     run = write_run(tmp_path / "run", {"part-a": [("a1", "engine_error"), ("a2", "retrieval_error")]})
-    assert retry.retry_transient(run, ("retrieval_error",)) == {"a2": "retrieval_error"}
+    assert retry.drop_retried(run, retry.plan_retry(run, ("retrieval_error",))) == 1
     assert qids(run, "trajectories") == ["a1"]
-    assert retry.retry_transient(RunDir(tmp_path / "none")) == {}
+    assert retry.plan_retry(RunDir(tmp_path / "none")) == {}
+    assert retry.plan_retry(run, only={"x"}) == {}  # a1 is not among the questions this rerun runs: it stays

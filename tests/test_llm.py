@@ -7,7 +7,7 @@ import pytest
 
 from raypipe.core.config import EngineConfig
 from raypipe.core.loopthread import LoopThread
-from raypipe.llm.base import ContextOverflowError, EngineError, GenerationRequest
+from raypipe.llm.base import ContextOverflowError, EngineError, EngineUnavailableError, GenerationRequest
 from raypipe.llm.common import check_request, find_stop, fit_max_tokens
 from raypipe.llm.factory import build_engine
 
@@ -113,7 +113,7 @@ def test_vllm_output_stop_token_id_and_abort():
     to_generation = _vllm().to_generation
     gen = to_generation(_request_output(stop_reason=2, finish="length"), False)  # a stop token id, not a string
     assert gen.stop_string is None and gen.finish_reason == "length" and gen.token_logprobs is None
-    with pytest.raises(EngineError, match="abort"):
+    with pytest.raises(EngineUnavailableError, match="abort"):  # aborted by a live engine: not the request's fault
         to_generation(_request_output(finish="abort"), False)
 
 

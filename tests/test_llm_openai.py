@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from raypipe.core.config import EngineConfig
-from raypipe.llm.base import ContextOverflowError, EngineError, GenerationRequest
+from raypipe.llm.base import ContextOverflowError, EngineError, EngineUnavailableError, GenerationRequest
 from raypipe.llm.openai_engine import OpenAIEngine
 
 OK_BODY = {
@@ -126,7 +126,7 @@ def test_transient_failures_are_retried(server, monkeypatch):
 
 def test_gives_up_after_the_retries(server, monkeypatch):
     server.script = [(500, "boom", 0.0)] * 3
-    with pytest.raises(EngineError, match="after 3 attempts.*HTTP 500"):
+    with pytest.raises(EngineUnavailableError, match="after 3 attempts.*HTTP 500"):  # an outage
         run(make_engine(server, monkeypatch), REQUEST)
     assert len(server.requests) == 3
 
@@ -142,20 +142,26 @@ def test_timeout_is_retried(server, monkeypatch):
     [
         (400, {"error": {"message": "This model's maximum context length is 2048 tokens"}}, ContextOverflowError,
          "maximum context length"),
-        (401, {"error": "bad key"}, EngineError, "HTTP 401"),
-        (200, "not json", EngineError, "not JSON"),
-        (200, {"choices": []}, EngineError, "malformed"),
+        (400, {"error": "n must be at least 1"}, EngineError, "HTTP 400"),  # the request refused: its own
+        (422, {"error": "bad field"}, EngineError, "HTTP 422"),
+        (401, {"error": "bad key"}, EngineUnavailableError, "HTTP 401"),  # the server's setup: an outage
+        (404, {"error": "no such model"}, EngineUnavailableError, "HTTP 404"),
+        (200, "not json", EngineUnavailableError, "not JSON"),
+        (200, {"choices": []}, EngineUnavailableError, "malformed"),
     ],
 )
 def test_failures_become_engine_errors_without_retry(server, monkeypatch, status, reply, error, message):
+    """A request the server refuses is an EngineError (the row's internal_error, kept by a rerun); a server
+    that cannot serve the run, an EngineUnavailableError (engine_error, an outage a rerun retries)."""
     server.script = [(status, reply, 0.0)]
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=message) as raised:
         run(make_engine(server, monkeypatch), REQUEST)
+    assert isinstance(raised.value, EngineUnavailableError) == (error is EngineUnavailableError)
     assert len(server.requests) == 1
 
 
 def test_unreachable_server(monkeypatch):
     engine = OpenAIEngine(EngineConfig(backend="openai", base_url="http://127.0.0.1:9/v1", model="m", max_retries=1),
                           backoff_s=0.01)
-    with pytest.raises(EngineError, match="after 2 attempts"):
+    with pytest.raises(EngineUnavailableError, match="after 2 attempts"):
         run(engine, REQUEST)

@@ -9,7 +9,7 @@ from raypipe.agents import AgentLoop, R1Searcher, SearchR1
 from raypipe.core.config import AgentConfig
 from raypipe.core.schema import conform
 from raypipe.data.loaders import Question
-from raypipe.llm.base import EngineDiedError, EngineError
+from raypipe.llm.base import EngineDiedError, EngineUnavailableError
 from raypipe.testing.fakes import FakeEngine, FakeRetriever, agent_turns
 
 Q = Question(qid="q1", dataset="toy", question="Who wrote Hamlet", golden_answers=["William Shakespeare"])
@@ -55,14 +55,14 @@ CASES = {
     "answer after two searches": ([SEARCH_1, SEARCH_2, ANSWER], by_evidence, None, None),
     "turn limit": ([SEARCH_1, SEARCH_2, SEARCH_1], by_evidence, AgentConfig(max_turns=3), None),
     "turn limit, forced answer": ([SEARCH_1, SEARCH_2], by_evidence, AgentConfig(max_turns=2, at_limit="forced"), None),
-    "probe 0 fails": ([SEARCH_1, SEARCH_2, ANSWER], failing_after(0, EngineError("probe down")), None, None),
-    "probe 1 fails": ([SEARCH_1, SEARCH_2, ANSWER], failing_after(1, EngineError("probe down")), None, None),
-    "probe 1 fails, then turn 2": ([SEARCH_1, SEARCH_2, EngineError("turn down")],
-                                   failing_after(1, EngineError("probe down")), None, None),
+    "probe 0 fails": ([SEARCH_1, SEARCH_2, ANSWER], failing_after(0, EngineUnavailableError("probe down")), None, None),
+    "probe 1 fails": ([SEARCH_1, SEARCH_2, ANSWER], failing_after(1, EngineUnavailableError("probe down")), None, None),
+    "probe 1 fails, then turn 2": ([SEARCH_1, SEARCH_2, EngineUnavailableError("turn down")],
+                                   failing_after(1, EngineUnavailableError("probe down")), None, None),
     "probe fails unexpectedly": ([SEARCH_1, SEARCH_2, ANSWER], failing_after(2, RuntimeError("boom")), None, None),
-    "the forced answer's probe fails": ([SEARCH_1, SEARCH_2], failing_after(2, EngineError("probe down")),
+    "the forced answer's probe fails": ([SEARCH_1, SEARCH_2], failing_after(2, EngineUnavailableError("probe down")),
                                         AgentConfig(max_turns=2, at_limit="forced"), None),
-    "turn 2 fails": ([SEARCH_1, SEARCH_2, EngineError("turn down")], by_evidence, None, None),
+    "turn 2 fails": ([SEARCH_1, SEARCH_2, EngineUnavailableError("turn down")], by_evidence, None, None),
     "invalid action corrected": (["no tags at all", SEARCH_1, ANSWER], by_evidence, None, SearchR1("original")),
     "r1-searcher": (["<|begin_of_query|> Hamlet author <|end_of_query|>", "The answer is \\boxed{Shakespeare}"],
                     by_evidence, None, R1Searcher("pyterrier")),
@@ -82,7 +82,7 @@ def test_the_same_trajectory_rows_and_observer_calls_as_probing_first(case):
 
 
 def test_failures_keep_the_rows_before_the_failed_probe():
-    out, _ = run([SEARCH_1, SEARCH_2, ANSWER], failing_after(1, EngineError("probe down")), overlap=True)
+    out, _ = run([SEARCH_1, SEARCH_2, ANSWER], failing_after(1, EngineUnavailableError("probe down")), overlap=True)
     traj = out.trajectory
     assert traj["stop_reason"] == "engine_error" and traj["error"] == "probe down"
     assert [r["iteration"] for r in out.iterations] == [0] and traj["n_iterations"] == 1
@@ -122,7 +122,7 @@ def test_the_next_turn_starts_before_the_probe_ends():
 
     engine = ProbeWaitsForNextTurn(agent_turns([SEARCH_1, SEARCH_2, ANSWER], by_evidence), patience=0.2)
     out, _ = run(None, None, overlap=False, engine=engine)  # probe first: the probe waits in vain
-    assert out.trajectory["stop_reason"] == "engine_error" and "TimeoutError" in out.trajectory["error"]
+    assert out.trajectory["stop_reason"] == "internal_error" and "TimeoutError" in out.trajectory["error"]  # outside the engine contract
 
 
 def test_an_engine_death_cancels_the_probes_in_flight():

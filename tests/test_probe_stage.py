@@ -17,7 +17,7 @@ from raypipe.core.config import load_config
 from raypipe.core.rundir import PARTIAL_SUFFIX, RunDir
 from raypipe.core.schema import ITERATIONS, TRAJECTORIES
 from raypipe.data.loaders import Question
-from raypipe.llm.base import EngineDiedError, EngineError
+from raypipe.llm.base import EngineDiedError, EngineError, EngineUnavailableError
 from raypipe.runtime import generation
 from raypipe.runtime.crashes import CrashLedger
 from raypipe.runtime.generation import question_items, split_output, write_batch
@@ -30,7 +30,8 @@ ANSWER = "<think> done </think>\n<answer> answer {q} </answer>"
 
 
 def scripted_engine(config):
-    """Per question: search once, then answer; question 'q-bad' breaks the engine at turn 1."""
+    """Per question: search once, then answer; the engine refuses question 'q-bad''s request at turn 1 (the
+    question's own failure: internal_error) and cannot answer 'q-down''s (an outage: engine_error)."""
 
     def script(request):
         q = request.prompt.split("Question: ")[1].split("?")[0]
@@ -38,6 +39,8 @@ def scripted_engine(config):
             return f" answer {q} </answer>" if "Doc 1(" in request.prompt else " no idea </answer>"
         if q == "q-bad" and "Doc 1(" in request.prompt:
             raise EngineError("engine fell over")
+        if q == "q-down":
+            raise EngineUnavailableError("the engine's server is restarting")
         return ANSWER.format(q=q) if "Doc 1(" in request.prompt else SEARCH.format(q=q)
 
     return FakeEngine(script)
@@ -65,7 +68,7 @@ def test_stage_turns_a_batch_into_both_tables():
     assert trajectories.column("qid").to_pylist() == ["id0", "id1", "id2", "bad"]  # rows out = questions in
     rows = {t["qid"]: t for t in trajectories.to_pylist()}
     assert rows["id1"]["stop_reason"] == "answer" and rows["id1"]["final_f1"] == 1.0
-    assert rows["bad"]["stop_reason"] == "engine_error" and rows["bad"]["error"] == "engine fell over"
+    assert rows["bad"]["stop_reason"] == "internal_error" and rows["bad"]["error"] == "engine fell over"
     assert iterations.num_rows == 3 * 2 + 1
     assert stage.engine_start_s >= 0
     with pytest.raises(ValueError, match="lacks columns"):
@@ -96,11 +99,9 @@ def test_run_writes_parts_resumes_and_keeps_bad_rows(ray_local, tmp_path):
     assert run.read("trajectories").sort_by("qid").equals(first_t.sort_by("qid"))
     assert run.read("iterations").num_rows == first_i.num_rows
 
-    # by default a rerun runs the engine_error row again (an outage, as far as the job can tell): one row stays
-    assert run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=scripted_engine) == 1
-    again = run.read("trajectories")
-    assert sorted(again.column("qid").to_pylist()) == sorted(q.qid for q in qs)  # no duplicate
-    assert {t["qid"]: t["stop_reason"] for t in again.to_pylist()}["bad"] == "engine_error"
+    # the engine refused the bad row's request (internal_error): a rerun would fail the same way, so it stays
+    assert run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=scripted_engine) == 0
+    assert run.read("trajectories").sort_by("qid").equals(first_t.sort_by("qid"))
     assert run.read("iterations").num_rows == first_i.num_rows
 
     # more questions: only the new ones run
@@ -127,6 +128,39 @@ def test_a_rerun_after_a_retrieval_outage_replaces_the_failed_rows(ray_local, tm
     iterations = run.read("iterations").to_pylist()
     assert sorted((r["qid"], r["iteration"]) for r in iterations) == sorted((q.qid, i) for q in qs for i in (0, 1))
     assert run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=scripted_engine) == 0  # nothing left
+
+
+def engine_that_cannot_start(config):
+    raise RuntimeError("no engine today")
+
+
+@pytest.mark.slow
+def test_a_rerun_retries_only_outages_and_removes_nothing_until_its_engine_answers(ray_local, tmp_path):
+    """Outages (engine_error, retrieval_error) run again and their new rows replace the old; the question's own
+    failures (internal_error: a request the engine refuses; query_crash: a query that crashed its retrieval
+    replica alone) stay. A rerun whose engine cannot start fails and removes nothing."""
+    run = RunDir(tmp_path / "run")
+    extra = {"bad": "q-bad", "down": "q-down", "crash": "q-crash", "cut": "q-cut"}
+    qs = questions(2) + [Question(qid=k, dataset="toy", question=v, golden_answers=[f"answer {v}"]) for k, v in extra.items()]
+    faulty = FakeRetriever(fail_on=["q-cut"], crash_on=["q-crash"])
+    assert run_probe(CONFIG, run, qs, retriever=faulty, engine_factory=scripted_engine) == 6
+    first = run.read("trajectories").sort_by("qid")
+    reasons = {t["qid"]: t["stop_reason"] for t in first.to_pylist()}
+    assert reasons == {"id0": "answer", "id1": "answer", "bad": "internal_error", "down": "engine_error",
+                       "crash": "query_crash", "cut": "retrieval_error"}
+
+    with pytest.raises(Exception, match="no engine today"):  # the rerun's engine does not start: nothing removed
+        run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=engine_that_cannot_start)
+    assert run.read("trajectories").sort_by("qid").equals(first)
+
+    up = FakeRetriever(crash_on=["q-crash"])  # the outage is over; the query still crashes its replica
+    assert run_probe(CONFIG, run, qs, retriever=up, engine_factory=scripted_engine) == 2  # down and cut; down is down again
+    again = {t["qid"]: t for t in run.read("trajectories").to_pylist()}
+    assert sorted(again) == sorted(q.qid for q in qs)  # one row per question
+    assert {q: t["stop_reason"] for q, t in again.items()} == {**reasons, "cut": "answer"}
+    assert again["cut"]["final_f1"] == 1.0
+    iterations = run.read("iterations").to_pylist()
+    assert len(iterations) == len({(r["qid"], r["iteration"]) for r in iterations})  # no iteration row twice
 
 
 def test_rerun_with_other_settings_is_refused(tmp_path):

@@ -3,7 +3,7 @@
 Without processes: the replica's claim (``QueryBatcher.claim`` / ``search_alone``) and the client's counts
 (``RetrievalClient``) over scripted actor handles whose replica "dies" (Ray's ``ActorDiedError``) whenever
 a call holds the poison query. The same with real replica processes and real exits is
-``test_a_query_that_kills_its_replica_every_time_ends_retrieval_error`` in tests/test_chaos.py.
+``test_a_query_that_kills_its_replica_every_time_ends_query_crash`` in tests/test_chaos.py.
 """
 
 import asyncio

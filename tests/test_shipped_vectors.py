@@ -6,6 +6,7 @@ with other settings are not used."""
 import json
 import logging
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -64,10 +65,58 @@ def test_the_bundled_corpus_ships_fp32_vectors_its_encoder_reproduces():
     assert shipped.meta["sha256"] == file_sha256(shipped.path) and shipped.meta["quantization"] == "none"
     n = sum(1 for _ in iter_corpus(BUNDLED_CORPUS))
     assert shipped.meta["rows"] == n and np.load(shipped.path, mmap_mode="r").dtype == np.float16
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    """The bundled corpus's shipped vectors, their encoder (loaded) and the corpus's blocks."""
+    spec = encoder_spec(load_config("embedded", []).retrieval)
     spec.prepare()
-    check = shipped.verify(BUNDLED_CORPUS, plan_blocks(BUNDLED_CORPUS, 2000), spec, size=24, questions=6)
-    assert check is not None and check["sample_rows"] == 24 and check["cosine_min"] >= shipped_module.MIN_COSINE
-    assert check["rank_questions"] == 6 and check["rank_cosine_min"] >= shipped_module.MIN_COSINE
+    return shipped_module.find_shipped(spec, file_sha256(BUNDLED_CORPUS)), spec, plan_blocks(BUNDLED_CORPUS, 2000)
+
+
+def damaged_copy(shipped, spec, to, seed: int, how: str):
+    """The shipped file with the rows of the top-3 passages of the check's 12 sample questions (drawn with
+    ``seed``) zeroed, or replaced by other passages' rows (still unit vectors), its sha256 updated."""
+    rows = np.load(shipped.path)
+    questions = shipped_module.sample_questions(shipped_module.SHIPPED_VERIFY_QUESTIONS, seed)
+    queries = spec.load().encode_queries([q.question for q in questions])
+    top3 = np.unique(np.argsort(-(queries @ rows.astype(np.float32).T), axis=1)[:, :3])
+    rows[top3] = 0 if how == "zeroed" else rows[(top3 + len(rows) // 2) % len(rows)]
+    to.mkdir()
+    path = to / shipped.path.name
+    np.save(path, rows)
+    path.with_suffix(".json").write_text(json.dumps({**shipped.meta, "sha256": file_sha256(path)}))
+    return shipped_module.find_shipped(spec, file_sha256(BUNDLED_CORPUS), to), top3
+
+
+@pytest.mark.parametrize("how, message", [("zeroed", "not unit vectors"), ("swapped", "do not match")])
+def test_damaged_rows_of_the_passages_the_sample_questions_rank_first_are_caught(bundled, tmp_path, caplog, how, message):
+    """Issue 41: zeroing the rows of the top-3 passages of all 12 sample questions (sha256 updated) passed,
+    as the ranking's candidates came from the damaged file alone. Every row's norm catches zeroed rows; the
+    questions' own paragraphs, ranked by their fresh encoding, catch rows swapped for other unit vectors."""
+    shipped, spec, blocks = bundled
+    damaged, top3 = damaged_copy(shipped, spec, tmp_path / "vectors", seed=0, how=how)
+    assert damaged is not None and len(top3) >= 24  # the file is found (its sha256 matches): the checks must see it
+    with caplog.at_level(logging.WARNING):
+        assert damaged.verify(BUNDLED_CORPUS, blocks, spec, seed=0) is None
+    assert "not using the shipped vectors" in caplog.text and message in caplog.text and "sample seed 0" in caplog.text
+
+
+def test_the_intact_file_passes_with_a_new_sample_each_time_and_the_check_stays_small(bundled):
+    shipped, spec, blocks = bundled
+    started = time.perf_counter()
+    first = shipped.verify(BUNDLED_CORPUS, blocks, spec)
+    seconds = time.perf_counter() - started
+    second = shipped.verify(BUNDLED_CORPUS, blocks, spec, size=8, questions=4)
+    assert first is not None and second is not None and first["seed"] != second["seed"]  # drawn per load, recorded
+    assert first["norm_rows"] == shipped.meta["rows"] and first["norm_deviation_max"] < shipped_module.MAX_DISTANCE
+    assert first["cosine_min"] >= shipped_module.MIN_COSINE and first["rank_cosine_min"] >= shipped_module.MIN_COSINE
+    assert first["rank_questions"] == 12 and first["rank_own_paragraphs"] >= 12
+    # the cost: 32 random passages and at most 12 x (10 ranked + 20 own) more re-encoded, of 13,844
+    encoded = first["sample_rows"] + first["rank_passages_encoded"]
+    assert encoded <= 32 + 12 * 30
+    print(f"shipped-vector check: {encoded} passages re-encoded in {seconds:.1f} s")
 
 
 @pytest.mark.slow
@@ -80,10 +129,9 @@ def test_a_shipped_vector_build_ranks_the_bundled_questions_as_a_fresh_encoding(
     spec = encoder_spec(load_config("embedded", []).retrieval)
     shipped = shipped_module.find_shipped(spec, file_sha256(BUNDLED_CORPUS))
     blocks = plan_blocks(BUNDLED_CORPUS, 2000)
-    top3 = shipped.verify(BUNDLED_CORPUS, blocks, spec, size=8, questions=60, k=3)
-    assert top3 is not None and top3["rank_identical"] == top3["rank_questions"] == 60
-    top10 = shipped.verify(BUNDLED_CORPUS, blocks, spec, size=8, questions=60, k=10)
-    assert top10 is not None and top10["rank_top_k"] == 10 and top10["rank_questions"] == 60
+    check = shipped.verify(BUNDLED_CORPUS, blocks, spec, size=8, questions=60, k=10)  # 60 questions a new sample each run
+    assert check is not None and check["rank_top_k"] == 10 and check["rank_questions"] == 60
+    assert check["rank_identical_top3"] == 60
 
 
 def test_a_build_takes_the_shipped_vectors_and_records_it(encoded, tmp_path, monkeypatch):
@@ -94,6 +142,7 @@ def test_a_build_takes_the_shipped_vectors_and_records_it(encoded, tmp_path, mon
     vectors = manifest["build"]["vectors"]
     assert vectors["source"] == "shipped" and vectors["file"] == exported.name and vectors["verified"]
     assert vectors["sha256"] == file_sha256(exported) and vectors["rank_questions"] == 12
+    assert isinstance(vectors["seed"], int) and vectors["norm_rows"] == N  # the sample's seed is recorded
     assert manifest["vectors"] == "shipped-float16" and load_index_dir(index_dir).manifest["vectors"] == "encoded"
     assert manifest["build"]["passages_encoded"] == 0 and manifest["count"] == N
     fresh = load_index_dir(built).vectors(range(N))

@@ -32,8 +32,13 @@ Each row records the cost of its turn (``raypipe.core.schema.ITERATION_COSTS``):
 requests and those served from the prefix cache, the time of the search the turn issued, and the
 engine's queue and engine seconds where the backend reports them; the trajectory row holds their sums.
 
-A failure on one question (context overflow, engine error, retrieval error, no valid action) ends
-that trajectory with its ``stop_reason`` and message; the rows produced so far are kept.
+A failure on one question ends that trajectory with its ``stop_reason`` and message; the rows produced so
+far are kept. Outages, which a rerun retries: ``engine_error`` (the engine could not answer,
+:class:`~raypipe.llm.base.EngineUnavailableError`) and ``retrieval_error`` (a search failed). The question's
+own failures, which a rerun keeps: ``context_overflow``, ``no_valid_action``, ``query_crash`` (its query
+crashed the retrieval replica even when searched alone, :class:`~raypipe.retrieval.types.QueryCrashError`)
+and ``internal_error``: a request the engine refused (any other :class:`~raypipe.llm.base.EngineError`), a
+prompt that cannot be built, and any other exception (a bug in the loop, its protocol or its controller).
 """
 
 from __future__ import annotations
@@ -55,15 +60,25 @@ from raypipe.core.schema import (
     STOP_CONTEXT,
     STOP_CONTROLLER,
     STOP_ENGINE_ERROR,
+    STOP_INTERNAL_ERROR,
     STOP_MAX_TURNS,
     STOP_NO_ACTION,
     STOP_NO_RESULTS,
+    STOP_QUERY_CRASH,
     STOP_RETRIEVAL_ERROR,
     TRAJECTORY_COSTS,
 )
 from raypipe.data.loaders import Question
-from raypipe.llm.base import ContextOverflowError, Engine, EngineDiedError, EngineError, Generation, GenerationRequest
-from raypipe.retrieval.types import Retriever, SearchResult
+from raypipe.llm.base import (
+    ContextOverflowError,
+    Engine,
+    EngineDiedError,
+    EngineError,
+    EngineUnavailableError,
+    Generation,
+    GenerationRequest,
+)
+from raypipe.retrieval.types import QueryCrashError, Retriever, SearchResult
 
 # Columns an online controller may see (never the gold-based probe_f1 / utility).
 ONLINE_COLUMNS = (
@@ -155,8 +170,9 @@ class AgentLoop:
             run.stop_reason, run.error = stop.reason, str(stop)
         except EngineDiedError:  # not this row's failure: the caller reruns the trajectory on a new engine
             raise
-        except Exception as exc:  # one bad row never kills the job: record it
-            run.stop_reason, run.error = STOP_ENGINE_ERROR, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # one bad row never kills the job: record it (an outage seen by a controller too)
+            run.stop_reason = STOP_ENGINE_ERROR if isinstance(exc, EngineUnavailableError) else STOP_INTERNAL_ERROR
+            run.error = f"{type(exc).__name__}: {exc}"
         finally:
             if self.barrier is not None:
                 self.barrier.leave()
@@ -197,7 +213,7 @@ class _Run:
         try:
             self.prompt = protocol.prompt(self.question.question, self.loop.engine.apply_chat_template)
         except Exception as exc:
-            raise _Stop(STOP_ENGINE_ERROR, f"prompt: {type(exc).__name__}: {exc}") from exc
+            raise _Stop(STOP_INTERNAL_ERROR, f"prompt: {type(exc).__name__}: {exc}") from exc
         self.context = self.prompt
         pending: _Retrieval | None = None
         generations, searching = protocol.turn_plan(agent)
@@ -322,7 +338,8 @@ class _Run:
         query, result = searched.query, searched.result
         if result is None:
             exc = searched.error
-            raise _Stop(STOP_RETRIEVAL_ERROR, f"query {query!r}: {type(exc).__name__}: {exc}") from exc
+            reason = STOP_QUERY_CRASH if isinstance(exc, QueryCrashError) else STOP_RETRIEVAL_ERROR
+            raise _Stop(reason, f"query {query!r}: {type(exc).__name__}: {exc}") from exc
         self.retrievals += 1
         if not result.hits and self.protocol.stops_on_empty_results:
             raise _Stop(STOP_NO_RESULTS, f"query {query!r}: no retrieval results")
@@ -417,8 +434,10 @@ class _Run:
             raise _Stop(STOP_CONTEXT, str(exc)) from exc
         except EngineDiedError:
             raise
-        except EngineError as exc:
+        except EngineUnavailableError as exc:  # an outage: a rerun runs the question again
             raise _Stop(STOP_ENGINE_ERROR, str(exc)) from exc
+        except EngineError as exc:  # the engine refused this request: sent again, it fails again
+            raise _Stop(STOP_INTERNAL_ERROR, str(exc)) from exc
 
     def _row(self, turn: int, retrieval: _Retrieval | None, reasoning: str, tokens: int) -> dict[str, Any]:
         hits = retrieval.result.hits if retrieval else []

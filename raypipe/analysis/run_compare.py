@@ -158,7 +158,7 @@ def _shared_questions(frames: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd
     kept = common.difference(failed)
     if kept.empty:
         raise CompareError(
-            f"every one of the {len(common)} shared questions failed (engine or retrieval error) "
+            f"every one of the {len(common)} shared questions failed (an engine, retrieval or internal error, a query crash) "
             "in some run: nothing to compare"
         )
     rows = [{"run": label, "questions": len(f), "not in every run": len(f) - len(common),

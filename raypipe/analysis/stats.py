@@ -14,7 +14,7 @@ has no analysis module, so these are ours, stated here once):
   A trajectory *reached its final quality early* when k < last; it then kept going last - k iterations.
   Only naturally terminated trajectories count here (stop reasons in :data:`NATURAL_STOPS`): an engine
   error or an online controller did not let the agent decide when to stop.
-- Trajectories that ended in an infrastructure failure (:data:`FAILED_STOPS`: engine or retrieval error)
+- Trajectories that ended in an infrastructure failure (:data:`FAILED_STOPS`: engine, retrieval or internal error, query crash)
   say nothing about the agent: every figure leaves them out; Table 2 counts them in its ``errors`` column
   and the stop-reason table lists them.
 """
@@ -28,13 +28,15 @@ from raypipe.core.schema import (
     STOP_ANSWER,
     STOP_CONTEXT,
     STOP_ENGINE_ERROR,
+    STOP_INTERNAL_ERROR,
     STOP_MAX_TURNS,
     STOP_NO_ACTION,
+    STOP_QUERY_CRASH,
     STOP_RETRIEVAL_ERROR,
 )
 
 NATURAL_STOPS = (STOP_ANSWER, STOP_MAX_TURNS, STOP_NO_ACTION, STOP_CONTEXT)
-FAILED_STOPS = (STOP_ENGINE_ERROR, STOP_RETRIEVAL_ERROR)
+FAILED_STOPS = (STOP_ENGINE_ERROR, STOP_RETRIEVAL_ERROR, STOP_INTERNAL_ERROR, STOP_QUERY_CRASH)
 ALL = "all"  # the dataset label of rows pooled over every dataset of an agent
 GROUPS = ("positive", "zero", "negative")
 KEYS = ["agent", "dataset", "qid"]

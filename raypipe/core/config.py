@@ -113,7 +113,7 @@ class RetrievalConfig(StrictModel):
         default=2,
         ge=1,
         description="Replica deaths a query may be in flight for before it is searched alone; if it kills its "
-        "replica alone too, its search fails (retrieval_error) and it is not sent again (docs/reliability.md).",
+        "replica alone too, its search fails (query_crash, kept by a rerun) and it is not sent again (docs/reliability.md).",
     )
     encode_actors: int = Field(
         default=2, ge=1, description="Actor pool size for corpus encoding (2 x 1 thread beats 1 x 2 threads on 2 cores: docs/retrieval.md)."
@@ -367,8 +367,9 @@ class GenerationConfig(StrictModel):
     retry_transient: bool = Field(
         default=True,
         description="A rerun into the same run directory runs again the questions whose row ended for a passing "
-        "reason (engine_error, retrieval_error: an outage, not the question); the new row replaces the old one. "
-        "false (probe --no-retry): keep them as written.",
+        "reason (engine_error, retrieval_error: an outage, not the question); the new row replaces the old one, "
+        "which is removed once the rerun's engine and retrieval answer. A question's own failures (internal_error, "
+        "query_crash, engine_crash, ...) stay. false (probe --no-retry): keep them as written.",
     )
 
 

@@ -2,10 +2,13 @@
 
 A retrieval server down for a minute, or an OpenAI-compatible engine server restarting, ends every
 trajectory then in flight with ``retrieval_error`` or ``engine_error`` (:data:`TRANSIENT_STOP_REASONS`).
-A rerun into the same run directory takes those questions out of the tables and runs them again, so the
-tables keep exactly one row per question. The rows are removed before the questions run again, and
-``iterations/`` before ``trajectories/``: a crash at any point leaves either the old row (retried on the
-next rerun) or none (run on the next rerun), never two rows of one question.
+A question's own failures (``internal_error``, ``query_crash``, ``engine_crash``, ``context_overflow``, ...)
+would fail the same way again and stay. A rerun into the same run directory runs the outage rows'
+questions again (:func:`plan_retry`) and takes their old rows out of the tables (:func:`drop_retried`) only
+once its engine and retrieval have answered (the job's first new batch), so a rerun that cannot start
+its engine or reach retrieval removes nothing; the tables keep exactly one row per question. The rows
+are removed ``iterations/`` first, then ``trajectories/``: a crash at any point leaves either the old row
+(retried on the next rerun) or none (run on the next rerun), never two rows of one question.
 """
 
 from __future__ import annotations
@@ -60,17 +63,25 @@ def drop_questions(run_dir: RunDir, qids: Collection[str]) -> int:
     return removed
 
 
-def retry_transient(
+def plan_retry(
     run_dir: RunDir, reasons: Collection[str] = TRANSIENT_STOP_REASONS, only: Collection[str] | None = None
 ) -> dict[str, str]:
-    """Take the transient failures out of the run's tables so that the rerun runs them again; logs how
-    many and why. ``only``: the questions this rerun will run (a failure outside them stays, or it would
-    be lost). Returns qid -> the reason each one had."""
+    """qid -> reason of the transient failures this rerun runs again (logged: how many and why); nothing is
+    removed yet (:func:`drop_retried`). ``only``: the questions this rerun will run (a failure outside them
+    stays, or it would be lost)."""
     failed = transient_failures(run_dir, reasons)
     if only is not None:
         failed = {qid: reason for qid, reason in failed.items() if qid in only}
     if failed:
-        removed = drop_questions(run_dir, failed)
         counts = ", ".join(f"{reason} {n}" for reason, n in sorted(Counter(failed.values()).items()))
-        log.info("retrying %d questions that ended for a passing reason (%s); --no-retry keeps them", removed, counts)
+        log.info("retrying %d questions that ended for a passing reason (%s); --no-retry keeps them", len(failed), counts)
     return failed
+
+
+def drop_retried(run_dir: RunDir, failed: Collection[str]) -> int:
+    """Take the rows of the questions being retried out of the tables, once the rerun's engine and retrieval
+    have answered (before its first new rows are written). Returns the trajectory rows removed."""
+    removed = drop_questions(run_dir, failed)
+    if removed:
+        log.info("the engine and retrieval answer: the old rows of the %d retried questions are removed", removed)
+    return removed

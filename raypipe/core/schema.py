@@ -15,12 +15,17 @@ STOP_MAX_TURNS = "max_turns"  # turn limit reached: no final answer (agent.at_li
 STOP_NO_RESULTS = "no_results"  # a search returned no documents (pyterrier-rag: "No retrieval results")
 STOP_NO_ACTION = "no_valid_action"  # the model emitted neither a search nor an answer
 STOP_CONTEXT = "context_overflow"  # the context outgrew the model's window
-STOP_ENGINE_ERROR = "engine_error"  # the engine raised on this row
+STOP_ENGINE_ERROR = "engine_error"  # the engine could not be reached or did not answer (an outage)
 STOP_ENGINE_CRASH = "engine_crash"  # in flight at generation.max_question_crashes engine deaths, then killed it alone
-STOP_RETRIEVAL_ERROR = "retrieval_error"  # the retrieval service failed on this row
+STOP_RETRIEVAL_ERROR = "retrieval_error"  # the retrieval service failed on this row (an outage)
+STOP_QUERY_CRASH = "query_crash"  # its query killed a retrieval replica even when searched alone (retrieval.max_query_crashes)
+# A failure that a rerun would repeat and that is neither the model's nor retrieval's: a bug in the loop or
+# its controller, a prompt that cannot be built, a request the engine refuses (deterministic under greedy decoding)
+STOP_INTERNAL_ERROR = "internal_error"
 STOP_CONTROLLER = "controller"  # an online stopping controller ended the trajectory
 # Reasons that name an outage (the retrieval server, an engine's HTTP server), not the question: a rerun
-# retries them by default (generation.retry_transient). engine_crash, context_overflow and the rest stay.
+# retries them by default (generation.retry_transient). engine_crash, query_crash, internal_error,
+# context_overflow and the rest are the question's own and stay.
 TRANSIENT_STOP_REASONS = (STOP_ENGINE_ERROR, STOP_RETRIEVAL_ERROR)
 STOP_REASONS = (
     STOP_ANSWER,
@@ -30,6 +35,8 @@ STOP_REASONS = (
     STOP_ENGINE_ERROR,
     STOP_ENGINE_CRASH,
     STOP_RETRIEVAL_ERROR,
+    STOP_QUERY_CRASH,
+    STOP_INTERNAL_ERROR,
     STOP_CONTROLLER,
     STOP_NO_RESULTS,
 )
@@ -195,11 +202,14 @@ OPTIONAL_COLUMNS: dict[str, frozenset[str]] = {
 
 
 def conform(rows: list[dict], name: str) -> pa.Table:
-    """Build a table of ``name``'s schema from row dicts; a missing (not optional) or extra column is an error."""
+    """Build a table of ``name``'s schema from row dicts; a missing (not optional) or extra column, or a
+    trajectory's stop_reason outside :data:`STOP_REASONS`, is an error."""
     schema = TABLES[name]
     expected, optional = set(schema.names), OPTIONAL_COLUMNS.get(name, frozenset())
     for row in rows:
         missing, extra = expected - set(row) - optional, set(row) - expected
         if missing or extra:
             raise ValueError(f"{name} row for qid {row.get('qid')!r}: missing {sorted(missing)}, extra {sorted(extra)}")
+        if name == "trajectories" and row["stop_reason"] not in STOP_REASONS:
+            raise ValueError(f"trajectories row for qid {row.get('qid')!r}: unknown stop_reason {row['stop_reason']!r}")
     return pa.Table.from_pylist(rows, schema=schema)

@@ -6,13 +6,21 @@
 left in the context and raises :class:`ContextOverflowError` only when the prompt alone does not fit.
 """
 
-from raypipe.llm.base import ContextOverflowError, Engine, EngineError, Generation, GenerationRequest
+from raypipe.llm.base import (
+    ContextOverflowError,
+    Engine,
+    EngineError,
+    EngineUnavailableError,
+    Generation,
+    GenerationRequest,
+)
 from raypipe.llm.factory import build_engine
 
 __all__ = [
     "ContextOverflowError",
     "Engine",
     "EngineError",
+    "EngineUnavailableError",
     "Generation",
     "GenerationRequest",
     "build_engine",

@@ -15,7 +15,16 @@ from typing import Any, Protocol
 
 
 class EngineError(RuntimeError):
-    """The engine failed on one request; the agent records it as that row's stop_reason."""
+    """The engine failed on one request, and would fail it again: it refused the request (a malformed or
+    unsupported request, one its server rejects with a 4xx) or failed on it while up. The agent records the
+    row as ``internal_error``, which a rerun keeps."""
+
+
+class EngineUnavailableError(EngineError):
+    """The engine could not answer the request: its server could not be reached, timed out, answered 429 or
+    5xx (after the backend's retries) or something that is not a completion; or the engine aborted the
+    request while up. An outage, not the request's failure: the agent records the row as ``engine_error``,
+    which a rerun runs again."""
 
 
 class EngineDiedError(EngineError):

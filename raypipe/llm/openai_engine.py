@@ -6,8 +6,12 @@ local servers usually need none). The chat template and token counts need a loca
 ``engine.tokenizer`` reference, else ``engine.model`` when it resolves to a local model (embedded name,
 folder or GGUF); with neither, ``apply_chat_template``/``count_tokens`` raise :class:`EngineError` and
 the context budget is left to the server. With a tokenizer, ``max_tokens`` is clamped like the other
-backends (``common.py``). Transient failures (connection errors, timeouts, HTTP 429 and 5xx) are retried
-with exponential backoff; anything else becomes an :class:`EngineError` for that request only.
+backends (``common.py``). Transient failures (connection errors, timeouts, HTTP 408, 409, 429 and 5xx) are
+retried with exponential backoff. A request the server refuses (HTTP 400, 413, 422: the request's own
+fault, sent again it fails again) becomes an :class:`EngineError` for that request (the row's
+``internal_error``); the rest (retries spent, another 4xx or 5xx such as a wrong key or model, an answer
+that is not a completion) an :class:`EngineUnavailableError` (the row's ``engine_error``: an outage that a
+rerun retries).
 
 Server extensions used when present: ``stop_reason`` (which stop string matched; vLLM reports it) and
 ``usage.prompt_tokens_details.cached_tokens``. A request with ``regex`` sends vLLM's
@@ -24,11 +28,12 @@ from typing import Any
 
 from raypipe.core.config import EngineConfig
 from raypipe.core.models import ModelNotFoundError, resolve_llm
-from raypipe.llm.base import ContextOverflowError, EngineError, Generation, GenerationRequest
+from raypipe.llm.base import ContextOverflowError, EngineError, EngineUnavailableError, Generation, GenerationRequest
 from raypipe.llm.common import LocalTokenizer, check_request, engine_record, fit_max_tokens
 
 log = logging.getLogger(__name__)
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+REJECTED_STATUS = {400, 413, 422}  # the server refuses this request as it is: sent again, it fails again
 OVERFLOW_HINTS = ("context length", "context window", "maximum context", "too many tokens", "max_model_len")
 
 
@@ -62,7 +67,7 @@ def parse_completion(payload: dict[str, Any], request: GenerationRequest, prompt
         choice = payload["choices"][0]
         text = choice["text"]
     except (KeyError, IndexError, TypeError) as exc:
-        raise EngineError(f"malformed completion response: {str(payload)[:200]}") from exc
+        raise EngineUnavailableError(f"malformed completion response: {str(payload)[:200]}") from exc
     usage = payload.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
     logprobs = None
@@ -137,15 +142,15 @@ class OpenAIEngine:
                         message = f"HTTP {response.status} from {self.url}: {text[:300]}"
                         if response.status == 400 and any(h in text.lower() for h in OVERFLOW_HINTS):
                             raise ContextOverflowError(message)
-                        raise EngineError(message)
+                        raise (EngineError if response.status in REJECTED_STATUS else EngineUnavailableError)(message)
                     try:
                         return await response.json(content_type=None)
                     except ValueError as exc:
-                        raise EngineError(f"response from {self.url} is not JSON: {text[:200]}") from exc
+                        raise EngineUnavailableError(f"response from {self.url} is not JSON: {text[:200]}") from exc
             except (_Retryable, aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
                 if attempt == self.config.max_retries:
-                    raise EngineError(f"{self.url} failed after {attempt + 1} attempts: {problem}") from exc
+                    raise EngineUnavailableError(f"{self.url} failed after {attempt + 1} attempts: {problem}") from exc
                 delay = self.backoff_s * 2**attempt
                 log.warning("%s (attempt %d), retrying in %.1f s", problem, attempt + 1, delay)
                 await asyncio.sleep(delay)

@@ -23,7 +23,7 @@ from typing import Any
 from raypipe.core.config import EngineConfig
 from raypipe.core.loopthread import LoopThread
 from raypipe.core.models import cache_dir, resolve_llm
-from raypipe.llm.base import EngineDiedError, EngineError, Generation, GenerationRequest
+from raypipe.llm.base import EngineDiedError, EngineError, EngineUnavailableError, Generation, GenerationRequest
 from raypipe.llm.common import LocalTokenizer, engine_record, resolve_dtype, tokenized_request
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,8 @@ def to_generation(output: Any, want_logprobs: bool) -> Generation:
         entries = completion.logprobs or []
         logprobs = [float(entry[tok].logprob) for tok, entry in zip(token_ids, entries)]
     finish = completion.finish_reason or "stop"
+    if finish == "abort":  # the engine gave up on it while up (a restart, a shutdown): not the request's fault
+        raise EngineUnavailableError(f"vLLM finished the request with reason {finish!r}")
     if finish not in ("stop", "length"):
         raise EngineError(f"vLLM finished the request with reason {finish!r}")
     stop = completion.stop_reason if isinstance(completion.stop_reason, str) else None
@@ -202,14 +204,14 @@ class VLLMEngine:
                 pass
         except EngineError:
             raise
-        except Exception as exc:  # one request failed; the engine keeps serving the others, unless it is gone
+        except Exception as exc:  # vLLM refused or failed this request; the engine serves the others, unless it is gone
             self._check_alive(exc)
             cause = exc.__cause__ or exc
             raise EngineError(f"vLLM request failed: {type(cause).__name__}: {cause}") from exc
         if final is None or (final.outputs and final.outputs[0].finish_reason == "abort"):
             self._check_alive()  # a dying engine aborts its requests: that is the engine's death, not the row's
         if final is None:
-            raise EngineError("vLLM returned no output")
+            raise EngineUnavailableError("vLLM returned no output")
         return to_generation(final, request.logprobs)
 
     def _check_alive(self, error: BaseException | None = None, ask_processes: bool = True) -> None:

@@ -78,12 +78,13 @@ def cosines(stored: np.ndarray, fresh: np.ndarray) -> np.ndarray:
 
 def verify_sample(stored: Callable[[np.ndarray], np.ndarray], corpus: Path, blocks: list[Block], spec: EncoderSpec,
                   size: int = VERIFY_SAMPLE, min_cosine: float = VERIFY_MIN_COSINE, seed: int = 0,
-                  encoder: Encoder | None = None) -> dict[str, Any]:
+                  encoder: Encoder | None = None, docs: pa.Table | None = None) -> dict[str, Any]:
     """Re-encode ``size`` random passages and compare them with their stored rows (cosine); ``stored``
-    gives the stored vectors of corpus rows (ascending row numbers). ``encoder``: ``spec``'s, if loaded."""
+    gives the stored vectors of corpus rows (ascending row numbers). ``encoder``: ``spec``'s, if loaded;
+    ``docs``: the corpus's doc-store rows, if read (else the blocks holding the sample are)."""
     n = sum(b.n_rows for b in blocks)
     rows = np.sort(np.random.default_rng(seed).choice(n, size=min(size, n), replace=False))
-    taken = read_rows(corpus, blocks, rows)
+    taken = docs.take(rows) if docs is not None else read_rows(corpus, blocks, rows)
     fresh, _ = encode_docs(encoder or spec.load(), taken, 64)
     stored_m = np.asarray(stored(rows), dtype=np.float32)
     found = cosines(stored_m, fresh)

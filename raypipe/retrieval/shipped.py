@@ -10,15 +10,24 @@ A build of the bundled corpus with a matching encoder (``retrieval.shipped_vecto
 checks the file before taking every block's vectors from it:
 
 1. the ``.npy``'s sha256 equals the one its ``.json`` records (a changed file is not used);
-2. a random sample of passages, re-encoded, matches their shipped rows within ``MAX_DISTANCE``: the
+2. every row is a unit vector within ``MAX_DISTANCE`` (the encoder normalises its vectors: a zeroed,
+   scaled or truncated row fails);
+3. a random sample of passages, re-encoded, matches their shipped rows within ``MAX_DISTANCE``: the
    float16 rounding of a unit vector (at most ``FLOAT16_ROUNDING``) plus the spread of the fp32 encoder
    between instruction sets (``ISA_SPREAD``, measured: AVX2 against AVX-512, docs/retrieval.md);
-3. what matters for a run: for a fixed sample of bundled questions, the top-k passages searched in the
+4. what matters for a run: for a random sample of bundled questions, the top-k passages searched in the
    shipped vectors are those a fresh encoding ranks first, in the same order (passages whose fresh scores
-   differ by less than the tolerance may swap: their order is below the file's precision).
+   differ by less than the tolerance may swap: their order is below the file's precision). The candidates
+   come from the file (its top k and those close behind) and from a fresh encoding: each question's own
+   context paragraphs (the dataset's supporting and distractor passages; among them are the passage ranked
+   first for 90% of the bundled questions and 67% of all top-3 passages), re-encoded and ranked by their
+   fresh vectors, so a damaged row of a passage that should rank first is re-encoded and seen, not just
+   missing from the file's ranking.
 
-A file that fails is logged and the corpus is encoded as usual. The index's manifest records which
-happened (``vectors``: ``shipped-float16`` or ``encoded``; ``build.vectors``: the checks' figures).
+The samples of checks 3 and 4 differ on every build (a fresh seed, recorded with the figures and logged),
+so repeated builds check different rows. A file that fails is logged and the corpus is encoded as usual.
+The index's manifest records which happened (``vectors``: ``shipped-float16`` or ``encoded``;
+``build.vectors``: the checks' figures and ``seed``).
 
 The file is reproducible: ``raypipe index --set retrieval.shipped_vectors=false --force --export-vectors
 DIR`` encodes the corpus and writes that index's vectors in this format; rounded to float16 they equal the
@@ -29,24 +38,28 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
-from raypipe.data.loaders import BUNDLED_DATASETS, BUNDLED_DIR, load_datasets
+from raypipe.data.loaders import BUNDLED_DATASETS, BUNDLED_DIR, Question, iter_corpus, load_datasets
 from raypipe.retrieval.build import Block, EncodedBlock, encode_docs, read_block
 from raypipe.retrieval.encoders import Encoder, EncoderSpec
-from raypipe.retrieval.import_faiss import ImportVerificationError, cosines, read_rows, verify_sample
+from raypipe.retrieval.import_faiss import ImportVerificationError, cosines, verify_sample
 from raypipe.retrieval.index import IndexMismatchError, file_sha256, load_index_dir
+from raypipe.retrieval.store import passages_table
 
 log = logging.getLogger(__name__)
 SHIPPED_DIR = BUNDLED_DIR / "vectors"
 SHIPPED_VERIFY_SAMPLE = 32  # random passages re-encoded
 SHIPPED_VERIFY_QUESTIONS = 12  # bundled questions whose top-k is compared
 SHIPPED_VERIFY_TOPK = 10
+SHIPPED_READ_TOPK = 3  # the passages the agents read by default: their top 3 are counted apart
 FORMAT = "raypipe shipped vectors v2"  # v2: the .npy's sha256 is recorded and checked
 # ||float16(v) - v|| for a unit vector v: at most half a float16 ulp (2^-11 relative) per component, plus
 # the absolute error of components small enough to be subnormal (2^-25 each, 384 of them at most)
@@ -71,10 +84,22 @@ def shipped_name(spec: EncoderSpec) -> str:
     return spec.name if spec.resolved_quantization == "int8" else f"{spec.name}-fp32"
 
 
-def sample_questions(size: int, seed: int = 0) -> list[str]:
-    """A fixed random sample of the bundled questions (all datasets): the queries the ranking check uses."""
-    questions = [q.question for q in load_datasets(list(BUNDLED_DATASETS))]
+def sample_questions(size: int, seed: int) -> list[Question]:
+    """A random sample of the bundled questions (all datasets): the queries the ranking check uses."""
+    questions = load_datasets(list(BUNDLED_DATASETS))
     return [questions[i] for i in np.sort(np.random.default_rng(seed).choice(len(questions), size, replace=False))]
+
+
+def check_norms(vectors: np.ndarray) -> dict[str, Any]:
+    """Every row a unit vector within ``MAX_DISTANCE`` (float16 rounding moves a norm by at most
+    ``FLOAT16_ROUNDING``); :class:`ImportVerificationError` naming the rows that are not."""
+    norms = np.linalg.norm(np.asarray(vectors, dtype=np.float64), axis=1)
+    off = np.flatnonzero(np.abs(norms - 1) > MAX_DISTANCE)
+    if len(off):
+        shown = ", ".join(f"row {int(r)}: {norms[r]:.6f}" for r in off[:5])
+        raise ImportVerificationError(f"{len(off)} of {len(norms)} rows are not unit vectors (norm 1 +- {MAX_DISTANCE:.1e}): "
+                                      f"{shown}{' ...' if len(off) > 5 else ''}")
+    return {"norm_rows": len(norms), "norm_deviation_max": float(f"{np.abs(norms - 1).max():.3g}")}
 
 
 def same_ranking(shipped_top: np.ndarray, fresh_top: np.ndarray, fresh_scores: dict[int, float], tie: float) -> bool:
@@ -96,45 +121,60 @@ class ShippedVectors:
         return np.asarray(np.load(self.path, mmap_mode="r")[rows], dtype=np.float32)
 
     def verify(self, corpus: Path, blocks: list[Block], spec: EncoderSpec, size: int = SHIPPED_VERIFY_SAMPLE,
-               questions: int = SHIPPED_VERIFY_QUESTIONS, k: int = SHIPPED_VERIFY_TOPK) -> dict[str, Any] | None:
-        """Re-encode a random sample of passages and the passages a sample of questions ranks first, and
-        compare them with the shipped rows: the checks' result, or None (logged) when they do not match."""
+               questions: int = SHIPPED_VERIFY_QUESTIONS, k: int = SHIPPED_VERIFY_TOPK,
+               seed: int | None = None) -> dict[str, Any] | None:
+        """Check every row's norm, re-encode a random sample of passages and the passages a sample of
+        questions ranks first (in the file or freshly), and compare them with the shipped rows: the checks'
+        result, or None (logged) when they do not match. ``seed`` (default: a fresh one, recorded in the
+        result) draws both samples."""
+        seed = secrets.randbits(32) if seed is None else seed
+        log.info("checking the shipped vectors %s (sample seed %d)", self.path.name, seed)
         try:
+            stored = np.asarray(np.load(self.path, mmap_mode="r"), dtype=np.float32)
+            norms = check_norms(stored)
             encoder = spec.load()
-            check = verify_sample(self.rows, corpus, blocks, spec, size, MIN_COSINE, encoder=encoder)
-            check.update(self.verify_rankings(corpus, blocks, encoder, sample_questions(questions), k))
+            docs = passages_table(list(iter_corpus(corpus)))  # read once for both checks (no lexicon counts)
+            check = verify_sample(self.rows, corpus, blocks, spec, size, MIN_COSINE, seed=seed, encoder=encoder, docs=docs)
+            check.update(self.verify_rankings(docs, encoder, sample_questions(questions, seed), k, stored))
         except ImportVerificationError as exc:
-            log.warning("not using the shipped vectors %s: %s; encoding the corpus instead", self.path.name, exc)
+            log.warning("not using the shipped vectors %s (sample seed %d): %s; encoding the corpus instead",
+                        self.path.name, seed, exc)
             return None
-        return {"dtype": self.meta["dtype"], "sha256": self.meta["sha256"], **check}
+        return {"dtype": self.meta["dtype"], "sha256": self.meta["sha256"], **norms, **check}
 
-    def verify_rankings(self, corpus: Path, blocks: list[Block], encoder: Encoder, queries: list[str],
-                        k: int) -> dict[str, Any]:
-        """Search ``queries`` in the shipped vectors, re-encode every passage that could be in a top-k (the
-        top k, and those within twice ``MAX_DISTANCE`` of the k-th score: no other can overtake them if
-        every vector is within ``MAX_DISTANCE``, which is checked on them too) and require the fresh top-k
-        to be the shipped one."""
-        stored = np.asarray(np.load(self.path, mmap_mode="r"), dtype=np.float32)
+    def verify_rankings(self, docs: pa.Table, encoder: Encoder, questions: list[Question], k: int,
+                        stored: np.ndarray) -> dict[str, Any]:
+        """Search ``questions`` in the shipped vectors ``stored`` (of the corpus ``docs``), re-encode every passage that could be in a
+        top-k (the top k, those within twice ``MAX_DISTANCE`` of the k-th score: no other can overtake them
+        if every vector is within ``MAX_DISTANCE``, which is checked on them too; and each question's own
+        context paragraphs, whose rank comes from the fresh encoding alone) and require the fresh top-k to
+        be the shipped one."""
+        queries = [q.question for q in questions]
         k = min(k, len(stored))
         query_vectors = encoder.encode_queries(queries)
         scores = query_vectors @ stored.T
         order = np.argsort(-scores, axis=1, kind="stable")
         kth = scores[np.arange(len(queries)), order[:, k - 1]]
-        candidates = [order[i][scores[i, order[i]] >= kth[i] - 2 * MAX_DISTANCE] for i in range(len(queries))]
+        row_of = {doc_id: row for row, doc_id in enumerate(docs.column("doc_id").to_pylist())}
+        own = [np.asarray([row_of[p] for p in q.extra.get("paragraph_ids", ()) if p in row_of], dtype=np.int64)
+               for q in questions]  # fmt: skip
+        candidates = [np.union1d(order[i][scores[i, order[i]] >= kth[i] - 2 * MAX_DISTANCE], own[i])
+                      for i in range(len(queries))]  # fmt: skip
         rows = np.unique(np.concatenate(candidates))
-        fresh, _ = encode_docs(encoder, read_rows(corpus, blocks, rows), 64)
+        fresh, _ = encode_docs(encoder, docs.take(rows), 64)
         found = cosines(stored[rows], fresh)
         if (found < MIN_COSINE).any():
             raise ImportVerificationError(
-                f"{int((found < MIN_COSINE).sum())} of the {len(rows)} passages the sample questions rank first, "
-                f"re-encoded, do not match their shipped vectors (least cosine {found.min():.9f} < {MIN_COSINE:.9f})")
+                f"{int((found < MIN_COSINE).sum())} of the {len(rows)} passages the sample questions rank first or "
+                f"cite, re-encoded, do not match their shipped vectors (least cosine {found.min():.9f} < {MIN_COSINE:.9f})")
         fresh_of = dict(zip(rows.tolist(), range(len(rows))))
-        identical, differing = 0, []
+        identical, identical_read, differing = 0, 0, []
         for i, rows_i in enumerate(candidates):
             fresh_scores = {int(r): float(query_vectors[i] @ fresh[fresh_of[int(r)]]) for r in rows_i}
             fresh_top = sorted(rows_i.tolist(), key=lambda r: (-fresh_scores[r], r))[:k]
             shipped_top = order[i, :k]
             identical += bool(np.array_equal(shipped_top, fresh_top))
+            identical_read += bool(np.array_equal(shipped_top[:SHIPPED_READ_TOPK], fresh_top[:SHIPPED_READ_TOPK]))
             if not same_ranking(shipped_top, np.asarray(fresh_top), fresh_scores, 2 * MAX_DISTANCE):
                 differing.append(queries[i])
         if differing:
@@ -142,7 +182,8 @@ class ShippedVectors:
                 f"{len(differing)} of {len(queries)} sample questions rank other passages first in the shipped "
                 f"vectors than in a fresh encoding (top {k}), e.g. {differing[0]!r}")
         return {"rank_questions": len(queries), "rank_top_k": k, "rank_passages_encoded": len(rows),
-                "rank_identical": identical, "rank_cosine_min": round(float(found.min()), 9)}
+                "rank_own_paragraphs": int(sum(len(o) for o in own)), "rank_identical": identical,
+                f"rank_identical_top{SHIPPED_READ_TOPK}": identical_read, "rank_cosine_min": round(float(found.min()), 9)}
 
     def encode_blocks(self, spec: EncoderSpec, corpus: Path, blocks: list[Block]) -> Iterator[EncodedBlock]:
         """An ``EncodeBlocks`` that reads each block and takes its vectors from the file (no encoder)."""

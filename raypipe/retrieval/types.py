@@ -4,7 +4,8 @@
 (``raypipe.runtime.retrieval.open_retrieval``) is a :class:`RetrievalService`: it also stops what the job
 started (``shutdown``), and is either a :class:`ReplicaService` (replicas started for the job: the index they
 hold and where they were placed) or a :class:`SharedRetrievalService` (a deployment or server that outlives
-the job: ``describe`` says where it is and what it reports). Callers tell them apart with ``isinstance``.
+the job: ``describe`` says where it is and what it reports). Callers tell them apart with ``isinstance``. A search that fails because its query crashes the service
+raises :class:`QueryCrashError`; any other failure is an outage.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ class SearchResult:
     query: str
     hits: list[SearchHit] = field(default_factory=list)
     empty_query: bool = False  # the query was empty or whitespace: no search was run
+
+
+class QueryCrashError(RuntimeError):
+    """A query killed a retrieval replica even when it ran alone on it (``retrieval.max_query_crashes``): its
+    search fails, the client does not send it again, and the agent loop writes the row as ``query_crash``
+    (the question's own failure, which a rerun keeps)."""
 
 
 @runtime_checkable

@@ -27,9 +27,9 @@ FAISS on that input) would otherwise take down, retry after retry, every query c
   again a moment later, uncharged), then sends that one query under the claim (``search_alone``), which
   releases it. A death during ``search_alone`` is that query's alone; a death during ``claim`` is
   nobody's (the claim is asked again). A claim whose search does not come within ``claim_hold_s`` lapses.
-- A query that kills its replica while alone fails that search with :class:`QueryCrashError` ("in flight
-  at 3 retrieval replica deaths, the last one alone ..."), which the agent loop writes as
-  ``retrieval_error``; the client never sends it again. The other queries of its batches were charged
+- A query that kills its replica while alone fails that search with
+  :class:`~raypipe.retrieval.types.QueryCrashError` ("in flight at 3 retrieval replica deaths, the last one
+  alone ..."), which the agent loop writes as ``query_crash`` (kept by a rerun); the client never sends it again. The other queries of its batches were charged
   the same deaths, so some run alone once and succeed: their results are the same as without it.
 - So a query that kills every replica it reaches costs ``max_query_crashes`` + 1 replica restarts, and an
   innocent one coalesced with it ``max_query_crashes`` failed sends at most (then it runs alone). ``retrieval.max_task_retries``
@@ -57,7 +57,7 @@ from raypipe.retrieval.encoders import EncoderSpec
 from raypipe.retrieval.http_client import HttpRetriever
 from raypipe.retrieval.index import IndexDir, SearchParams
 from raypipe.retrieval.searcher import LocalRetriever
-from raypipe.retrieval.types import ReplicaService, SearchResult, SharedRetrievalService
+from raypipe.retrieval.types import QueryCrashError, ReplicaService, SearchResult, SharedRetrievalService
 from raypipe.runtime.cluster import current_node_id
 from raypipe.runtime.corpus_service import (
     CorpusMethods,
@@ -121,11 +121,6 @@ class RetrievalActor(CorpusMethods):
     async def stats(self) -> dict:
         """Search calls made for coalesced requests, searches run alone, requests refused while claimed."""
         return {"batches": self.batcher.batches, "alone": self.batcher.alone, "refused": self.batcher.refused}
-
-
-class QueryCrashError(RuntimeError):
-    """A query killed a retrieval replica even when it ran alone on it: its search fails, and the client
-    does not send it again."""
 
 
 class _Attempts:

@@ -124,8 +124,9 @@ def shipped_encoding(
     check = shipped.verify(corpus, plan_blocks(corpus, config.retrieval.build_block_rows), spec)
     if check is None:
         return None, None
-    log.info("using the shipped vectors %s: %d re-encoded passages match (cosine min %.5f)",
-             shipped.path, check["sample_rows"], check["cosine_min"])
+    log.info("using the shipped vectors %s: every row a unit vector, %d re-encoded passages and the rankings of %d "
+             "questions match (cosine min %.5f; sample seed %d)", shipped.path, check["sample_rows"],
+             check["rank_questions"], check["cosine_min"], check["seed"])
     return shipped.encode_blocks, {"source": "shipped", "file": shipped.path.name, "made_by": shipped.meta.get("made_by"), **check}
 
 
@@ -286,6 +287,6 @@ def print_summary(path: Path, elapsed: float) -> None:
     vectors = manifest.get("build", {}).get("vectors", {})
     if vectors.get("source") == "shipped":
         print(f"  {'vectors':<10} shipped {vectors['file']}, verified on {vectors['sample_rows']} re-encoded passages "
-              f"(cosine min {vectors['cosine_min']})")
+              f"(cosine min {vectors['cosine_min']}; sample seed {vectors.get('seed', 0)})")
     print(f"  {'size':<10} {size / 1e6:.1f} MB on disk")
     print(f"  {'elapsed':<10} {elapsed:.1f} s")

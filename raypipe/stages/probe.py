@@ -9,11 +9,13 @@ Driver (:func:`run_probe`): builds or reuses the index, starts the retrieval ser
 not yet written over the actor pool (``map_batches``), and writes each output batch as one part of both
 tables (same part name; iterations first, so a part in ``trajectories/`` means the batch is complete). A
 rerun skips the qids already in ``trajectories/`` and removes iteration parts a crash left without their
-trajectories part (:mod:`raypipe.agents.probe_run`). A generation actor whose process dies is restarted and
-its batches run again (up to ``generation.max_actor_restarts`` times); only the driver writes, and each
-output batch reaches it once. A dead engine is a dead actor: when the engine reports
-:class:`~raypipe.llm.base.EngineDiedError` (vLLM's EngineCore process died) the actor exits its process, so
-Ray restarts it with a new engine, instead of writing the batch's rows as engine errors. The crash ledger
+trajectories part (:mod:`raypipe.agents.probe_run`); it runs again the questions whose rows ended in an
+outage (``engine_error``, ``retrieval_error``; :mod:`raypipe.core.retry`) and removes their old rows when
+its first batch comes, so a rerun whose engine or retrieval does not start removes nothing. A generation
+actor whose process dies is restarted and its batches run again (up to ``generation.max_actor_restarts``
+times); only the driver writes, and each output batch reaches it once. A dead engine is a dead actor: when
+the engine reports :class:`~raypipe.llm.base.EngineDiedError` (vLLM's EngineCore process died) the actor
+exits its process, so Ray restarts it with a new engine, instead of writing the batch's rows as engine errors. The crash ledger
 (``raypipe/runtime/crashes.py``) bounds the questions that kill every engine. SIGINT or SIGTERM stops
 ``main`` within seconds (:func:`~raypipe.runtime.interrupt.shutdown_now`): the parts written are kept and
 the same command resumes. ``main`` ends the Ray that :func:`run_probe` started.
@@ -53,7 +55,7 @@ from raypipe.core.config import ConfigError, EngineConfig, RunConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.core.models import convert_in_background, locate_llm
 from raypipe.core.progress import waiting
-from raypipe.core.retry import retry_transient
+from raypipe.core.retry import drop_retried, plan_retry
 from raypipe.core.rundir import RunDir
 from raypipe.data.loaders import DataError, Question, load_datasets
 from raypipe.llm.base import Engine, EngineDiedError
@@ -142,8 +144,9 @@ def run_probe(
     info_path = run_dir.path / INFO_FILE
     info_path.write_text(yaml.safe_dump(run_info(config), sort_keys=False))
     done = done_qids(run_dir)
-    if config.generation.retry_transient:  # an outage's rows run again; the new row replaces the old
-        done -= set(retry_transient(run_dir, only={q.qid for q in questions}))
+    # an outage's rows run again; their old rows go when the first new batch comes (engine and retrieval up)
+    retried = plan_retry(run_dir, only={q.qid for q in questions}) if config.generation.retry_transient else {}
+    done -= set(retried)
     todo = [q for q in questions if q.qid not in done]
     log.info("%d questions: %d already written, %d to run -> %s", len(questions), len(questions) - len(todo), len(todo), run_dir.path)
     if not todo:
@@ -199,6 +202,9 @@ def run_probe(
                 for index, batch in enumerate(ds.iter_batches(batch_size=None, batch_format="pyarrow")):
                     if batch.num_rows == 0:
                         continue
+                    if retried:  # the rerun's engine and retrieval answered: the new rows replace the old
+                        drop_retried(run_dir, retried)
+                        retried = {}
                     progress.wrote(write_batch(run_dir, batch, f"part-{stamp}-{index:05d}"))
                     engine = json.loads(batch.column("engine")[0].as_py())
                     if engine not in engines:  # one entry per distinct engine (actors share a configuration)

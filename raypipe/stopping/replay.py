@@ -34,13 +34,21 @@ import pyarrow as pa
 
 from raypipe.core.metrics import DEFAULT_RULE, Rule, exact_match
 from raypipe.core.rundir import RunDir
-from raypipe.core.schema import STOP_CONTROLLER, STOP_ENGINE_CRASH, STOP_ENGINE_ERROR, STOP_RETRIEVAL_ERROR
+from raypipe.core.schema import (
+    STOP_CONTROLLER,
+    STOP_ENGINE_CRASH,
+    STOP_ENGINE_ERROR,
+    STOP_INTERNAL_ERROR,
+    STOP_QUERY_CRASH,
+    STOP_RETRIEVAL_ERROR,
+)
 
 log = logging.getLogger(__name__)
 
 # Trajectories with no natural outcome to compare against: infrastructure failures, and trajectories an
 # online controller already cut short.
-EXCLUDED_STOP_REASONS = (STOP_ENGINE_ERROR, STOP_ENGINE_CRASH, STOP_RETRIEVAL_ERROR, STOP_CONTROLLER)
+EXCLUDED_STOP_REASONS = (STOP_ENGINE_ERROR, STOP_ENGINE_CRASH, STOP_RETRIEVAL_ERROR, STOP_INTERNAL_ERROR, STOP_QUERY_CRASH,
+                         STOP_CONTROLLER)
 
 
 @dataclass(frozen=True)

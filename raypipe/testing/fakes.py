@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from raypipe.agents.hooks import CONTINUE, StopDecision
-from raypipe.llm.base import EngineError, Generation, GenerationRequest
+from raypipe.llm.base import EngineError, EngineUnavailableError, Generation, GenerationRequest
 from raypipe.llm.common import engine_record, fit_max_tokens
-from raypipe.retrieval.types import SearchHit, SearchResult
+from raypipe.retrieval.types import QueryCrashError, SearchHit, SearchResult
 
 TEMPLATE = "<|user|>{content}<|assistant|>\n"
 
@@ -104,16 +104,19 @@ def hit(doc_id: str, title: str = "T", text: str = "text", score: float = 1.0) -
 
 
 class FakeRetriever:
-    """Each query gets ``n`` hits ``<query>-0 .. <query>-(n-1)``; ``fail_on`` queries raise."""
+    """Each query gets ``n`` hits ``<query>-0 .. <query>-(n-1)``; ``fail_on`` queries raise as in an outage
+    (``ConnectionError``), ``crash_on`` queries as a query that crashes its replica (``QueryCrashError``)."""
 
-    def __init__(self, n: int = 5, fail_on: Sequence[str] = ()):
-        self.n, self.fail_on = n, set(fail_on)
+    def __init__(self, n: int = 5, fail_on: Sequence[str] = (), crash_on: Sequence[str] = ()):
+        self.n, self.fail_on, self.crash_on = n, set(fail_on), set(crash_on)
         self.calls: list[tuple[list[str], int]] = []
 
     async def search(self, queries: Sequence[str], k: int) -> list[SearchResult]:
         self.calls.append((list(queries), k))
         if self.fail_on & set(queries):
             raise ConnectionError("retrieval service down")
+        if self.crash_on & set(queries):
+            raise QueryCrashError("in flight at 3 retrieval replica deaths, the last one alone")
         return [
             SearchResult(query=q, hits=[hit(f"{q}-{i}", f"Title {i}", f"passage {i} about {q}", 1.0 - i / 10) for i in range(min(k, self.n))])
             for q in queries
@@ -134,4 +137,4 @@ class ScriptedController:
         return CONTINUE
 
 
-__all__ = ["EngineError", "FakeEngine", "FakeRetriever", "ScriptedController", "agent_turns", "hit", "replies"]
+__all__ = ["EngineError", "EngineUnavailableError", "FakeEngine", "FakeRetriever", "ScriptedController", "agent_turns", "hit", "replies"]

@@ -28,7 +28,7 @@ import pyarrow as pa
 from raypipe.core.config import RunConfig, StopRagConfig, TrainConfig, load_config
 from raypipe.core.models import ModelNotFoundError
 from raypipe.core.rundir import PARTIAL_SUFFIX, RunDir
-from raypipe.core.schema import SCHEDULING_COLUMNS, STOP_ENGINE_CRASH, STOP_RETRIEVAL_ERROR
+from raypipe.core.schema import SCHEDULING_COLUMNS, STOP_ENGINE_CRASH, STOP_QUERY_CRASH, STOP_RETRIEVAL_ERROR
 from raypipe.data.loaders import BUNDLED_CORPUS, DataError, Question, load_questions
 from raypipe.llm.vllm_engine import process_running
 from raypipe.retrieval import IndexMismatchError
@@ -355,7 +355,8 @@ def retrieval_reference(work: Path, config: RunConfig) -> RunDir:
 def poison_retrieval_query(work: Path, config: RunConfig, reference: RunDir, kind: str) -> Outcome:
     """One question's query makes every replica process that searches it exit (``PoisonQuery``, inside the
     replica), among five normal ones sent at the same time. After ``retrieval.max_query_crashes`` deaths
-    it is searched alone, kills that replica too, and its row ends ``retrieval_error`` naming the deaths;
+    it is searched alone, kills that replica too, and its row ends ``query_crash`` naming the deaths (a rerun
+    keeps it);
     the queries coalesced with it are sent again (some alone) and every other row equals a run without
     the fault. With ``retrieval.max_task_retries=0`` (``retries off``) the first death fails its whole
     batch: those rows end ``retrieval_error``, the others (on the other replica) equal the run without it."""
@@ -369,7 +370,8 @@ def poison_retrieval_query(work: Path, config: RunConfig, reference: RunDir, kin
     killing = [call["queries"] for call in fault.calls() if call["killed"]]
     qid_of = {q.question: q.qid for q in qs}
     failed = {qid_of[q] for q in killing[0]} if retries == 0 and killing else {poison.qid}
-    out = check_run(f"poison retrieval query ({kind})", run, qs, started, expect=dict.fromkeys(failed, STOP_RETRIEVAL_ERROR))
+    reason = STOP_QUERY_CRASH if retries else STOP_RETRIEVAL_ERROR  # retries off: Ray's error, an outage as far as it says
+    out = check_run(f"poison retrieval query ({kind})", run, qs, started, expect=dict.fromkeys(failed, reason))
     deaths = 1 if retries == 0 else config.retrieval.max_query_crashes + 1
     if len(killing) != deaths:
         out.problems.append(f"{len(killing)} replica deaths, expected {deaths}")

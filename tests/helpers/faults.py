@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from raypipe.core.config import EngineConfig
-from raypipe.llm.base import EngineDiedError, EngineError, Generation, GenerationRequest
+from raypipe.llm.base import EngineDiedError, EngineUnavailableError, Generation, GenerationRequest
 from raypipe.llm.vllm_engine import VLLMEngine, process_running
 from raypipe.retrieval.types import SearchResult
 from raypipe.testing.fakes import FakeEngine
@@ -49,8 +49,8 @@ class ScriptedAgents:
     The answer is the first retrieved document's title, so it depends on what retrieval returned; the
     probe before any retrieval answers ``unknown``. ``crash_on``: the engine's process exits (as an
     out-of-memory kill would) the first time it sees that question (with a ``marker`` file; without one,
-    every time). ``error_on``: the engine raises an
-    ``EngineError`` on that question's turns. ``die_on``: the engine dies (``EngineDiedError``) on every
+    every time). ``error_on``: the engine cannot answer
+    (``EngineUnavailableError``, an outage: the row's ``engine_error``) on that question's turns. ``die_on``: the engine dies (``EngineDiedError``) on every
     turn of that question. ``delay_s``: every agent turn blocks that long, to keep a job running while a
     test interrupts it.
     """
@@ -73,7 +73,7 @@ class ScriptedAgents:
         if question == self.crash_on and (self.marker is None or fire_once(self.marker)):
             os._exit(1)
         if question == self.error_on:
-            raise EngineError("injected engine error")
+            raise EngineUnavailableError("injected engine outage")
         if question == self.die_on:
             raise EngineDiedError("injected engine death")
         time.sleep(self.delay_s)
