@@ -491,7 +491,7 @@ def scheduler_limits(engine: Any) -> Limits | None:
     scheduler = getattr(getattr(vllm, "vllm_config", None), "scheduler_config", None)
     if scheduler is None:
         return None
-    return Limits(scheduler.max_num_batched_tokens, scheduler.max_num_seqs, bool(scheduler.chunked_prefill_enabled))
+    return Limits(scheduler.max_num_batched_tokens, scheduler.max_num_seqs, bool(scheduler.enable_chunked_prefill))
 
 
 @dataclass

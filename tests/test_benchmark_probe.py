@@ -232,3 +232,16 @@ def test_counted_ratio_is_the_engines_own_work(bench):
     probing[1].counters = {**probing[1].counters, "generated": 12 + 22}  # 44 tokens computed against 22
     assert bench.counted_ratio(plain, probing, "steps") == pytest.approx([1.04, 1.10])
     assert bench.counted_ratio(plain, probing, "computed") == pytest.approx([1.0, 2.0])
+
+
+def test_scheduler_limits_read_vllms_own_config(bench):
+    from types import SimpleNamespace
+
+    from vllm.config import SchedulerConfig
+
+    scheduler = SchedulerConfig(max_model_len=2048, is_encoder_decoder=False, max_num_batched_tokens=4096,
+                                max_num_seqs=64, enable_chunked_prefill=False)  # fmt: skip
+    vllm = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=scheduler))
+    assert bench.scheduler_limits(SimpleNamespace(_llm=vllm)) == bench.Limits(4096, 64, chunked=False)  # async engine
+    assert bench.scheduler_limits(SimpleNamespace(llm=SimpleNamespace(llm_engine=vllm))) == bench.Limits(4096, 64, False)
+    assert bench.scheduler_limits(SimpleNamespace()) is None  # another engine (the fake)
