@@ -242,7 +242,7 @@ def print_table(runs: list[Run], warmup: float) -> None:
     def p(group: list[Run], q: float) -> list[float | None]:
         return [percentile(r.latencies, q) for r in group]
 
-    header = (f"{'loop':<6} {'load':>9} {'policy':<10} {'sent':>5} {'answered':>8} {'refused':>7} "
+    header = (f"{'loop':<6} {'load':>9} {'policy':<10} {'sent':>11} {'answered':>11} {'refused':>9} "
               f"{'answers/min':>18} {'p50 s':>17} {'p95 s':>17} {'p99 s':>17} {'iters':>5} {'gen tok':>7} "
               f"{'prefill':>7} {'F1':>5}  vs natural: ans/min / p50")  # fmt: skip
     print(header)
@@ -254,9 +254,9 @@ def print_table(runs: list[Run], warmup: float) -> None:
             vs = (f"{saving(middle(rate(group)), middle(rate(natural)), True)} / "
                   f"{saving(middle(p(group, 50)), middle(p(natural, 50)))}")
         where = f"{load:g} clients" if mode == "closed" else f"{load:.2f}/min"
-        print(f"{mode:<6} {where:>9} {policy:<10} {median_range([len(r.requests) for r in group], '.0f'):>5} "
-              f"{median_range([len(r.answers) for r in group], '.0f'):>8} "
-              f"{median_range([r.refused for r in group], '.0f'):>7} {median_range(rate(group), '.2f'):>18} "
+        print(f"{mode:<6} {where:>9} {policy:<10} {median_range([len(r.requests) for r in group], '.0f'):>11} "
+              f"{median_range([len(r.answers) for r in group], '.0f'):>11} "
+              f"{median_range([r.refused for r in group], '.0f'):>9} {median_range(rate(group), '.2f'):>18} "
               f"{median_range(p(group, 50), '.1f'):>17} {median_range(p(group, 95), '.1f'):>17} "
               f"{median_range(p(group, 99), '.1f'):>17} {per_answer(group, lambda a: a['iterations']):>5.2f} "
               f"{per_answer(group, lambda a: a['cost']['generated_tokens']):>7.1f} "

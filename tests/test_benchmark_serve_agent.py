@@ -128,3 +128,18 @@ def test_open_loop_sends_at_the_arrival_times(bench):
     requests = asyncio.run(bench.open_loop(send, ["a", "b", "c"], times))
     assert sent == ["a", "b", "c"] and [r.status for r in requests] == [503, 503, 503]
     assert max(r.sent for r in requests) < 0.15  # all sent before the first came back
+
+
+def test_the_table_shows_a_percentile_only_where_supported(bench, capsys):
+    answer = {"iterations": 2, "cost": {"generated_tokens": 100, "prefilled_tokens": 50}, "f1": 0.5}
+
+    def run(policy: str, n: int, repeat: int):
+        return bench.Run("closed", 1, policy, repeat,
+                         [bench.Request(10.0 * i, 10.0 * i + 10, 200, answer) for i in range(n)])  # fmt: skip
+
+    bench.print_table([run("natural", 20, 0), run("natural", 19, 1), run("cap1", 5, 0)], warmup=0.1)
+    rows = {line.split()[3]: line for line in capsys.readouterr().out.splitlines() if line.startswith("closed")}
+    # natural: p95 from the 20-answer repeat only ([1/2]); cap1: 5 answers, no p95; nobody has 100 for p99
+    assert "[1/2]" in rows["natural"] and rows["natural"].count(" - ") == 1
+    assert rows["cap1"].count(" - ") == 2
+    assert "6.00" in rows["natural"]  # one answer every 10 s in the window: 6 per minute
