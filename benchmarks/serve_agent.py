@@ -329,8 +329,11 @@ def main() -> None:
     handle = serve.get_app_handle(config.serve_agent.deployment)
     runs: list[Run] = []
 
-    async def one_run(mode: str, load: float, name: str, policy: dict, repeat: int, seed: int) -> Run:
-        handle.reset_prefix_cache.remote().result()
+    def one_run(mode: str, load: float, name: str, policy: dict, repeat: int, seed: int) -> Run:
+        handle.reset_prefix_cache.remote().result()  # outside the clients' event loop: a blocking call
+        return asyncio.run(load_run(mode, load, name, policy, repeat, seed))
+
+    async def load_run(mode: str, load: float, name: str, policy: dict, repeat: int, seed: int) -> Run:
         log.info("%s loop at %g, %s, repeat %d: %d requests", mode, load, name, repeat, len(questions))
         async with httpx.AsyncClient(timeout=None) as client:
             send = sender(client, url, policy, name)
@@ -345,7 +348,7 @@ def main() -> None:
         for repeat in range(args.repeats):
             for clients in floats(args.clients):
                 for name, policy in policies if turn % 2 == 0 else policies[::-1]:
-                    runs.append(asyncio.run(one_run("closed", clients, name, policy, repeat, 0)))
+                    runs.append(one_run("closed", clients, name, policy, repeat, 0))
                 turn += 1
         rates: dict[str, list[float]] = {}
         for name, _ in policies:
@@ -359,7 +362,7 @@ def main() -> None:
                 for name, policy in policies if turn % 2 == 0 else policies[::-1]:
                     if i < len(rates[name]):
                         seed = args.seed + 1000 * repeat + i  # the same arrivals for every policy at a point
-                        runs.append(asyncio.run(one_run("open", rates[name][i], name, policy, repeat, seed)))
+                        runs.append(one_run("open", rates[name][i], name, policy, repeat, seed))
                 turn += 1
     finally:
         undeploy_agent(config)
