@@ -27,17 +27,21 @@ last in the order, so the engine changes as seldom as the alternation allows); e
 It prints one row per variant (median over repeats, and the spread): trajectories/min, tokens, the
 prompt tokens served from the prefix cache and those prefilled, retrieval and engine seconds (from the
 cost columns of iterations/, raypipe.core.schema.ITERATION_COSTS); the ratios with their per-repeat
-range; for the lock-step variants, how full the barrier leaves the decode slots and what dropping it can
-gain in decode steps; for ``probe-first``, what running the probes beside the next turns can gain in decode steps; how many agent transcripts differ between variants (probing must not change the
-agent's own turns; batch numerics may; ``--show-differences`` lists where each first differs); per
-variant, the rows against the engine's own counters (vLLM's Prometheus totals of prompt, cached and
-generated tokens and finished requests over the run: counted by its scheduler, not derived from the rows)
-and its steps (how many, the tokens each computed, wall ms per step, preemptions); the CPU seconds of the
-process tree per run and the machine's steal time over it, and the probing overhead in CPU seconds beside
-the wall ratio (where the spread between repeats comes from: CPU seconds near cores x wall say the run kept
-the cores busy, steal says whether the hypervisor took them; what is left is the cores' own speed);
-the peak memory (PSS, and summed RSS) of the whole process tree. ``--job`` also runs ``jobs/probe.py`` and
-reports its wall and memory.
+range; for the lock-step variants, how full the barrier leaves the decode slots; how many agent transcripts
+differ between variants (probing must not change the agent's own turns; batch numerics may;
+``--show-differences`` lists where each first differs); per variant, the rows against the engine's own counters
+(vLLM's Prometheus totals of prompt, cached and generated tokens and finished requests over the run: counted by
+its scheduler, not derived from the rows) and its steps (how many, the tokens each computed, wall ms per step,
+preemptions), and a model of those steps from the rows (:func:`modelled_steps`: prefill, the scheduler's limits
+read from the engine, the probes beside or before the next turns, the barrier) against the engine's count on
+every run, flagged MISMATCH where off by more than 10%; from that model, what the barrier and the probes before
+the next turns cost in engine steps on the same rows; the engine's counted steps of each variant over the
+stage's (the ratio of engine time only where a step costs the same whatever it holds); the engine's work with
+probing over without (tokens computed and steps, by its counters); the CPU seconds of the process tree per run
+and the machine's steal time over it (CPU seconds near cores x wall say the run kept the cores busy, steal says
+whether the hypervisor took them: where the spread between repeats comes from; on busy cores a ratio of CPU
+seconds is the wall's ratio again, so none is printed); the peak memory (PSS, and summed RSS) of the whole
+process tree. ``--job`` also runs ``jobs/probe.py`` and reports its wall and memory.
 
     python benchmarks/probe.py [--config PRESET] [--set KEY=VALUE ...] [--limit N] [--repeats 3]
         [--variants probe,offline-turn-sync] [--show-differences] [--job]
