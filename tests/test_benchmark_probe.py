@@ -140,3 +140,108 @@ def test_cpu_summary_is_median_and_range_over_the_runs(bench):
     for run, cpu, steal in zip(runs, (100.0, 130.0, 110.0), (0.0, 4.0, 1.5)):
         run.cpu_s, run.steal_s = cpu, steal
     assert bench.cpu_summary(runs) == "110.0 CPU s of the process tree (100.0-130.0), 1.5 s stolen from the machine (0.0-4.0)"
+
+
+def step_rows(*trajectories: list[tuple[int, int, int, int]]) -> list[dict]:
+    """Iteration rows: per trajectory, per turn (turn prefill, turn tokens, probe prefill, probe tokens); a turn
+    prefill of 0 is a forced answer's row (its probe only). Nothing cached: every prompt token is prefilled."""
+    out = []
+    for t, turns in enumerate(trajectories):
+        for i, (turn_prefill, generated, probe_prefill, probe) in enumerate(turns):
+            out.append({"qid": f"t{t}", "iteration": i, "tokens_generated": generated, "probe_tokens": probe,
+                        "prompt_tokens": turn_prefill + probe_prefill, "cached_tokens": 0,
+                        "probe_prompt_tokens": probe_prefill, "probe_cached_tokens": 0})  # fmt: skip
+    return out
+
+
+
+@pytest.fixture
+def wide(bench):
+    return bench.Limits(tokens=10_000, seqs=256)
+
+
+def test_one_request_takes_its_generated_tokens_in_steps(bench, wide):
+    # the step that ends the prompt samples the first token: 1 + 4 decode steps
+    assert bench.modelled_steps(step_rows([(10, 5, 0, 0)]), bench.OVERLAP, wide) == 5
+    # a prompt longer than a step's tokens is prefilled in chunks: 8 + 8 + 4 (and the first token), then 2 more
+    assert bench.modelled_steps(step_rows([(20, 3, 0, 0)]), bench.OVERLAP, bench.Limits(8, 256)) == 5
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_probes_beside_the_next_turn_leave_the_path(bench, wide, lag):
+    one = step_rows([(1, 10, 1, 2), (1, 10, 1, 2)])
+    # turns 10 + 10 steps, the first probe beside the second turn, the last probe after it: 22 (the gaps a lag
+    # leaves between requests are no engine steps); one after another: 10 + 2 + 10 + 2
+    assert bench.modelled_steps(one, bench.OVERLAP, wide, lag=lag) == 22
+    assert bench.modelled_steps(one, bench.PROBE_FIRST, wide, lag=lag) == 24
+    assert bench.modelled_steps(one, bench.LOCKSTEP_SCHEDULE, wide, lag=lag) == 24
+
+
+def test_the_barrier_makes_every_phase_its_longest_request(bench, wide):
+    rows = step_rows([(1, 10, 1, 1), (1, 1, 1, 1)], [(1, 1, 1, 1), (1, 10, 1, 1)])
+    # lock-step: phases of 10, 1, 10, 1 steps; without it both trajectories end by step 12 (0-11)
+    assert bench.modelled_steps(rows, bench.LOCKSTEP_SCHEDULE, wide, lag=0) == 22
+    assert bench.modelled_steps(rows, bench.OVERLAP, wide, lag=0) == 12
+    assert bench.modelled_gain(rows, wide, bench.LOCKSTEP_SCHEDULE, bench.OVERLAP) == pytest.approx(
+        bench.modelled_steps(rows, bench.LOCKSTEP_SCHEDULE, wide) / bench.modelled_steps(rows, bench.OVERLAP, wide))
+
+
+def test_prefill_takes_steps_of_its_own_when_prompts_crowd_a_step(bench):
+    rows = step_rows([(3, 2, 0, 0)], [(3, 2, 0, 0)], [(3, 2, 0, 0)])
+    # 4 tokens and 2 sequences a step: step 0 prefills 3 + 1, step 1 decodes one and ends the other's prompt,
+    # step 2 decodes it and admits the third (3), step 3 decodes the third: 4 steps, not the 2 of the decode count
+    assert bench.modelled_steps(rows, bench.OVERLAP, bench.Limits(4, 2)) == 4
+    assert bench.modelled_steps(rows, bench.OVERLAP, bench.Limits(4, 2, chunked=False)) == 4
+    assert bench.modelled_steps(rows, bench.OVERLAP, bench.Limits(1000, 256)) == 2
+    # one trajectory in flight at a time: 2 steps each
+    assert bench.modelled_steps(rows, bench.OVERLAP, bench.Limits(1000, 256), concurrency=1) == 6
+
+
+def test_a_forced_answer_waits_for_every_probe(bench, wide):
+    # turn 0 (5 steps), its probe of 8 beside turn 1 (2 steps); the forced answer (a probe-only row) waits for
+    # the first probe: 5 + 8 + 3 = 16, not 5 + 2 + 3
+    rows = step_rows([(1, 5, 1, 8), (1, 2, 0, 0), (0, 0, 1, 3)])
+    assert bench.modelled_steps(rows, bench.OVERLAP, wide, lag=0) == 16
+
+
+def test_cached_prompt_tokens_are_not_prefilled(bench):
+    rows = step_rows([(20, 2, 0, 0)])
+    rows[0]["cached_tokens"] = 16  # 4 left to compute: one step at 8 tokens a step
+    assert bench.modelled_steps(rows, bench.OVERLAP, bench.Limits(8, 256)) == 2
+
+
+def step_result(bench, steps: float, name: str = "probe"):
+    """A run of one trajectory: one turn of 12 tokens after a 10-token prompt (12 modelled steps), and the engine's
+    counters with ``steps`` steps."""
+    outputs = [TrajectoryOutput({"qid": "t0"}, step_rows([(10, 12, 0, 0)]))]
+    counters = {"prompt": 10, "cached": 0, "generated": 12, "requests": 1, "steps": steps}
+    return bench.Result(name, 0, 1.0, outputs, bench.SharedEngine(engine=None), counters,
+                        limits=bench.Limits(10_000, 256))
+
+
+def test_step_check_flags_a_model_off_the_engines_count(bench):
+    assert bench.step_check([step_result(bench, 12), step_result(bench, 13)], bench.OVERLAP, None) == (
+        "12/12, 12/13 modelled/counted per run, off by at most 7.7%: ok (tolerance 10%)")
+    assert bench.step_check([step_result(bench, 12), step_result(bench, 20)], bench.OVERLAP, None).endswith(
+        "off by at most 40.0%: MISMATCH (tolerance 10%)")
+
+
+def test_counted_ratio_is_the_engines_own_work(bench):
+    plain = [step_result(bench, 100), step_result(bench, 100)]
+    probing = [step_result(bench, 104), step_result(bench, 110)]
+    probing[1].counters = {**probing[1].counters, "generated": 12 + 22}  # 44 tokens computed against 22
+    assert bench.counted_ratio(plain, probing, "steps") == pytest.approx([1.04, 1.10])
+    assert bench.counted_ratio(plain, probing, "computed") == pytest.approx([1.0, 2.0])
+
+
+def test_scheduler_limits_read_vllms_own_config(bench):
+    from types import SimpleNamespace
+
+    from vllm.config import SchedulerConfig
+
+    scheduler = SchedulerConfig(max_model_len=2048, is_encoder_decoder=False, max_num_batched_tokens=4096,
+                                max_num_seqs=64, enable_chunked_prefill=False)  # fmt: skip
+    vllm = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=scheduler))
+    assert bench.scheduler_limits(SimpleNamespace(_llm=vllm)) == bench.Limits(4096, 64, chunked=False)  # async engine
+    assert bench.scheduler_limits(SimpleNamespace(llm=SimpleNamespace(llm_engine=vllm))) == bench.Limits(4096, 64, False)
+    assert bench.scheduler_limits(SimpleNamespace()) is None  # another engine (the fake)

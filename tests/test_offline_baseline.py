@@ -1,5 +1,6 @@
 """benchmarks/probe.py's offline-turn-sync baseline: the batching adapter over vLLM's offline ``LLM`` (a fake ``LLM``
-here: what is tested is the code around it), the lock-step gain bound and where two runs' transcripts differ."""
+here: what is tested is the code around it) and where two runs' transcripts differ (the step model is in
+tests/test_benchmark_probe.py)."""
 
 from __future__ import annotations
 
@@ -194,35 +195,6 @@ def test_without_a_barrier_every_request_is_its_own_call(offline):
     assert llm.calls == [["Hello"], ["Hello"]] and engine.batch_sizes == [1, 1]
 
 
-def rows(*trajectories: list[int | tuple[int, int]]) -> list[dict]:
-    """Iteration rows: per trajectory, its turns' generated tokens, or (turn tokens, probe tokens)."""
-    out = []
-    for t, turns in enumerate(trajectories):
-        for i, turn in enumerate(turns):
-            generated, probe = turn if isinstance(turn, tuple) else (turn, 0)
-            out.append({"qid": f"t{t}", "iteration": i, "tokens_generated": generated, "probe_tokens": probe})
-    return out
-
-
-@pytest.mark.parametrize(
-    "trajectories, gain, fill",
-    [
-        (([100, 100, 100], [1]), 300 / 300, 301 / 400),  # one long trajectory: nothing to gain, though slots idle
-        (([100, 1], [1, 1, 100], [100, 1], [100, 2]), 202 / 102, 406 / 508),  # gains more than 1 / fill
-        (([100, 10], [10, 100]), 200 / 110, 220 / 400),
-        (([(100, 20)], [(100, 10)]), 120 / 120, 230 / 240),  # a probe follows its turn in the trajectory too
-        (([50], [50]), 1.0, 1.0),
-    ],
-)
-def test_lockstep_gain_counts_decode_steps_not_idle_slots(bench, trajectories, gain, fill):
-    assert bench.lockstep_gain(rows(*trajectories)) == pytest.approx(gain, rel=1e-12)
-    assert bench.lockstep_fill(rows(*trajectories)) == pytest.approx(fill, rel=1e-12)
-
-
-def test_lockstep_gain_without_tokens_is_one(bench):
-    assert bench.lockstep_gain([]) == 1.0
-
-
 def result(bench, name: str, trajectories: dict[str, tuple[list[str], str]]):
     """A run of trajectories (qid -> (each row's reasoning, the transcript's tail)), transcripts built from them."""
     outputs = [TrajectoryOutput({"qid": qid, "transcript": "".join(reasoning) + tail},
@@ -245,17 +217,3 @@ def test_transcript_differences_name_the_first_differing_iteration(bench):
     assert where["tail"] == (None, "a forced Paris", "a forced Rome")  # every row agrees: the transcripts
     window = bench.first_difference("y" * 100 + "A" + "z" * 100, "y" * 100 + "B" + "z" * 100)
     assert window == ("y" * 10 + "A" + "z" * 49, "y" * 10 + "B" + "z" * 49)
-
-
-@pytest.mark.parametrize(
-    "trajectories, gain",
-    [
-        (([(30, 10), (30, 5)], [(50, 5)]), 75 / 65),  # the docstring's case
-        (([(100, 20)], [(100, 10)]), 1.0),  # one turn each: its probe is on the path either way
-        (([(10, 50), (10, 5)], [(5, 1)]), 75 / 60),  # a probe longer than the next turn still ends the trajectory
-        (([(40, 0), (40, 0)], [(10, 30), (10, 30)]), 80 / 80),  # the longest trajectory has no probe tokens
-    ],
-)
-def test_overlap_gain_counts_the_longest_trajectorys_steps(bench, trajectories, gain):
-    assert bench.overlap_gain(rows(*trajectories)) == pytest.approx(gain, rel=1e-12)
-    assert bench.overlap_gain([]) == 1.0
