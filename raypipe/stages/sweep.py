@@ -47,7 +47,7 @@ from raypipe.stopping.grid import HeadKey, choose_thresholds, evaluate_grid, pre
 from raypipe.stopping.heuristic import VARIANTS, Predictions
 from raypipe.stopping.inputs import SweepInputs, check_inputs, load_inputs
 from raypipe.stopping.outputs import DATA, FIGURE, STOPPING_DIR, TRADEOFF, headline_figures, output_files, write_outputs
-from raypipe.stopping.refit import predictions_table, refit_label, trial_head
+from raypipe.stopping.refit import predictions_table, trial_head
 from raypipe.stopping.replay import Trajectory
 from raypipe.stopping.selection import choose
 
