@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from raypipe.agents.loop import TrajectoryOutput
 from raypipe.core.config import PAPER_THETA_P, PAPER_THETA_U, PAPER_THETA_U_STRICT, HeuristicVariant, ServeAgentConfig
+from raypipe.core.http import one_line
 from raypipe.data.loaders import Question
-from raypipe.retrieval.http_client import one_line
 
 NATURAL, HEURISTIC, CAP, STOPRAG = "natural", "heuristic", "cap", "stoprag"
 POLICIES = (NATURAL, HEURISTIC, CAP, STOPRAG)
