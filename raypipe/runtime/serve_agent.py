@@ -68,6 +68,7 @@ from raypipe.retrieval.types import Retriever
 from raypipe.runtime.answering import Admission, AgentAnswerer, PolicyBook, within_deadline
 from raypipe.runtime.retrieval import placement
 from raypipe.runtime.service import RequestGate, replica_gate, start_proxy, undeploy_app, warn_if_open
+from raypipe.stopping.policies import check_policy
 
 HEADROOM = 8  # Serve lets this many requests more than max_in_flight reach a replica: /health, /ready, the 429s
 LATENCY_BUCKETS = [1, 2, 5, 10, 20, 30, 60, 120, 300, 600]
@@ -187,6 +188,7 @@ class AgentDeployment:
     @api.post("/v1/answer")
     async def answer(self, request: Request) -> Any:
         parsed = parse_answer_request(await request.body(), self.limits)
+        check_policy(parsed.policy)
         if parsed.stream:
             rows: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
             work = self._admitted(parsed, rows.put_nowait)  # refused (429, 400) before the stream starts
@@ -196,6 +198,7 @@ class AgentDeployment:
     @api.post("/v1/chat/completions")
     async def chat(self, request: Request) -> Any:
         chat, parsed = parse_chat_request(await request.body(), self.limits)
+        check_policy(parsed.policy)
         reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if chat.stream:
             work = self._admitted(parsed, None)
