@@ -832,8 +832,8 @@ def open_index(config: RunConfig):
     """The config's index (built if missing) in this process, behind the searcher a retrieval replica holds
     (``retrieval.search_threads`` applies)."""
     from raypipe.retrieval import encoder_spec, search_params
+    from raypipe.runtime.index_build import ensure_index
     from raypipe.runtime.retrieval import open_replica
-    from raypipe.stages.index import ensure_index
 
     retrieval = config.retrieval
     return open_replica(str(ensure_index(config, use_ray=False)), encoder_spec(retrieval), search_params(retrieval),

@@ -39,8 +39,8 @@ from raypipe.retrieval.evaluate import dataset_recall
 from raypipe.retrieval.index import DOCSTORE_FILE, RetrievalIndexError, load_index_dir, vector_source
 from raypipe.retrieval.searcher import LocalRetriever
 from raypipe.runtime.cluster import init_ray
+from raypipe.runtime.index_build import ensure_index
 from raypipe.runtime.retrieval import start_retrieval_service
-from raypipe.stages.index import ensure_index
 
 log = logging.getLogger("benchmarks.retrieval")
 

@@ -319,13 +319,12 @@ def main() -> None:
     from raypipe.runtime.cluster import init_ray
     from raypipe.runtime.retrieval import open_retrieval
     from raypipe.runtime.serve_agent import deploy_agent, undeploy_agent
-    from raypipe.stages.index import ensure_index
     from raypipe.stages.serve_agent import bundle_paths
 
     init_ray(config)
     controller, stoprag = bundle_paths(config, args.bundle, args.stoprag)
     started = time.monotonic()
-    retrieval = open_retrieval(config, ensure_index)
+    retrieval = open_retrieval(config)
     url = deploy_agent(config, retrieval, port=args.port, controller=controller, stoprag=stoprag)
     start_s = time.monotonic() - started
     handle = serve.get_app_handle(config.serve_agent.deployment)

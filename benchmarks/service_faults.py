@@ -112,8 +112,8 @@ def service_rows(work: Path) -> list[Row]:
     import ray
 
     from raypipe.retrieval import LocalRetriever, encoder_spec
+    from raypipe.runtime.index_build import ensure_index
     from raypipe.runtime.serve import deploy_retrieval, undeploy_retrieval
-    from raypipe.stages.index import ensure_index
 
     corpus = work / "corpus.jsonl"
     with BUNDLED_CORPUS.open() as src:

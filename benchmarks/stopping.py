@@ -96,7 +96,7 @@ def main() -> None:
     config = config_from_args(args)
 
     from raypipe.retrieval import LocalRetriever, encoder_spec, search_params
-    from raypipe.stages.index import ensure_index
+    from raypipe.runtime.index_build import ensure_index
     from raypipe.stopping.online import OnlineController, controller_from_path
 
     if args.which == "paper":

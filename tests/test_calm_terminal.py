@@ -20,8 +20,8 @@ from raypipe.retrieval.encoders import EncoderSpec
 from raypipe.runtime.cluster import DRIVER_LOG, NoActionNotices, route_driver_logs
 from raypipe.runtime.crashes import CrashLedger
 from raypipe.runtime.generation_progress import GenerationReporter, engine_start_hint, show_actor_logs
+from raypipe.runtime.index_build import BlockEncoder, _ipc_bytes
 from raypipe.stages import probe
-from raypipe.stages.index import BlockEncoder, _ipc_bytes
 from raypipe.testing.fakes import FakeRetriever
 
 REPO = Path(__file__).resolve().parents[1]

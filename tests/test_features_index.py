@@ -22,7 +22,7 @@ PASSAGES = [
 
 @pytest.fixture(scope="module")
 def index_config(tmp_path_factory):
-    from raypipe.stages.index import ensure_index
+    from raypipe.runtime.index_build import ensure_index
 
     root = tmp_path_factory.mktemp("index")
     path = root / "corpus.jsonl"

@@ -97,7 +97,7 @@ def test_features_through_the_retrieval_service_equal_an_in_process_index(ray_lo
     import json
 
     from raypipe.features.resources import IndexCorpus
-    from raypipe.stages.index import ensure_index
+    from raypipe.runtime.index_build import ensure_index
     from raypipe.testing.synthetic import _doc_text
 
     corpus = tmp_path / "corpus.jsonl"

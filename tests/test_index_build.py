@@ -14,7 +14,7 @@ from raypipe.retrieval import EncoderSpec, IndexSettings, LocalRetriever, encode
 from raypipe.retrieval import build as build_module
 from raypipe.retrieval.index import build_faiss, read_faiss
 from raypipe.retrieval.store import LEXICONS, CorpusStats
-from raypipe.stages.index import ensure_index
+from raypipe.runtime.index_build import ensure_index
 
 N = 45
 

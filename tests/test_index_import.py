@@ -15,8 +15,8 @@ from raypipe.data.loaders import Question, iter_corpus
 from raypipe.retrieval import EncoderSpec, IndexMismatchError, LocalRetriever, load_index_dir
 from raypipe.retrieval.import_faiss import ImportVerificationError, import_faiss
 from raypipe.retrieval.store import LEXICONS, CorpusStats
+from raypipe.runtime.index_build import ensure_index
 from raypipe.stages import index as index_stage
-from raypipe.stages.index import ensure_index
 from raypipe.testing.fakes import FakeEngine
 
 N = 30

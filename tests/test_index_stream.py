@@ -8,7 +8,7 @@ from raypipe.retrieval import IndexSettings, encoder_spec, load_index_dir, passa
 from raypipe.retrieval import build as build_module
 from raypipe.retrieval.index import build_faiss
 from raypipe.data.loaders import iter_corpus
-from raypipe.stages.index import ensure_index
+from raypipe.runtime.index_build import ensure_index
 from tests.test_index_build import config_for, corpus  # noqa: F401  (the module's corpus fixture)
 
 

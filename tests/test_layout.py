@@ -35,7 +35,9 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module))
-            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names if node.module == "raypipe"]
+            # `from raypipe.x import y`: y may be a module
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names
+                      if node.module.split(".")[0] == "raypipe"]  # fmt: skip
     return found
 
 
@@ -99,6 +101,49 @@ def test_job_entry_points_are_thin(job):
     imported = [n for n in code if isinstance(n, ast.ImportFrom)]
     assert [(n.module, [a.name for a in n.names]) for n in imported] == [(f"raypipe.stages.{job}", ["main"])]
     assert len(code) == 2, "an import and the __main__ guard, nothing else"
+
+
+def test_a_stage_module_imports_no_other_stage_module():
+    """A job's module is wiring for that job alone: what two jobs share (index building, the services' start and
+    stop) lives in ``raypipe.runtime`` (issue 42)."""
+    offenders = {  # one line per import statement
+        f"{path.relative_to(PACKAGE.parent)}:{line}": f"imports {name}"
+        for path in sorted((PACKAGE / "stages").glob("*.py"))
+        for line, name in imports_of(path)
+        if (name == "raypipe.stages" or name.startswith("raypipe.stages.")) and name != module_name(path)
+    }
+    assert not offenders, "\n".join(f"{where} {what}" for where, what in reversed(offenders.items()))
+
+
+def is_service_module(path: Path) -> bool:
+    """A service module defines a Ray Serve deployment: a class decorated with ``serve.deployment`` (called or not)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef):
+            for decorator in node.decorator_list:
+                target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                if ast.unparse(target) == "serve.deployment":
+                    return True
+    return False
+
+
+SERVICE_MODULES = {"raypipe.runtime.serve", "raypipe.runtime.serve_agent"}  # serve-retrieval's, serve-agent's
+
+
+def test_the_service_modules_are_the_serve_deployments():
+    assert {module_name(p) for p in package_modules() if is_service_module(p)} == SERVICE_MODULES
+
+
+def test_a_service_does_not_import_another_services_module():
+    """What the services share (the request gate, the token check, the proxy, undeploying) lives in
+    ``raypipe.runtime.service``, not in one of them (issue 42)."""
+    offenders = {  # one line per import statement
+        f"{path.relative_to(PACKAGE.parent)}:{line}": f"imports {name}"
+        for path in package_modules()
+        if (own := module_name(path)) in SERVICE_MODULES
+        for line, name in imports_of(path)
+        if any(name == other or name.startswith(other + ".") for other in SERVICE_MODULES - {own})
+    }
+    assert not offenders, "\n".join(f"{where} {what}" for where, what in offenders.items())
 
 
 STAGE_MAX_LINES = 300  # issue 26: a stage module is wiring (its Ray adapter, its driver, its main), well under this

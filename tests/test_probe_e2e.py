@@ -52,7 +52,7 @@ def test_main_job_on_three_questions(tmp_path, small_corpus):
 def test_vllm_trajectories_equal_transformers_float32(small_corpus):
     from raypipe.llm.factory import build_engine
     from raypipe.retrieval import LocalRetriever, encoder_spec, search_params
-    from raypipe.stages.index import ensure_index
+    from raypipe.runtime.index_build import ensure_index
 
     config = load_config("embedded", ["engine.dtype=float32", "agent.enforcement=none", "agent.max_turns=2",
                                       "agent.max_new_tokens=48", "agent.probe_max_tokens=16", f"data.corpus={small_corpus}"])  # fmt: skip

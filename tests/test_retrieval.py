@@ -30,7 +30,7 @@ from raypipe.retrieval.evaluate import dataset_recall, recall_at_k
 from raypipe.retrieval.index import build_faiss, check_encoder
 from raypipe.retrieval.store import LEXICON_FILES, LEXICONS, MissingLexiconError
 from raypipe.retrieval.termtable import TermTable
-from raypipe.stages.index import ensure_index
+from raypipe.runtime.index_build import ensure_index
 
 N_PASSAGES = 30
 

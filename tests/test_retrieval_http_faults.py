@@ -10,7 +10,8 @@ import time
 import pytest
 
 from raypipe.core.config import load_config
-from raypipe.retrieval.http_client import TOKEN_ENV, HttpRetriever, RetrievalResponseError, RetrievalServerError
+from raypipe.core.http import TOKEN_ENV
+from raypipe.retrieval.http_client import HttpRetriever, RetrievalResponseError, RetrievalServerError
 from raypipe.testing.http_faults import FaultyServer, Received, Reply, json_reply, search_r1_answer
 
 

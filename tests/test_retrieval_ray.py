@@ -13,8 +13,8 @@ from raypipe.retrieval import (
     load_index_dir,
     passage_text,
 )
+from raypipe.runtime.index_build import ensure_index
 from raypipe.runtime.retrieval import start_retrieval_service
-from raypipe.stages.index import ensure_index
 from tests.helpers.index_checks import assert_rows_are_their_passages
 
 ray = pytest.importorskip("ray")

@@ -52,7 +52,7 @@ def get_json(url: str, body: dict | None = None, token: str | None = None) -> di
 @pytest.fixture(scope="module")
 def config(tmp_path_factory):
     """The first passages of the bundled corpus, indexed in-process (seconds)."""
-    from raypipe.stages.index import ensure_index
+    from raypipe.runtime.index_build import ensure_index
 
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
     with BUNDLED_CORPUS.open() as src:
@@ -81,7 +81,7 @@ def test_command_prints_its_url_and_stops_cleanly_on_sigterm(config, tmp_path):
     token (from the environment, as docs/retrieval.md advises): every HTTP request must carry it."""
     import urllib.error
 
-    from raypipe.retrieval.http_client import TOKEN_ENV
+    from raypipe.core.http import TOKEN_ENV
 
     port, token = free_port(), "t0ken-for-the-test"
     settings = [f"data.corpus={config.data.corpus}", f"retrieval.index_dir={config.retrieval.index_dir}", "ray.num_cpus=1"]

@@ -364,7 +364,7 @@ def test_a_stream_whose_client_hangs_up_is_cancelled_on_the_server(service):
 def indexed(tmp_path_factory) -> list[str]:
     """Settings of a 40-passage index of the bundled corpus, built in-process (seconds)."""
     from raypipe.data.loaders import BUNDLED_CORPUS
-    from raypipe.stages.index import ensure_index
+    from raypipe.runtime.index_build import ensure_index
 
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
     with BUNDLED_CORPUS.open() as src:
@@ -467,7 +467,7 @@ def test_the_command_answers_as_the_probe_job_then_stops_on_sigint(paragraph_cor
     from raypipe.data.loaders import load_questions
     from raypipe.retrieval import LocalRetriever, encoder_spec, search_params
     from raypipe.runtime.generation import TrajectoryGenerator
-    from raypipe.stages.index import ensure_index
+    from raypipe.runtime.index_build import ensure_index
 
     corpus = paragraph_corpus(("hotpotqa",), 2)
     settings = ["agent.max_turns=2", "agent.max_new_tokens=96", "agent.enforce_think_chars=150", "ray.num_cpus=2",

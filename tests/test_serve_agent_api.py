@@ -27,6 +27,7 @@ from raypipe.core.rundir import RunDir
 from raypipe.core.schema import ITERATIONS, STOP_ANSWER, STOP_CONTROLLER, TRAJECTORIES
 from raypipe.runtime.answering import Admission, AgentAnswerer, PolicyBook, within_deadline
 from raypipe.stopping.cap_online import CapController
+from raypipe.stopping.policies import check_policy
 from raypipe.testing.fakes import FakeEngine, FakeRetriever
 
 CONFIG = load_config("embedded", ["serve_agent.max_question_chars=200", "serve_agent.max_turns_limit=6"])
@@ -37,9 +38,17 @@ def body(data) -> bytes:
     return json.dumps(data).encode()
 
 
+def parsed(raw: bytes, parse=parse_answer_request) -> AnswerRequest:
+    """What the service does with a body: parse it, then check its policy against the registry."""
+    request = parse(raw, LIMITS)
+    request = request[1] if isinstance(request, tuple) else request
+    check_policy(request.policy)
+    return request
+
+
 def refused(data, parse=parse_answer_request) -> ApiError:
     with pytest.raises(ApiError) as caught:
-        parse(data if isinstance(data, bytes) else body(data), LIMITS)
+        parsed(data if isinstance(data, bytes) else body(data), parse)
     assert "\n" not in caught.value.detail
     return caught.value
 

@@ -121,7 +121,7 @@ def test_a_failing_search_group_fails_only_its_own_callers():
 
 
 def test_faiss_is_never_asked_for_more_than_the_passages_indexed(tmp_path):
-    from raypipe.stages.index import ensure_index
+    from raypipe.runtime.index_build import ensure_index
 
     corpus = tmp_path / "corpus.jsonl"
     with BUNDLED_CORPUS.open() as src:

@@ -17,7 +17,7 @@ from raypipe.retrieval import encoder_spec, load_index_dir
 from raypipe.retrieval import shipped as shipped_module
 from raypipe.retrieval.build import plan_blocks
 from raypipe.retrieval.index import IndexMismatchError, file_sha256
-from raypipe.stages.index import ensure_index
+from raypipe.runtime.index_build import ensure_index
 
 N = 40
 

@@ -19,21 +19,14 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from raypipe.agents.loop import TrajectoryOutput
-from raypipe.core.config import PAPER_THETA_P, PAPER_THETA_U, PAPER_THETA_U_STRICT, HeuristicVariant, ServeAgentConfig
+from raypipe.core.config import ServeAgentConfig
+from raypipe.core.http import one_line
 from raypipe.data.loaders import Question
-from raypipe.retrieval.http_client import one_line
-
-NATURAL, HEURISTIC, CAP, STOPRAG = "natural", "heuristic", "cap", "stoprag"
-POLICIES = (NATURAL, HEURISTIC, CAP, STOPRAG)
-# Named (θ_P, θ_U) pairs a heuristic policy may ask for; without a preset or thetas: the server's stopping.theta_*.
-THRESHOLD_PRESETS = {"paper": (PAPER_THETA_P, PAPER_THETA_U), "paper_strict": (PAPER_THETA_P, PAPER_THETA_U_STRICT)}
-VARIANT_NAMES = get_args(HeuristicVariant)
-
 
 class ApiError(Exception):
     """A request answered with HTTP ``status`` and a one-line ``detail`` instead of an answer."""
@@ -48,20 +41,16 @@ class _Strict(BaseModel):
 
 
 class Policy(_Strict):
-    """How the request's trajectory may stop early (``"cap"`` alone is short for ``{"name": "cap"}``)."""
+    """How the request's trajectory may stop early (``"cap"`` alone is short for ``{"name": "cap"}``): the wire
+    format, every setting's type. Which policies exist and which settings each takes: the registry,
+    :mod:`raypipe.stopping.policies`, which checks a parsed request's policy."""
 
-    name: str = NATURAL
+    name: str = "natural"
     theta_p: float | None = Field(default=None, allow_inf_nan=False)
     theta_u: float | None = Field(default=None, allow_inf_nan=False)
     preset: str | None = None
     variant: str | None = None
     k: int | None = Field(default=None, ge=0)
-
-    def label(self) -> str:
-        """How answers and metrics name it."""
-        if self.name == CAP:
-            return f"cap{self.k}"
-        return self.name
 
 
 class AnswerRequest(_Strict):
@@ -162,8 +151,8 @@ def parse_chat_request(body: bytes, limits: ServeAgentConfig) -> tuple[ChatReque
 
 
 def check_request(request: AnswerRequest, limits: ServeAgentConfig) -> None:
-    """What the models cannot say alone: a question to answer, within the server's limits, and a policy it knows
-    with only the settings that policy takes."""
+    """What the models cannot say alone: a question to answer, within the server's limits (the policy's settings:
+    :func:`raypipe.stopping.policies.check_policy`, which the service calls next)."""
     request.question = request.question.strip()
     if not request.question:
         raise ApiError(422, "question is empty")
@@ -175,23 +164,6 @@ def check_request(request: AnswerRequest, limits: ServeAgentConfig) -> None:
                             "(serve_agent.max_turns_limit)")  # fmt: skip
     if request.golden_answers is not None and not any(g.strip() for g in request.golden_answers):
         raise ApiError(422, "golden_answers is empty: leave it out for an unscored question")
-    check_policy(request.policy)
-
-
-def check_policy(policy: Policy) -> None:
-    if policy.name not in POLICIES:
-        raise ApiError(400, f"unknown policy {policy.name!r}: this server knows {', '.join(POLICIES)}")
-    given = {name for name in ("theta_p", "theta_u", "preset", "variant", "k") if getattr(policy, name) is not None}
-    takes = {HEURISTIC: {"theta_p", "theta_u", "preset", "variant"}, CAP: {"k"}}.get(policy.name, set())
-    if given - takes:
-        raise ApiError(422, f"policy {policy.name} takes no {', '.join(sorted(given - takes))}"
-                            + (f" (it takes {', '.join(sorted(takes))})" if takes else ""))  # fmt: skip
-    if policy.name == CAP and policy.k is None:
-        raise ApiError(422, "policy cap needs k: the retrieval iterations it allows (0: answer before any search)")
-    if policy.preset is not None and policy.preset not in THRESHOLD_PRESETS:
-        raise ApiError(422, f"unknown preset {policy.preset!r}: one of {', '.join(THRESHOLD_PRESETS)}")
-    if policy.variant is not None and policy.variant not in VARIANT_NAMES:
-        raise ApiError(422, f"unknown variant {policy.variant!r}: one of {', '.join(VARIANT_NAMES)}")
 
 
 def request_question(request: AnswerRequest, qid: str) -> Question:

@@ -3,7 +3,7 @@
 Agents (the ``Retriever`` protocol, :mod:`raypipe.retrieval.types`)::
 
     init_ray(config)                                                # raypipe.runtime.cluster: the job owns Ray
-    client = start_retrieval_service(config, ensure_index(config))  # raypipe.runtime / raypipe.stages.index
+    client = start_retrieval_service(config, ensure_index(config))  # raypipe.runtime.retrieval / .index_build
     results = await client.search(["who wrote ..."], k=config.retrieval.deep_k)
     results[0].hits[:3]                             # SearchHit(doc_id, score, title, text), best first
 

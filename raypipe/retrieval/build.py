@@ -10,7 +10,7 @@ The build is streamed so that no process holds the corpus and driver memory does
    doc-store rows), ``NNNNNN.df.arrow`` (its document frequencies in both lexicons) and ``NNNNNN.npy``
    (its embeddings, renamed into place last: a block is complete when its ``.npy`` exists). The encode
    function does this (:func:`local_encode_blocks` in this process; the index job passes a Ray Data pipeline,
-   :mod:`raypipe.stages.index`). A rerun after an interruption keeps every complete block and encodes
+   :mod:`raypipe.runtime.index_build`). A rerun after an interruption keeps every complete block and encodes
    only the rest; a plan made for another corpus or other settings is discarded.
 3. :func:`assemble_index` builds FAISS from the blocks chunk by chunk: a flat index is written to its file
    block by block (:func:`stream_flat_index`: one block in memory, whatever the corpus size); IVF/PQ/HNSW are

@@ -15,7 +15,7 @@ answer), a ceiling on the answer's size, and is retried with backoff on connecti
 the agent loop records on the row as ``retrieval_error`` with the message; the job goes on. An answer
 that is not what the API promises (not JSON, another JSON type, missing fields, another number of lists)
 is a :class:`RetrievalResponseError`, never a ``TypeError`` or ``KeyError``. A server started with a
-token (``raypipe serve-retrieval --token``) gets it from :data:`TOKEN_ENV` as a bearer token.
+token (``raypipe serve-retrieval --token``) gets it from :data:`~raypipe.core.http.TOKEN_ENV` as a bearer token.
 ``contents`` is split into title and text as the bundled corpus is
 (:func:`raypipe.data.loaders.split_contents`). Empty or whitespace queries are answered here, without a
 request, exactly as the in-job searcher answers them (no hits, ``empty_query=True``). Standard library
@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from raypipe.core.config import ConfigError
+from raypipe.core.http import TOKEN_ENV, one_line
 from raypipe.data.loaders import split_contents
 from raypipe.retrieval.batcher import QueryBatcher
 from raypipe.retrieval.encoders import passage_text
@@ -43,7 +44,6 @@ from raypipe.retrieval.types import SearchHit, SearchResult
 
 MAX_BACKOFF_S = 8.0  # ceiling of the exponential backoff between retries
 HEALTH_QUERY = "health check"  # the first call made when a server has no GET /health (Search-R1's has none)
-TOKEN_ENV = "RAYPIPE_RETRIEVAL_TOKEN"  # the bearer token `raypipe serve-retrieval` asks for and this client sends
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 2**20
 READ_CHUNK = 2**16
 NO_ENDPOINT = (404, 405, 501)  # what a server without an endpoint answers
@@ -130,12 +130,6 @@ def _preview(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def one_line(text: str, limit: int = 300) -> str:
-    """A server's words on one line (a message must reach the user as one line)."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def decode_json_object(raw: bytes, what: str) -> dict[str, Any]:
     """The JSON object ``raw`` holds; anything else (not JSON, a list, a number) is a
     :class:`RetrievalResponseError`."""
@@ -216,7 +210,7 @@ def _read_at_most(response: http.client.HTTPResponse, max_bytes: int) -> bytes:
 class HttpRetriever:
     """The ``Retriever`` protocol over a Search-R1-style server at ``url`` (see the module docstring).
 
-    ``token``: sent as ``Authorization: Bearer`` (default: the :data:`TOKEN_ENV` environment variable, read
+    ``token``: sent as ``Authorization: Bearer`` (default: the :data:`~raypipe.core.http.TOKEN_ENV` environment variable, read
     when the client is made, so the client carries it to the actors it is pickled to)."""
 
     def __init__(

@@ -6,11 +6,10 @@
 every request in flight shares the engine (vLLM batches them continuously) and the retriever. Each request's
 question gets a unique qid: controllers that keep per-trajectory state key it by qid.
 
-:class:`PolicyBook` turns a request's :class:`~raypipe.agents.answer_api.Policy` into a controller: natural
-(none), Cap@k (:class:`~raypipe.stopping.cap_online.CapController`), the 4-state heuristic
-(:class:`~raypipe.stopping.online.OnlineController` with the request's thresholds, on the one predictor bundle
-the replica loaded, its P̂/Û recorded for the answer) and Stop-RAG (the replica's Q-network). A policy whose
-bundle the server did not load is a 400.
+:class:`PolicyBook` turns a request's :class:`~raypipe.agents.answer_api.Policy` into a controller through the
+registry :mod:`raypipe.stopping.policies`: natural (none), Cap@k, the 4-state heuristic (with the request's
+thresholds, on the one predictor bundle the replica loaded, its P̂/Û recorded for the answer) and Stop-RAG (the
+replica's Q-network). A policy whose bundle the server did not load is a 400.
 
 :class:`RequestLog` (``--log-run RUN_DIR``) writes every answered request as rows of the probe job's
 ``trajectories/`` and ``iterations/`` tables (:func:`~raypipe.runtime.generation.write_batch`, one part per
@@ -34,11 +33,6 @@ import yaml
 
 from raypipe.agents import build_loop, build_protocol, visible_docs
 from raypipe.agents.answer_api import (
-    CAP,
-    HEURISTIC,
-    NATURAL,
-    STOPRAG,
-    THRESHOLD_PRESETS,
     Answer,
     AnswerRequest,
     ApiError,
@@ -57,9 +51,8 @@ from raypipe.llm.factory import build_engine
 from raypipe.retrieval.types import Retriever
 from raypipe.runtime.cluster import current_node_id
 from raypipe.runtime.generation import prepare_engine, to_table, write_batch
-from raypipe.stopping.cap_online import CapController
-from raypipe.stopping.heuristic import VARIANTS, Thresholds
-from raypipe.stopping.online import OnlineController, Predictor
+from raypipe.stopping.online import Predictor
+from raypipe.stopping.policies import Loaded, build_controller, check_offered, offered
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +82,9 @@ class RecordingPredictor:
 
 
 class PolicyBook:
-    """The stopping policies a replica offers (module docstring). ``predictor``: the heuristic's bundle
-    (``--controller``); ``stoprag``: the Stop-RAG controller (``--stoprag``); ``stopping``: the server's
-    default thresholds and variant."""
+    """The stopping policies a replica offers (module docstring; the registry
+    :data:`~raypipe.stopping.policies.POLICIES`). ``predictor``: the heuristic's bundle (``--controller``);
+    ``stoprag``: the Stop-RAG controller (``--stoprag``); ``stopping``: the server's default thresholds and variant."""
 
     def __init__(self, stopping: StoppingConfig, predictor: Predictor | None = None,
                  stoprag: StopController | None = None):  # fmt: skip
@@ -100,35 +93,17 @@ class PolicyBook:
 
     def check(self, policy: Policy) -> None:
         """A 400 for a policy this server does not offer (its bundle not loaded)."""
-        if policy.name not in self.offered():
-            needs = {STOPRAG: "a Stop-RAG Q-network (start the server with --stoprag PATH)",
-                     HEURISTIC: "a predictor bundle (start the server with --controller BUNDLE)"}  # fmt: skip
-            needs = needs.get(policy.name)
-            raise ApiError(400, f"policy {policy.name} needs {needs}, which this server has not loaded" if needs
-                           else f"unknown policy {policy.name!r}")  # fmt: skip
+        check_offered(policy, Loaded(self.stopping, self.predictor, self.stoprag))
 
     def controller(self, policy: Policy) -> tuple[StopController | None, str, Predictions]:
         """The controller of one request's policy, the policy as run, and where its predictions are recorded."""
-        self.check(policy)
         predictions: Predictions = {}
-        if policy.name == NATURAL:
-            return None, NATURAL, predictions
-        if policy.name == CAP:
-            return CapController(policy.k), policy.label(), predictions
-        if policy.name == STOPRAG:
-            return self.stoprag, STOPRAG, predictions
-        theta_p, theta_u = THRESHOLD_PRESETS.get(policy.preset, (self.stopping.theta_p, self.stopping.theta_u))
-        thresholds = Thresholds(theta_p if policy.theta_p is None else policy.theta_p,
-                                theta_u if policy.theta_u is None else policy.theta_u)  # fmt: skip
-        variant = policy.variant or self.stopping.variant
-        recorder = RecordingPredictor(self.predictor, self._lock, predictions)
-        controller = OnlineController(None, thresholds, VARIANTS[variant], predictor_factory=lambda: recorder)
-        label = f"heuristic(theta_p={thresholds.theta_p:g}, theta_u={thresholds.theta_u:g}, {variant})"
+        recorder = None if self.predictor is None else RecordingPredictor(self.predictor, self._lock, predictions)
+        controller, label = build_controller(policy, Loaded(self.stopping, recorder, self.stoprag))
         return controller, label, predictions
 
     def offered(self) -> list[str]:
-        return [NATURAL, CAP, *([HEURISTIC] if self.predictor is not None else []),
-                *([STOPRAG] if self.stoprag is not None else [])]  # fmt: skip
+        return offered(Loaded(self.stopping, self.predictor, self.stoprag))
 
 
 class RequestLog:

@@ -1,7 +1,7 @@
 """The retrieval service on Ray: replica actors that coalesce concurrent queries, and their client.
 
 ``start_retrieval_service(config, index_path)``, on the connected Ray and over an index directory that
-exists (the probe job builds or reuses it with :func:`raypipe.stages.index.ensure_index`), starts
+exists (the probe job builds or reuses it with :func:`raypipe.runtime.index_build.ensure_index`), starts
 ``retrieval.replicas`` :class:`RetrievalActor` s with ``retrieval.num_cpus`` / ``num_gpus`` each, waits
 until they have loaded (at most ``retrieval.start_timeout_s``: then :class:`RetrievalStartError`, which names
 what each replica asks), and returns a :class:`RetrievalClient`. The client is picklable (it holds actor
@@ -52,7 +52,7 @@ from pathlib import Path
 
 from raypipe.core.config import RunConfig
 from raypipe.retrieval.batcher import ClaimLost, QueryBatcher, ReplicaBusy
-from raypipe.retrieval.build import encoder_spec, search_params
+from raypipe.retrieval.build import encoder_spec, index_dir_for, search_params
 from raypipe.retrieval.encoders import EncoderSpec
 from raypipe.retrieval.http_client import HttpRetriever
 from raypipe.retrieval.index import IndexDir, SearchParams
@@ -66,6 +66,7 @@ from raypipe.runtime.corpus_service import (
     ReplicaTransport,
     ServeTransport,
 )
+from raypipe.runtime.index_build import ensure_index
 
 log = logging.getLogger(__name__)
 
@@ -305,9 +306,10 @@ def start_retrieval_service(config: RunConfig, index_path: str | Path,
                            cfg.max_query_crashes)
 
 
-def open_retrieval(config: RunConfig, ensure_index: Callable[[RunConfig], Path]) -> ReplicaService | SharedRetrievalService:
+def open_retrieval(config: RunConfig, build: bool = True) -> ReplicaService | SharedRetrievalService:
     """The job's retrieval service for ``retrieval.backend``, on the connected Ray: replicas started here over
-    ``ensure_index(config)`` (``actors``), a Search-R1-style server at ``retrieval.url`` (``http``), or the
+    the configured index (``actors``: built or reused by :func:`ensure_index` when ``build``, else the existing
+    directory :func:`index_dir_for` names), a Search-R1-style server at ``retrieval.url`` (``http``), or the
     ``raypipe serve-retrieval`` deployment ``retrieval.deployment`` on the job's Ray cluster (``serve``). Its
     ``shutdown()`` stops only what the job started."""
     backend = config.retrieval.backend
@@ -317,7 +319,7 @@ def open_retrieval(config: RunConfig, ensure_index: Callable[[RunConfig], Path])
         from raypipe.runtime.serve_client import ServeRetriever
 
         return ServeRetriever(config.retrieval.deployment, config.retrieval.serve_timeout_s)
-    return start_retrieval_service(config, ensure_index(config))
+    return start_retrieval_service(config, ensure_index(config) if build else index_dir_for(config))
 
 
 def corpus_transport(service: ReplicaService | SharedRetrievalService) -> CorpusTransport:

@@ -24,7 +24,7 @@ queries, its ``topk`` (and never more than the passages indexed), its body's siz
 of a corpus call, and its time from arrival to answer. Each refusal is a 4xx whose JSON ``detail`` names
 the setting (through a handle, a :class:`RequestError`). The corpus work runs in worker threads, so a big
 corpus call does not hold up other clients' searches. With a token (``raypipe serve-retrieval --token``
-or the environment variable :data:`~raypipe.retrieval.http_client.TOKEN_ENV`) every HTTP request needs
+or the environment variable :data:`~raypipe.core.http.TOKEN_ENV`) every HTTP request needs
 ``Authorization: Bearer TOKEN`` (401 otherwise); Serve handle calls come from inside the Ray cluster and
 need none.
 """
@@ -32,7 +32,6 @@ need none.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -43,19 +42,19 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ray import serve
-from ray.serve.exceptions import RayServeException
 
 from raypipe.core.config import RetrievalConfig, RunConfig
+from raypipe.core.http import one_line
 from raypipe.retrieval.build import encoder_spec, search_params
 from raypipe.retrieval.encoders import EncoderSpec
-from raypipe.retrieval.http_client import TOKEN_ENV, one_line, retrieve_response
+from raypipe.retrieval.http_client import retrieve_response
 from raypipe.retrieval.index import IndexDir, SearchParams
 from raypipe.retrieval.types import SearchResult
 from raypipe.runtime.corpus_service import PREFIX, CorpusMethods
 from raypipe.runtime.retrieval import open_replica
+from raypipe.runtime.service import RequestGate, replica_gate, start_proxy, undeploy_app, warn_if_open
 
 DEFAULT_TOPK = 3  # Search-R1's retrieval_server.py --topk default, used when neither the request nor retrieval.top_k sets it
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -113,60 +112,6 @@ class ServeLimits:
         if count > self.max_items:
             raise RequestError(413, f"{count} {field} in one request, over this server's limit of {self.max_items} "
                                "(retrieval.serve_max_items): send them in chunks")  # fmt: skip
-
-
-class RequestGate:
-    """ASGI middleware in front of the routes: the bearer token, then the body's size, both checked before
-    FastAPI reads or parses anything (a body is read up to the limit, never further). ``settings()`` gives
-    the serving replica's ``(token, max_body_bytes)``; ``body_setting`` names the limit in the 413's detail."""
-
-    def __init__(self, app: Any, settings: Callable[[], tuple[str | None, int]],
-                 body_setting: str = "retrieval.serve_max_body_bytes"):  # fmt: skip
-        self.app, self.settings, self.body_setting = app, settings, body_setting
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        token, max_bytes = self.settings()
-        headers = dict(scope["headers"])
-        if token and not hmac.compare_digest(headers.get(b"authorization", b""), f"Bearer {token}".encode()):
-            detail = f"this server wants the header `Authorization: Bearer TOKEN` (raypipe's client sends ${TOKEN_ENV})"
-            await JSONResponse({"detail": detail}, 401, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
-            return
-        too_big = JSONResponse({"detail": f"a request body over this server's limit of {max_bytes:,} bytes "
-                                          f"({self.body_setting})"}, 413)  # fmt: skip
-        length = headers.get(b"content-length", b"")
-        if length.isdigit() and int(length) > max_bytes:
-            await too_big(scope, receive, send)
-            return
-        body = bytearray()
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > max_bytes:
-                await too_big(scope, receive, send)
-                return
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": bytes(body), "more_body": False}
-
-        await self.app(scope, replay, send)
-
-
-def replica_gate() -> tuple[str | None, int]:
-    """The serving replica's token and body limit (the app and its middleware exist before any replica)."""
-    replica = serve.get_replica_context().servable_object
-    return replica.token, replica.limits.max_body_bytes
 
 
 api = FastAPI(title="raypipe retrieval", description="Search-R1's POST /retrieve over a raypipe index")
@@ -355,31 +300,12 @@ def deploy_retrieval(config: RunConfig, index_path: str | Path, host: str = "127
     """Start Serve's HTTP proxy at ``host:port`` (on the connected Ray), run the application and wait
     until every replica has loaded the index; returns the base URL. ``token``: the bearer token every
     HTTP request must carry (None: none)."""
-    if host not in LOOPBACK and not token:
-        log.warning("listening on %s without a token: anyone who can reach port %d can search the index and read "
-                    "its passages, vectors and term counts (docs/retrieval.md); set --token or %s",
-                    host, port, TOKEN_ENV)  # fmt: skip
+    warn_if_open(host, port, token, "search the index and read its passages, vectors and term counts "
+                 "(docs/retrieval.md)")  # fmt: skip
     start_proxy(host, port, config.retrieval.serve_timeout_s)
     serve.run(retrieval_app(config, index_path, token), name=config.retrieval.deployment, route_prefix="/")
     return f"http://{host}:{port}"
 
 
-def start_proxy(host: str, port: int, deadline_s: float) -> None:
-    """Start Serve's HTTP proxy at ``host:port``, ending every request ``deadline_s`` after it arrived there (Serve's
-    queue included: a 408 from the proxy, which cancels the request on its replica). A proxy already running on the
-    cluster keeps its own settings (Serve warns when they differ)."""
-    serve.start(http_options={"host": host, "port": port, "request_timeout_s": deadline_s})
-
-
 def undeploy_retrieval(config: RunConfig) -> None:
     undeploy_app(config.retrieval.deployment)
-
-
-def undeploy_app(name: str) -> None:
-    """Delete the Serve application ``name``, then Serve itself (its proxy and controller) if nothing else runs on it."""
-    try:
-        serve.delete(name)
-    except RayServeException:  # Serve never started (the deployment failed first): nothing to delete
-        return
-    if not serve.status().applications:
-        serve.shutdown()

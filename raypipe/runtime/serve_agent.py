@@ -22,7 +22,7 @@ Limits: a replica answers at most ``serve_agent.max_in_flight`` questions at onc
 with 429 (``Retry-After``); Serve holds at most ``serve_agent.max_queued`` requests not yet routed and
 refuses more with 503; a question past ``serve_agent.timeout_s`` gets 408 and its trajectory is cancelled;
 bodies over ``serve_agent.max_body_bytes`` get 413 before they are read. With a token (``--token`` or
-:data:`~raypipe.retrieval.http_client.TOKEN_ENV`, as ``serve-retrieval``) every request needs
+:data:`~raypipe.core.http.TOKEN_ENV`, as ``serve-retrieval``) every request needs
 ``Authorization: Bearer TOKEN``. Bad requests get a 4xx whose JSON ``detail`` is one line.
 
 Metrics (Ray's Prometheus export, through ``ray.serve.metrics``): ``raypipe_agent_requests`` (by policy and
@@ -62,12 +62,13 @@ from raypipe.agents.answer_api import (
 )
 from raypipe.agents.loop import IterationObserver
 from raypipe.core.config import EngineConfig, RunConfig
+from raypipe.core.http import one_line
 from raypipe.llm.base import Engine
-from raypipe.retrieval.http_client import TOKEN_ENV, one_line
 from raypipe.retrieval.types import Retriever
 from raypipe.runtime.answering import Admission, AgentAnswerer, PolicyBook, within_deadline
 from raypipe.runtime.retrieval import placement
-from raypipe.runtime.serve import LOOPBACK, RequestGate, replica_gate, start_proxy, undeploy_app
+from raypipe.runtime.service import RequestGate, replica_gate, start_proxy, undeploy_app, warn_if_open
+from raypipe.stopping.policies import check_policy
 
 HEADROOM = 8  # Serve lets this many requests more than max_in_flight reach a replica: /health, /ready, the 429s
 LATENCY_BUCKETS = [1, 2, 5, 10, 20, 30, 60, 120, 300, 600]
@@ -187,6 +188,7 @@ class AgentDeployment:
     @api.post("/v1/answer")
     async def answer(self, request: Request) -> Any:
         parsed = parse_answer_request(await request.body(), self.limits)
+        check_policy(parsed.policy)
         if parsed.stream:
             rows: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
             work = self._admitted(parsed, rows.put_nowait)  # refused (429, 400) before the stream starts
@@ -196,6 +198,7 @@ class AgentDeployment:
     @api.post("/v1/chat/completions")
     async def chat(self, request: Request) -> Any:
         chat, parsed = parse_chat_request(await request.body(), self.limits)
+        check_policy(parsed.policy)
         reply_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if chat.stream:
             work = self._admitted(parsed, None)
@@ -312,9 +315,7 @@ def deploy_agent(config: RunConfig, retriever: Retriever, host: str = "127.0.0.1
     """Start Serve's HTTP proxy at ``host:port`` (on the connected Ray), run the application and wait until every
     replica has started its engine (at most ``serve_agent.start_timeout_s``: :class:`AgentStartError`); returns
     the base URL. ``app_args``: :func:`agent_app`'s."""
-    if host not in LOOPBACK and not token:
-        log.warning("listening on %s without a token: anyone who can reach port %d can spend this server's engine; "
-                    "set --token or %s", host, port, TOKEN_ENV)  # fmt: skip
+    warn_if_open(host, port, token, "spend this server's engine")
     cfg = config.serve_agent
     start_proxy(host, port, cfg.timeout_s)
     app = agent_app(config, retriever, token, **app_args)

@@ -31,7 +31,6 @@ from raypipe.core.schema import FEATURES, ITERATIONS, conform
 from raypipe.features.correlation import correlation_table, format_table, write_csv
 from raypipe.features.extract import extract_many, idf_lookup
 from raypipe.features.resources import CorpusResources, SbertEncoder, SentenceEncoder
-from raypipe.retrieval.build import index_dir_for
 from raypipe.retrieval.http_client import RetrievalServerError
 from raypipe.retrieval.types import ReplicaService, SharedRetrievalService
 from raypipe.runtime.batch_stage import BatchStage, BatchUDF
@@ -126,7 +125,7 @@ def open_corpus_service(
     plain Search-R1 server) or without the lexicon the IDF needs stops the stage before any actor
     starts, with the reason and what to do.
     """
-    service = open_retrieval(config, index_dir_for)
+    service = open_retrieval(config, build=False)
     try:
         transport = corpus_transport(service)
         corpus = ServiceCorpus(transport)

@@ -77,7 +77,6 @@ from raypipe.runtime.generation_progress import GenerationReporter, engine_start
 from raypipe.runtime.interrupt import shutdown_now
 from raypipe.runtime.retrieval import open_retrieval
 from raypipe.runtime.stage_main import log_finished, print_model_note
-from raypipe.stages.index import ensure_index
 from raypipe.stopping.online import controller_from_path
 
 DESCRIPTION = """Run the agents with in-trajectory probing: RUN_DIR/trajectories/ and RUN_DIR/iterations/ (the main job).
@@ -162,7 +161,7 @@ def run_probe(
     route_ray_data_logs(logs)
     if retriever is None:
         with waiting("starting the retrieval service", log):
-            service = client = open_retrieval(config, ensure_index)
+            service = client = open_retrieval(config)
     else:
         service, client = None, retriever
     # Ray, the index (built on a first run) and the retrieval service: what runs before the first generation actor

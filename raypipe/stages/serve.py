@@ -7,20 +7,16 @@ The deployment is :mod:`raypipe.runtime.serve`; jobs (the probe and the features
 
 from __future__ import annotations
 
-import argparse
-import logging
-import os
-import signal
 import sys
 import threading
 
 from raypipe.core.config import ConfigError, RunConfig
-from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.core.jobargs import config_from_args, setup_logging
 from raypipe.data.loaders import DataError
-from raypipe.retrieval.http_client import TOKEN_ENV
 from raypipe.retrieval.index import RetrievalIndexError
+from raypipe.runtime import service
 from raypipe.runtime.cluster import init_ray
-from raypipe.stages.index import ensure_index
+from raypipe.runtime.index_build import ensure_index
 
 DESCRIPTION = """Serve the retrieval index to other jobs and tools: Search-R1's POST /retrieve and GET /health (Ray Serve).
 
@@ -34,56 +30,31 @@ answers raypipe's corpus calls under /raypipe/ (passage vectors, document freque
 which `raypipe features` needs and a plain Search-R1 server lacks.
 """
 
-log = logging.getLogger(__name__)
-
 
 def serve_until_stopped(
     config: RunConfig, host: str, port: int, stop: threading.Event, token: str | None = None
 ) -> None:
     """Deploy over the configured index, print the URL, wait for ``stop``, then delete the deployment."""
-    from raypipe.runtime.serve import deploy_retrieval, undeploy_retrieval
+    from raypipe.runtime.serve import deploy_retrieval
 
     index_path = ensure_index(config)
-    try:
-        url = deploy_retrieval(config, index_path, host, port, token)
-        print(f"retrieval service ready at {url}  (POST {url}/retrieve, GET {url}/health; Ray Serve application "
-              f"{config.retrieval.deployment!r}, {config.retrieval.replicas} replica(s)); Ctrl-C stops it", flush=True)  # fmt: skip
-        while not stop.wait(1.0):
-            pass
-        log.info("stopping the retrieval service")
-    finally:
-        undeploy_retrieval(config)
-
-
-def service_parser(description: str) -> argparse.ArgumentParser:
-    """A job parser with the flags of every raypipe HTTP service (serve-retrieval, serve-agent)."""
-    parser = job_parser(description)
-    parser.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000, Search-R1's)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (0.0.0.0: every machine that reaches this one; set a token)")
-    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV),
-                        help=f"bearer token every HTTP request must carry (default: ${TOKEN_ENV}, which keeps it out "
-                        "of the process list; the HTTP client sends it from there; none: no authentication)")
-    return parser
-
-
-def stop_on_signals() -> threading.Event:
-    """The event SIGINT and SIGTERM set; a service serves until it is set."""
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    return stop
+    cfg = config.retrieval
+    service.serve_until_stopped(
+        stop, lambda: deploy_retrieval(config, index_path, host, port, token),
+        lambda url: f"retrieval service ready at {url}  (POST {url}/retrieve, GET {url}/health; Ray Serve application "
+                    f"{cfg.deployment!r}, {cfg.replicas} replica(s))",
+        cfg.deployment, "retrieval service")  # fmt: skip
 
 
 def main() -> None:
-    args = service_parser(DESCRIPTION).parse_args()
+    args = service.service_parser(DESCRIPTION).parse_args()
     setup_logging(args.verbose)
     config = config_from_args(args)
 
     import ray
 
     init_ray(config)
-    stop = stop_on_signals()
+    stop = service.stop_on_signals()
     try:
         serve_until_stopped(config, args.host, args.port, stop, args.token or None)
     except (ConfigError, DataError, FileNotFoundError, RetrievalIndexError) as exc:

@@ -7,7 +7,6 @@ HTTP contract :mod:`raypipe.agents.answer_api`. docs/serve-agent.md has the API 
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
 from collections.abc import Callable
@@ -21,10 +20,9 @@ from raypipe.llm.base import Engine
 from raypipe.retrieval.http_client import RetrievalServerError
 from raypipe.retrieval.index import RetrievalIndexError
 from raypipe.retrieval.types import Retriever
+from raypipe.runtime import service
 from raypipe.runtime.cluster import init_ray
 from raypipe.runtime.retrieval import RetrievalStartError
-from raypipe.stages.index import ensure_index
-from raypipe.stages.serve import service_parser, stop_on_signals
 
 DESCRIPTION = """Answer questions live with the agent loop, each stopped by its own policy: POST /v1/answer (Ray Serve).
 
@@ -43,8 +41,6 @@ SIGTERM, then deletes the application. Example:
 
 docs/serve-agent.md: the API, the policies, the limits (serve_agent.*), the metrics, cluster use.
 """
-
-log = logging.getLogger(__name__)
 
 
 def bundle_paths(config: RunConfig, controller: str | None, stoprag: str | None) -> tuple[str | None, str | None]:
@@ -69,29 +65,27 @@ def serve_until_stopped(config: RunConfig, host: str, port: int, stop: threading
     and stop the retrieval replicas. ``engine_factory`` and ``retriever`` (tests, benchmarks; picklable) replace
     the configured engine and retrieval."""
     from raypipe.runtime.retrieval import open_retrieval
-    from raypipe.runtime.serve_agent import deploy_agent, undeploy_agent
+    from raypipe.runtime.serve_agent import deploy_agent
 
     controller, stoprag = bundle_paths(config, controller, stoprag)
     if engine_factory is None and config.engine.backend != "openai":
         locate_llm(config.engine.model)  # a missing model fails here, not in every replica
-    shared = retriever if retriever is not None else open_retrieval(config, ensure_index)
+    shared = retriever if retriever is not None else open_retrieval(config)
+    cfg = config.serve_agent
     try:
-        url = deploy_agent(config, shared, host, port, token, controller=controller, stoprag=stoprag,
-                           log_run=log_run, engine_factory=engine_factory)  # fmt: skip
-        cfg = config.serve_agent
-        print(f"agent service ready at {url}  (POST {url}/v1/answer, POST {url}/v1/chat/completions, GET {url}/health;"
-              f" Ray Serve application {cfg.deployment!r}); Ctrl-C stops it", flush=True)  # fmt: skip
-        while not stop.wait(1.0):
-            pass
-        log.info("stopping the agent service")
+        service.serve_until_stopped(
+            stop, lambda: deploy_agent(config, shared, host, port, token, controller=controller, stoprag=stoprag,
+                                       log_run=log_run, engine_factory=engine_factory),
+            lambda url: f"agent service ready at {url}  (POST {url}/v1/answer, POST {url}/v1/chat/completions, "
+                        f"GET {url}/health; Ray Serve application {cfg.deployment!r})",
+            cfg.deployment, "agent service")  # fmt: skip
     finally:
-        undeploy_agent(config)
         if retriever is None:
             shared.shutdown()
 
 
 def main() -> None:
-    parser = service_parser(DESCRIPTION)
+    parser = service.service_parser(DESCRIPTION)
     parser.add_argument("--controller", metavar="BUNDLE",
                         help="offer the heuristic policy: the predictor bundle at BUNDLE (a bundle folder or a run "
                         "directory with models/, from `raypipe train`); default thresholds: stopping.theta_p/theta_u, "
@@ -113,7 +107,7 @@ def main() -> None:
     from raypipe.runtime.serve_agent import AgentStartError
 
     init_ray(config)
-    stop = stop_on_signals()
+    stop = service.stop_on_signals()
     try:
         serve_until_stopped(config, args.host, args.port, stop, args.token or None, args.controller, args.stoprag,
                             args.log_run)  # fmt: skip

@@ -32,8 +32,8 @@ from raypipe.core.schema import SCHEDULING_COLUMNS, STOP_ENGINE_CRASH, STOP_QUER
 from raypipe.data.loaders import BUNDLED_CORPUS, DataError, Question, load_questions
 from raypipe.llm.vllm_engine import process_running
 from raypipe.retrieval import IndexMismatchError
+from raypipe.runtime.index_build import ensure_index
 from raypipe.runtime.retrieval import start_retrieval_service
-from raypipe.stages.index import ensure_index
 from raypipe.stages.probe import run_probe
 from raypipe.testing.fakes import FakeRetriever
 from tests.helpers.faults import (
