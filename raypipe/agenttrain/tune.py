@@ -177,7 +177,7 @@ class AgentTuning:
             device = self.worker.device
             loss, _ = causal_loss(self.model, torch.tensor([ids], device=device), torch.tensor([labels], device=device))
             (loss / len(indices)).backward()
-            total += float(loss) / len(indices)
+            total += float(loss.detach()) / len(indices)
             tokens += len(ids)
         torch.nn.utils.clip_grad_norm_(self.params, 1.0)
         self.optimizer.step()
