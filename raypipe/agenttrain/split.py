@@ -47,3 +47,14 @@ def bundled_split(default_limit: int, dev_percent: int) -> Split:
     names = list(BUNDLED_DATASETS)
     default_qids = [q.qid for q in load_datasets(names, default_limit)]
     return split_questions(load_datasets(names), default_qids, dev_percent)
+
+
+def first_per_dataset(questions: Iterable[Question], n: int) -> list[Question]:
+    """The first ``n`` questions of each dataset, in their order."""
+    taken: dict[str, int] = {}
+    kept = []
+    for q in questions:
+        taken[q.dataset] = taken.get(q.dataset, 0) + 1
+        if taken[q.dataset] <= n:
+            kept.append(q)
+    return kept

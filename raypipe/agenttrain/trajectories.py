@@ -50,6 +50,7 @@ REJECT_NOT_RETRIEVED = "not_retrieved"  # no search the agent could write shows 
 REJECT_TOO_MANY_SEARCHES = "too_many_searches"  # the search budget ran out first
 REJECT_NO_SUPPORT = "no_support"  # the question names no supporting paragraph found in the corpus
 REJECT_LONG_ANSWER = "long_answer"  # no golden answer fits the enforcement regex's answer bound
+REJECT_FORMAT = "format"  # a turn the enforcement regex would not allow (a reasoning over its bound)
 _PARENTHESIS = re.compile(r"\s*\([^)]*\)\s*$")
 _TAG_CHARS = re.compile(r"[<>\n]")
 
@@ -120,8 +121,9 @@ class Planner:
         self.deep_k = max(config.retrieval.deep_k, self.top_k)
         agent = config.agent
         self.max_searches = min(config.agent_train.max_searches, self.protocol.turn_plan(agent)[1] - 1)
-        self.query_chars = agent.enforce_query_chars + 1
-        self.answer_chars = agent.enforce_answer_chars + 1
+        # the regex allows a first character and enforce_*_chars more, the space before the closing tag included
+        self.query_chars = agent.enforce_query_chars
+        self.answer_chars = agent.enforce_answer_chars
 
     async def search(self, query: str) -> list[SearchHit]:
         result = (await self.retriever.search([query], self.deep_k))[0]
@@ -206,6 +208,10 @@ def turn_outputs(plan: Plan) -> list[str]:
     return outputs
 
 
+class FormatError(ValueError):
+    """A planned turn that the preset's enforcement regex does not allow."""
+
+
 class ScriptedEngine:
     """An :class:`~raypipe.llm.base.Engine` that answers the loop's turns with given outputs (the prompts it is
     sent are kept): the chat template is the model's tokenizer's."""
@@ -249,7 +255,7 @@ def check_enforcement(protocol: AgentProtocol, config: RunConfig, outputs: Seque
     for turn, output in enumerate(outputs):
         regex = protocol.enforcement_regex(config.agent, turn)
         if regex is not None and re.fullmatch(regex, output) is None:
-            raise ValueError(f"turn {turn} does not match the enforcement regex: {output!r}")
+            raise FormatError(f"turn {turn} does not match the enforcement regex: {output!r}")
 
 
 async def render(plan: Plan, config: RunConfig, retriever: Retriever, tokenizer) -> dict[str, Any]:
@@ -318,8 +324,11 @@ async def build_trajectories(
     for i, question in enumerate(questions):
         plan = await planner.plan(question)
         if plan.reject is None:
-            kept.append(await render(plan, config, retriever, tokenizer))
-        else:
+            try:
+                kept.append(await render(plan, config, retriever, tokenizer))
+            except FormatError:
+                plan.reject = REJECT_FORMAT
+        if plan.reject is not None:
             rejected.append(rejected_row(plan))
         if progress is not None:
             progress(i + 1, len(questions))

@@ -729,7 +729,7 @@ class AgentTrainConfig(StrictModel):
         description="Trajectories (by a hash of the qid) that search once more than they need before answering.",
     )
     max_tokens: int = Field(default=3072, ge=64, description="Tokens of a training trajectory; longer ones are left out.")
-    lora_rank: int = Field(default=8, ge=1)
+    lora_rank: int = Field(default=8, ge=1, description="Rank of the LoRA factors.")
     lora_alpha: float = Field(default=16.0, gt=0, description="LoRA scale = alpha / rank.")
     lora_targets: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
@@ -738,15 +738,15 @@ class AgentTrainConfig(StrictModel):
     lora_layers: int | None = Field(
         default=None, ge=1, description="Adapt only the top N decoder layers; None: every layer."
     )
-    epochs: int = Field(default=1, ge=1)
+    epochs: int = Field(default=1, ge=1, description="Passes over the trajectories.")
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many optimizer steps (None: all epochs).")
-    learning_rate: float = Field(default=2e-4, gt=0)
+    learning_rate: float = Field(default=2e-4, gt=0, description="AdamW learning rate (constant).")
     grad_accum: int = Field(default=4, ge=1, description="Trajectories per optimizer step (per worker; one at a time).")
     checkpoint_steps: int = Field(default=25, ge=1, description="Optimizer steps between checkpoints (resume points).")
     num_workers: int = Field(default=1, ge=1, description="Ray Train workers.")
     cpus_per_worker: float = Field(default=2.0, gt=0)
     threads: int = Field(default=0, ge=0, description="torch threads per worker; 0: torch's default.")
-    use_gpu: bool = False
+    use_gpu: bool = Field(default=False, description="One GPU per Ray Train worker (a cluster); false: CPU workers.")
 
 
 class RunConfig(StrictModel):

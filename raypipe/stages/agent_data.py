@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from pathlib import Path
 
-from raypipe.agenttrain.split import bundled_split
+from raypipe.agenttrain.split import bundled_split, first_per_dataset
 from raypipe.agenttrain.trajectories import run_build, write_outputs
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.core.models import resolve_llm
@@ -45,8 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     split = bundled_split(config.data.limit or 0, config.agent_train.dev_percent)
     questions = split.train
     if args.limit:
-        taken: Counter[str] = Counter()
-        questions = [q for q in questions if (taken := taken + Counter({q.dataset: 1}))[q.dataset] <= args.limit]
+        questions = first_per_dataset(questions, args.limit)
     retriever = LocalRetriever.open(ensure_index(config, use_ray=False), encoder_spec(config.retrieval), search_params(config.retrieval))
     corpus = {p.doc_id: p for p in load_corpus(BUNDLED_CORPUS)}
     tokenizer = LocalTokenizer(resolve_llm(config.engine.model))
