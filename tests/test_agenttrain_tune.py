@@ -83,6 +83,13 @@ def test_a_few_steps_on_four_trajectories_lower_the_loss_and_a_resumed_run_ends_
     resumed.resume(checkpoint)
     rest = list(resumed.epochs())
     assert resumed.step == 6 and rest[-1].metrics["losses"] == pytest.approx(losses[3:], rel=1e-5)
+    finished = tmp_path / "finished"
+    finished.mkdir()
+    rest[-1].save(finished)
+    rerun = AgentTuning(config, LocalWorker())  # a finished run started again: its checkpoint, no more steps
+    rerun.resume(finished)
+    again = list(rerun.epochs())
+    assert len(again) == 1 and again[0].metrics["final"] and again[0].metrics["step"] == 6
 
 
 def test_the_artifact_applies_at_conversion_and_its_logits_are_the_model_plus_adapter(tiny, tmp_path, monkeypatch):

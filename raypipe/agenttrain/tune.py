@@ -146,6 +146,8 @@ class AgentTuning:
         self.cpu_s = 0.0
         self.wall_s = 0.0
         self.tokens = 0
+        if config.get("resume_from"):  # an interrupted run's last checkpoint (a rerun of the command)
+            self.resume(Path(config["resume_from"]))
 
     def resume(self, folder: Path) -> None:
         import torch
@@ -184,7 +186,11 @@ class AgentTuning:
         return total, tokens
 
     def epochs(self) -> Iterator[EpochEnd]:
+        """Train to ``total_steps``, a checkpoint every ``checkpoint_steps``; resumed at the end (a finished run
+        rerun), the one checkpoint of where it stands."""
         losses: list[float] = []
+        if self.step >= self.total_steps:
+            yield self.checkpoint(losses)
         while self.step < self.total_steps:
             epoch, offset = divmod(self.step, self.steps_per_epoch)
             indices = self.batches(epoch)[offset]
@@ -201,11 +207,14 @@ class AgentTuning:
                 log.info("step %d/%d  loss %.4f  %.0f tokens/s  ETA %s", self.step, self.total_steps, loss, rate,
                          time.strftime("%H:%M:%S", time.gmtime(eta)))
             if self.step % self.config["checkpoint_steps"] == 0 or self.step == self.total_steps:
-                metrics = {"step": self.step, "total_steps": self.total_steps, "loss": sum(losses) / len(losses),
-                           "losses": losses, "tokens": self.tokens, "cpu_s": self.cpu_s, "wall_s": self.wall_s,
-                           "final": self.step == self.total_steps}  # fmt: skip
+                yield self.checkpoint(losses)
                 losses = []
-                yield EpochEnd(metrics, self.save_to(metrics), name=f"step_{self.step:06d}")
+
+    def checkpoint(self, losses: list[float]) -> EpochEnd:
+        metrics = {"step": self.step, "total_steps": self.total_steps, "loss": sum(losses) / len(losses) if losses else None,
+                   "losses": list(losses), "tokens": self.tokens, "cpu_s": self.cpu_s, "wall_s": self.wall_s,
+                   "final": self.step >= self.total_steps}  # fmt: skip
+        return EpochEnd(metrics, self.save_to(metrics), name=f"step_{self.step:06d}")
 
     def save_to(self, metrics: dict[str, Any]):
         import torch
@@ -223,12 +232,13 @@ class AgentTuning:
         return save
 
 
-def loop_config(agent_train, model_path: Path, data: Path, seed: int) -> dict[str, Any]:
-    """What every worker needs (plain values, sent to Ray Train's workers)."""
+def loop_config(agent_train, model_path: Path, data: Path, seed: int, resume_from: Path | None = None) -> dict[str, Any]:
+    """What every worker needs (plain values, sent to Ray Train's workers); ``resume_from``: a checkpoint folder
+    to start from (Ray Train restarts after a failure resume from their own run's last checkpoint instead)."""
     keys = ("lora_rank", "lora_alpha", "lora_targets", "lora_layers", "epochs", "max_steps", "learning_rate",
             "grad_accum", "checkpoint_steps", "max_tokens")  # fmt: skip
     return {**{k: getattr(agent_train, k) for k in keys}, "model_path": str(model_path), "data": str(data), "seed": seed,
-            "threads": agent_train.threads}
+            "threads": agent_train.threads, "resume_from": None if resume_from is None else str(resume_from)}
 
 
 def write_artifact(out: Path, checkpoint: Path, config: dict[str, Any], base_source: Path, extra: dict[str, Any]) -> dict[str, Any]:
@@ -250,7 +260,7 @@ def write_artifact(out: Path, checkpoint: Path, config: dict[str, Any], base_sou
         "base_model_sha256": sha256_of(base_source),
         "data_sha256": sha256_of(Path(config["data"])),
         "question_ids": [r["qid"] for r in rows],
-        "hyperparameters": {k: v for k, v in config.items() if k not in ("model_path", "data", "seed")},
+        "hyperparameters": {k: v for k, v in config.items() if k not in ("model_path", "data", "seed", "resume_from")},
         "seed": config["seed"],
         "steps": progress["step"],
         "tokens": progress["tokens"],

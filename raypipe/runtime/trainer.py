@@ -77,13 +77,11 @@ def torch_trainer(
     max_failures: int = MAX_FAILURES,
     keep: int,
     score_attribute: str | None = None,
-    resume_from: Path | None = None,
 ):
     """A TorchTrainer running ``loop(loop_config)`` on every worker (one GPU each with ``use_gpu``), its runs
     under ``storage`` (a path or a URI, :func:`storage_location`); ``keep`` checkpoints survive (the best by
-    ``score_attribute``, else the latest); ``resume_from``: a checkpoint folder of an earlier run to start from.
-    A timeout already set in the environment wins."""
-    from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    ``score_attribute``, else the latest). A timeout already set in the environment wins."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", WORKER_GROUP_START_TIMEOUT_S)
@@ -102,7 +100,6 @@ def torch_trainer(
             checkpoint_config=CheckpointConfig(num_to_keep=keep, checkpoint_score_attribute=score_attribute),
             failure_config=FailureConfig(max_failures=max_failures),
         ),
-        resume_from_checkpoint=None if resume_from is None else Checkpoint.from_directory(str(resume_from)),
     )
 
 

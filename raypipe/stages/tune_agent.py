@@ -62,9 +62,9 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         trainer = torch_trainer(
-            train_loop_per_worker, loop_config(cfg, model_path, data, config.seed),
+            train_loop_per_worker, loop_config(cfg, model_path, data, config.seed, resume),
             name=f"tune-agent-{time.strftime('%Y%m%d-%H%M%S')}", storage=storage, num_workers=cfg.num_workers,
-            use_gpu=cfg.use_gpu, cpus_per_worker=cfg.cpus_per_worker, keep=2, resume_from=resume,
+            use_gpu=cfg.use_gpu, cpus_per_worker=cfg.cpus_per_worker, keep=2,
         )  # fmt: skip
         result = trainer.fit()
     finally:
