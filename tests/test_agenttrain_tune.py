@@ -144,3 +144,9 @@ def tuning_tokenizer(folder: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(folder))
+
+
+def test_no_preset_applies_an_artifact_yet():
+    from raypipe.core.config import known_presets
+
+    assert all(load_config(preset).engine.adapter is None for preset in known_presets())

@@ -166,7 +166,8 @@ class Planner:
             if query is None:
                 plan.reject = reason
                 return plan
-        if plan.searches < self.max_searches and bucket(question.qid, "extra") < self.config.agent_train.extra_search_percent:
+        extra = bucket(question.qid, "extra") < self.config.agent_train.extra_search_percent
+        if extra and plan.searches < self.max_searches:
             again = query_bound(entity(plan.steps[-1].found[-1]), self.query_chars)
             if self.allowed(again, question, plan.steps):
                 plan.steps.append(Step(again, await self.search(again), [], extra=True))
@@ -178,7 +179,8 @@ class Planner:
         seen = self.seen_text(question, steps)
         candidates = [entity(t) for t in missing if entity(t) and contains(seen, entity(t))]
         candidates = [query_bound(c, self.query_chars) for c in dict.fromkeys(candidates)]
-        candidates = [c for c in candidates if c and c not in {s.query for s in steps} and self.allowed(c, question, steps)]
+        asked = {s.query for s in steps}
+        candidates = [c for c in candidates if c and c not in asked and self.allowed(c, question, steps)]
         if not candidates:
             return None, REJECT_ENTITY_NOT_SEEN
         for query in candidates:
@@ -201,10 +203,14 @@ def turn_outputs(plan: Plan) -> list[str]:
         else:
             before = plan.steps[i - 1]
             shown = f"The results show {_names(before.found)}." if before.found else "The results do not help yet."
-            think = f"{shown} Let me check {step.query} once more." if step.extra else f"{shown} I still need information about {step.query}."
+            need = f"Let me check {step.query} once more." if step.extra else (
+                f"I still need information about {step.query}."
+            )
+            think = f"{shown} {need}"
         outputs.append(f"<think> {think} </think>\n<search> {step.query} </search>")
     found = [t for s in plan.steps for t in s.found]
-    outputs.append(f"<think> The results show {_names(found)}. That is enough to answer. </think>\n<answer> {plan.answer} </answer>")
+    think = f"The results show {_names(found)}. That is enough to answer."
+    outputs.append(f"<think> {think} </think>\n<answer> {plan.answer} </answer>")
     return outputs
 
 
@@ -363,8 +369,10 @@ def run_build(questions, config, retriever, corpus, tokenizer, progress=None):
     return asyncio.run(build_trajectories(questions, config, retriever, corpus, tokenizer, progress))
 
 
-def write_outputs(out: Path, kept: Sequence[dict[str, Any]], rejected: Sequence[dict[str, Any]], split_info: dict[str, Any]) -> dict[str, Any]:
-    """``out``/trajectories.jsonl and .parquet, rejected.parquet, split.json and summary.json/.md; returns the summary."""
+def write_outputs(
+    out: Path, kept: Sequence[dict[str, Any]], rejected: Sequence[dict[str, Any]], split_info: dict[str, Any]
+) -> dict[str, Any]:
+    """``out``/trajectories.jsonl and .parquet, rejected.parquet, split.json, summary.json/.md; returns the summary."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -115,7 +115,8 @@ def causal_loss(model, ids, labels):
 
     logits = model(input_ids=ids).logits[:, :-1]
     target = labels[:, 1:]
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1), ignore_index=IGNORE), int((target != IGNORE).sum())
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1), ignore_index=IGNORE)
+    return loss, int((target != IGNORE).sum())
 
 
 class AgentTuning:
@@ -156,7 +157,8 @@ class AgentTuning:
         load_factors(unwrap(self.model), load_file(str(folder / ADAPTER_FILE)))
         state = torch.load(folder / STATE_FILE, weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
-        self.step, self.cpu_s, self.wall_s, self.tokens = state["step"], state["cpu_s"], state["wall_s"], state["tokens"]
+        self.step, self.tokens = state["step"], state["tokens"]
+        self.cpu_s, self.wall_s = state["cpu_s"], state["wall_s"]
         log.info("resumed at step %d of %d", self.step, self.total_steps)
 
     def batches(self, epoch: int) -> list[list[int]]:
@@ -211,7 +213,8 @@ class AgentTuning:
                 losses = []
 
     def checkpoint(self, losses: list[float]) -> EpochEnd:
-        metrics = {"step": self.step, "total_steps": self.total_steps, "loss": sum(losses) / len(losses) if losses else None,
+        mean = sum(losses) / len(losses) if losses else None
+        metrics = {"step": self.step, "total_steps": self.total_steps, "loss": mean,
                    "losses": list(losses), "tokens": self.tokens, "cpu_s": self.cpu_s, "wall_s": self.wall_s,
                    "final": self.step >= self.total_steps}  # fmt: skip
         return EpochEnd(metrics, self.save_to(metrics), name=f"step_{self.step:06d}")
@@ -232,16 +235,21 @@ class AgentTuning:
         return save
 
 
-def loop_config(agent_train, model_path: Path, data: Path, seed: int, resume_from: Path | None = None) -> dict[str, Any]:
+def loop_config(
+    agent_train, model_path: Path, data: Path, seed: int, resume_from: Path | None = None
+) -> dict[str, Any]:
     """What every worker needs (plain values, sent to Ray Train's workers); ``resume_from``: a checkpoint folder
     to start from (Ray Train restarts after a failure resume from their own run's last checkpoint instead)."""
     keys = ("lora_rank", "lora_alpha", "lora_targets", "lora_layers", "epochs", "max_steps", "learning_rate",
             "grad_accum", "checkpoint_steps", "max_tokens")  # fmt: skip
-    return {**{k: getattr(agent_train, k) for k in keys}, "model_path": str(model_path), "data": str(data), "seed": seed,
-            "threads": agent_train.threads, "resume_from": None if resume_from is None else str(resume_from)}
+    return {**{k: getattr(agent_train, k) for k in keys}, "model_path": str(model_path), "data": str(data),
+            "seed": seed, "threads": agent_train.threads,
+            "resume_from": None if resume_from is None else str(resume_from)}  # fmt: skip
 
 
-def write_artifact(out: Path, checkpoint: Path, config: dict[str, Any], base_source: Path, extra: dict[str, Any]) -> dict[str, Any]:
+def write_artifact(
+    out: Path, checkpoint: Path, config: dict[str, Any], base_source: Path, extra: dict[str, Any]
+) -> dict[str, Any]:
     """The artifact folder ``out``: the final checkpoint's factors and a manifest (base model and data digests,
     question ids, hyperparameters, seed, time and CPU taken, dev-split figures: empty until evaluated)."""
     import shutil

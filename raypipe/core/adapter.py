@@ -75,7 +75,8 @@ def apply_artifact(base_folder: Path, base_sha256: str, artifact: Path, target: 
 
     manifest = read_manifest(artifact)
     if manifest.get("base_model_sha256") != base_sha256:
-        raise ArtifactError(f"{artifact} was made for base model {manifest.get('base_model_sha256')}, not {base_sha256}")
+        made_for = manifest.get("base_model_sha256")
+        raise ArtifactError(f"{artifact} was made for base model {made_for}, not {base_sha256}")
     model = AutoModelForCausalLM.from_pretrained(str(base_folder), dtype=torch.float32)
     factors = load_file(str(Path(artifact) / ADAPTER_FILE))
     model.load_state_dict(merge_adapter(model.state_dict(), factors, float(manifest["scale"])))

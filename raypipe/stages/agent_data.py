@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     questions = split.train
     if args.limit:
         questions = first_per_dataset(questions, args.limit)
-    retriever = LocalRetriever.open(ensure_index(config, use_ray=False), encoder_spec(config.retrieval), search_params(config.retrieval))
+    index = ensure_index(config, use_ray=False)
+    retriever = LocalRetriever.open(index, encoder_spec(config.retrieval), search_params(config.retrieval))
     corpus = {p.doc_id: p for p in load_corpus(BUNDLED_CORPUS)}
     tokenizer = LocalTokenizer(resolve_llm(config.engine.model))
     built = time.monotonic()

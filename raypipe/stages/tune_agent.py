@@ -1,4 +1,4 @@
-"""The tune-agent job (``raypipe tune-agent``, ``python jobs/tune_agent.py``): LoRA fine-tuning of the agent on Ray Train.
+"""The tune-agent job (``raypipe tune-agent``, ``python jobs/tune_agent.py``): the agent's LoRA fine-tune on Ray Train.
 
 The steps are Ray-free (:class:`raypipe.agenttrain.tune.AgentTuning`); here Ray Train runs them on
 ``agent_train.num_workers`` data-parallel workers (CPU workers, or one GPU each with ``agent_train.use_gpu``:
@@ -23,7 +23,7 @@ from raypipe.core.models import locate_llm, resolve_llm
 from raypipe.runtime.cluster import init_ray
 from raypipe.runtime.trainer import is_uri, run_training, storage_location, torch_trainer
 
-DESCRIPTION = """Fine-tune the agent (engine.model) on `raypipe agent-data` trajectories with Ray Train (docs/agent-training.md).
+DESCRIPTION = """Fine-tune the agent (engine.model) on agent-data trajectories with Ray Train (docs/agent-training.md).
 
 LoRA on the agent's own tokens (agent_train.*), seeded, resumable from its last checkpoint; writes OUT/artifact
 (adapter.safetensors, manifest.json), applied at model conversion with --set engine.adapter=OUT/artifact.
@@ -72,9 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     cpu_after = os.times()
     cpu = sum(cpu_after[i] - cpu_before[i] for i in range(4))  # this process and its children (a local Ray)
     with result.checkpoint.as_directory() as folder:
-        manifest = write_artifact(out / "artifact", Path(folder), loop_config(cfg, model_path, data, config.seed), source,
-                                  {"wall_s": time.monotonic() - started, "cpu_s": cpu, "cpu_count": os.cpu_count(),
-                                   "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})  # fmt: skip
+        taken = {"wall_s": time.monotonic() - started, "cpu_s": cpu, "cpu_count": os.cpu_count(),
+                 "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
+        manifest = write_artifact(out / "artifact", Path(folder), loop_config(cfg, model_path, data, config.seed),
+                                  source, taken)
     print(f"{manifest['steps']} steps on {len(manifest['question_ids'])} trajectories, {manifest['tokens']} tokens, "
           f"{manifest['wall_s']:.0f} s ({manifest['cpu_s']:.0f} CPU s, {manifest['cpu_count']} CPUs); "
           f"artifact {out / 'artifact'} ({manifest['adapter_bytes'] / 1e6:.1f} MB)")
