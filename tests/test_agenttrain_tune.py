@@ -24,12 +24,12 @@ def rows(n: int = 4) -> list[dict]:
     out = []
     for i in range(n):
         city = names[i % len(names)]
-        out.append({"qid": f"q{i}", "segments": [
-            {"kind": PROMPT, "text": f"<|im_start|>user\nQuestion: where is monument {i}?<|im_end|>\n<|im_start|>assistant\n"},
-            {"kind": AGENT, "text": "<think> I have no information yet. </think>\n<search> monument </search>"},
-            {"kind": CONTEXT, "text": f"\n\n<information>Doc 1(Title: \"M{i}\") monument {i} stands in {city}.</information>\n\n\n\n"},
-            {"kind": AGENT, "text": f"<think> The results show M{i}. That is enough to answer. </think>\n<answer> {city} </answer>"},
-        ]})  # fmt: skip
+        prompt = f"<|im_start|>user\nWhere is monument {i}?<|im_end|>\n<|im_start|>assistant\n"
+        search = "<think> I have no information yet. </think>\n<search> monument </search>"
+        docs = f'\n\n<information>Doc 1(Title: "M{i}") it stands in {city}.</information>\n\n\n\n'
+        answer = f"<think> The results show M{i}. That is enough. </think>\n<answer> {city} </answer>"
+        segments = [(PROMPT, prompt), (AGENT, search), (CONTEXT, docs), (AGENT, answer)]
+        out.append({"qid": f"q{i}", "segments": [{"kind": kind, "text": text} for kind, text in segments]})
     return out
 
 
@@ -120,8 +120,8 @@ def test_the_artifact_applies_at_conversion_and_its_logits_are_the_model_plus_ad
     applied = AutoModelForCausalLM.from_pretrained(str(merged), dtype=torch.float32)
     with torch.no_grad():
         expected, got, before = (m.eval()(input_ids=ids).logits for m in (with_adapter, applied, base))
-    assert (expected - before).abs().max() > 1e-3  # the adapter changes the model
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert (expected - before).abs().max() > 0.05  # the adapter changes the model, far beyond the tolerance
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-3)  # float32 rounding of the merged weights
 
 
 def test_an_altered_or_foreign_artifact_is_refused(tiny, tmp_path):
