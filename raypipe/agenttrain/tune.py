@@ -166,7 +166,10 @@ class AgentTuning:
         import torch
 
         order = torch.randperm(len(self.examples), generator=torch.Generator().manual_seed(self.config["seed"] + epoch))
-        mine = order.tolist()[self.worker.rank :: self.worker.world]
+        order = order.tolist()
+        mine = order[self.worker.rank :: self.worker.world]
+        share = math.ceil(len(order) / self.worker.world)
+        mine += order[: share - len(mine)]  # every worker makes the same number of steps (DDP's collectives)
         accum = self.config["grad_accum"]
         return [mine[i : i + accum] for i in range(0, len(mine), accum)]
 
