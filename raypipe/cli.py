@@ -19,6 +19,8 @@ COMMANDS = {
 }
 COMMANDS["serve-retrieval"] = "serve"
 COMMANDS["serve-agent"] = "serve_agent"
+COMMANDS["agent-data"] = "agent_data"
+COMMANDS["tune-agent"] = "tune_agent"
 JOBS = tuple(COMMANDS.values())  # the modules of raypipe.stages
 
 

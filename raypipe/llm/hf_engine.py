@@ -39,7 +39,7 @@ class TransformersEngine:
 
         self.config = config
         self.max_model_len = config.max_model_len
-        self.model_path = resolve_llm(config.model)
+        self.model_path = resolve_llm(config.model, config.adapter)
         self.tokenizer = LocalTokenizer(self.model_path)
         started = time.perf_counter()
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")

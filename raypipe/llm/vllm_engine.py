@@ -157,7 +157,7 @@ class VLLMEngine:
 
         self.config = config
         self.max_model_len = config.max_model_len
-        self.model_path = resolve_llm(config.model)
+        self.model_path = resolve_llm(config.model, config.adapter)
         self.tokenizer = LocalTokenizer(self.model_path)
         self.on_cpu = current_platform.is_cpu()
         kwargs = engine_kwargs(config, str(self.model_path), self.on_cpu)

@@ -41,3 +41,21 @@ def tiny_encoder(folder: Path) -> Path:
     BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def tiny_llama(folder: Path) -> Path:
+    """Save a two-layer Llama (seeded weights) with the embedded agent's tokenizer (SmolLM2's) to ``folder``:
+    the agent fine-tuning's code paths at a fraction of the cost."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from raypipe.core.models import resolve_llm
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_llm("smollm2")))
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                         tie_word_embeddings=True, initializer_range=0.5)  # fmt: skip  (logits that can move)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -1,0 +1,152 @@
+"""The agent's LoRA fine-tuning (issue 43): the loss on the agent's own tokens only, a few steps lower it, a run
+resumes where it stopped, and the artifact merged at conversion computes what the model plus adapter computes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from raypipe.agenttrain.trajectories import AGENT, CONTEXT, PROMPT
+from raypipe.agenttrain.tune import IGNORE, AgentTuning, add_lora, encode, load_factors, loop_config, write_artifact
+from raypipe.core.adapter import ADAPTER_FILE, MANIFEST_FILE, ArtifactError, apply_artifact, sha256_of
+from raypipe.core.config import load_config
+from raypipe.core.models import resolve_llm
+from raypipe.core.training import LocalWorker
+from tests.helpers.tiny_models import tiny_llama
+
+
+def rows(n: int = 4) -> list[dict]:
+    """Trajectories shaped as agent-data writes them (segments of a prompt, agent turns and observations)."""
+    names = ["Paris", "Berlin", "Rome", "Madrid", "Vienna", "Lisbon"]
+    out = []
+    for i in range(n):
+        city = names[i % len(names)]
+        prompt = f"<|im_start|>user\nWhere is monument {i}?<|im_end|>\n<|im_start|>assistant\n"
+        search = "<think> I have no information yet. </think>\n<search> monument </search>"
+        docs = f'\n\n<information>Doc 1(Title: "M{i}") it stands in {city}.</information>\n\n\n\n'
+        answer = f"<think> The results show M{i}. That is enough. </think>\n<answer> {city} </answer>"
+        segments = [(PROMPT, prompt), (AGENT, search), (CONTEXT, docs), (AGENT, answer)]
+        out.append({"qid": f"q{i}", "segments": [{"kind": kind, "text": text} for kind, text in segments]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
+
+
+def data_file(folder: Path, n: int = 4) -> Path:
+    path = folder / "trajectories.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows(n)))
+    return path
+
+
+def tune_config(model: Path, data: Path, **changes) -> dict:
+    cfg = load_config("embedded", [f"agent_train.{k}={v}" for k, v in changes.items()]).agent_train
+    return loop_config(cfg, model, data, seed=3)
+
+
+def test_the_loss_mask_covers_the_agents_tokens_only(tiny):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny))
+    segments = rows(1)[0]["segments"]
+    ids, labels = encode(segments, tokenizer)
+    assert len(ids) == len(labels)
+    labelled = [t for t, label in zip(ids, labels) if label != IGNORE]
+    assert all(label in (IGNORE, t) for t, label in zip(ids, labels))
+    assert tokenizer.decode(labelled) == "".join(s["text"] for s in segments if s["kind"] == AGENT)
+    context = [t for t, label in zip(ids, labels) if label == IGNORE]
+    assert tokenizer.decode(context) == "".join(s["text"] for s in segments if s["kind"] != AGENT)
+
+
+def test_a_few_steps_on_four_trajectories_lower_the_loss_and_a_resumed_run_ends_where_a_whole_one_does(tiny, tmp_path):
+    config = tune_config(tiny, data_file(tmp_path), epochs=3, grad_accum=2, learning_rate=0.05, checkpoint_steps=3)
+    torch.manual_seed(3)
+    whole = AgentTuning(config, LocalWorker())
+    ends = list(whole.epochs())
+    losses = [loss for end in ends for loss in end.metrics["losses"]]
+    assert len(losses) == 6 and ends[-1].metrics["final"] and ends[-1].metrics["tokens"] > 0
+    assert losses[-1] < 0.7 * losses[0] and sum(losses[-2:]) < sum(losses[:2]), losses
+
+    torch.manual_seed(3)
+    first = AgentTuning(config, LocalWorker())
+    end = next(iter(first.epochs()))  # the first checkpoint, after 3 steps
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    end.save(checkpoint)
+    torch.manual_seed(99)  # a restarted worker: other random state; the factors come from the checkpoint
+    resumed = AgentTuning(config, LocalWorker())
+    resumed.resume(checkpoint)
+    rest = list(resumed.epochs())
+    assert resumed.step == 6 and rest[-1].metrics["losses"] == pytest.approx(losses[3:], rel=1e-5)
+    finished = tmp_path / "finished"
+    finished.mkdir()
+    rest[-1].save(finished)
+    rerun = AgentTuning(config, LocalWorker())  # a finished run started again: its checkpoint, no more steps
+    rerun.resume(finished)
+    again = list(rerun.epochs())
+    assert len(again) == 1 and again[0].metrics["final"] and again[0].metrics["step"] == 6
+
+
+def test_the_artifact_applies_at_conversion_and_its_logits_are_the_model_plus_adapter(tiny, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("RAYPIPE_CACHE", str(tmp_path / "cache"))
+    config = tune_config(tiny, data_file(tmp_path), max_steps=3, grad_accum=1, learning_rate=0.05, checkpoint_steps=3)
+    tuning = AgentTuning(config, LocalWorker())
+    end = list(tuning.epochs())[-1]
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    end.save(checkpoint)
+    artifact = tmp_path / "artifact"
+    manifest = write_artifact(artifact, checkpoint, config, tiny, {})
+    assert manifest["base_model_sha256"] == sha256_of(tiny) and manifest["question_ids"] == ["q0", "q1", "q2", "q3"]
+    assert manifest["seed"] == 3 and manifest["hyperparameters"]["lora_rank"] == 8 and manifest["dev"] == {}
+    assert (artifact / ADAPTER_FILE).stat().st_size <= 25e6
+
+    merged = resolve_llm(str(tiny), str(artifact))  # what an engine with engine.adapter loads
+    assert merged != tiny and resolve_llm(str(tiny)) == tiny
+    ids = torch.tensor([encode(rows(1)[0]["segments"], tuning_tokenizer(tiny))[0]])
+    with_adapter = AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32)
+    add_lora(with_adapter, config["lora_rank"], config["lora_alpha"], config["lora_targets"], config["lora_layers"])
+    from safetensors.torch import load_file
+
+    load_factors(with_adapter, load_file(str(artifact / ADAPTER_FILE)))
+    base = AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32)
+    applied = AutoModelForCausalLM.from_pretrained(str(merged), dtype=torch.float32)
+    with torch.no_grad():
+        expected, got, before = (m.eval()(input_ids=ids).logits for m in (with_adapter, applied, base))
+    assert (expected - before).abs().max() > 0.05  # the adapter changes the model, far beyond the tolerance
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-3)  # float32 rounding of the merged weights
+
+
+def test_an_altered_or_foreign_artifact_is_refused(tiny, tmp_path):
+    config = tune_config(tiny, data_file(tmp_path), max_steps=1, grad_accum=1, checkpoint_steps=1)
+    end = next(iter(AgentTuning(config, LocalWorker()).epochs()))
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    end.save(checkpoint)
+    artifact = tmp_path / "artifact"
+    write_artifact(artifact, checkpoint, config, tiny, {})
+    with pytest.raises(ArtifactError, match="made for base model"):
+        apply_artifact(tiny, "0" * 64, artifact, tmp_path / "out")
+    manifest = json.loads((artifact / MANIFEST_FILE).read_text())
+    (artifact / MANIFEST_FILE).write_text(json.dumps({**manifest, "adapter_sha256": "f" * 64}))
+    with pytest.raises(ArtifactError, match="differs from the manifest"):
+        apply_artifact(tiny, sha256_of(tiny), artifact, tmp_path / "out")
+
+
+def tuning_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def test_no_preset_applies_an_artifact_yet():
+    from raypipe.core.config import known_presets
+
+    assert all(load_config(preset).engine.adapter is None for preset in known_presets())
