@@ -20,7 +20,7 @@ from raypipe.llm.common import LocalTokenizer
 @pytest.fixture(scope="module")
 def built():
     from raypipe.retrieval import LocalRetriever, encoder_spec, search_params
-    from raypipe.stages.index import ensure_index
+    from raypipe.runtime.index_build import ensure_index
 
     config = load_config("embedded")
     retriever = LocalRetriever.open(ensure_index(config, use_ray=False), encoder_spec(config.retrieval),

@@ -16,7 +16,7 @@ from raypipe.retrieval import encoder_spec, load_index_dir
 from raypipe.retrieval import shipped as shipped_module
 from raypipe.retrieval.build import index_dir_for
 from raypipe.retrieval.index import IndexMismatchError
-from raypipe.stages.index import ensure_index
+from raypipe.runtime.index_build import ensure_index
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 40  # passages of the small corpus

@@ -18,7 +18,7 @@ from raypipe.core.models import resolve_llm
 from raypipe.data.loaders import BUNDLED_CORPUS, load_corpus
 from raypipe.llm.common import LocalTokenizer
 from raypipe.retrieval import LocalRetriever, encoder_spec, search_params
-from raypipe.stages.index import ensure_index
+from raypipe.runtime.index_build import ensure_index
 
 DESCRIPTION = """Make supervised agent trajectories from the bundled training questions (docs/agent-training.md).
 
