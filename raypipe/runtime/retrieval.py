@@ -54,7 +54,7 @@ from raypipe.retrieval.batcher import ClaimLost, QueryBatcher, ReplicaBusy
 from raypipe.retrieval.build import encoder_spec, search_params
 from raypipe.retrieval.encoders import EncoderSpec
 from raypipe.retrieval.http_client import HttpRetriever
-from raypipe.retrieval.index import IndexDir, SearchParams
+from raypipe.retrieval.index import MANIFEST, IndexDir, SearchParams
 from raypipe.retrieval.searcher import LocalRetriever
 from raypipe.retrieval.types import ReplicaService, SearchResult, SharedRetrievalService
 from raypipe.runtime.cluster import current_node_id
@@ -65,6 +65,7 @@ from raypipe.runtime.corpus_service import (
     ReplicaTransport,
     ServeTransport,
 )
+from raypipe.runtime.shared_storage import SharedPath, check_shared_storage
 
 log = logging.getLogger(__name__)
 
@@ -293,7 +294,22 @@ def open_retrieval(config: RunConfig, ensure_index: Callable[[RunConfig], Path])
         from raypipe.runtime.serve_client import ServeRetriever
 
         return ServeRetriever(config.retrieval.deployment)
-    return start_retrieval_service(config, ensure_index(config))
+    path = ensure_index(config)
+    check_index_visible(config, path)
+    return start_retrieval_service(config, path)
+
+
+def check_index_visible(config: RunConfig, path: Path) -> None:
+    """On a multi-node Ray, every node that can hold a retrieval actor (the resources it asks for) sees the
+    index at ``path``, or :class:`~raypipe.runtime.shared_storage.SharedStorageError` names the node."""
+    index = SharedPath("retrieval index", path, "retrieval.index_dir", expect=MANIFEST, demand=retrieval_demand(config))
+    check_shared_storage([index])
+
+
+def retrieval_demand(config: RunConfig) -> dict[str, float]:
+    """The resources one retrieval actor asks for: the nodes that have them are the ones that need the index."""
+    r = config.retrieval
+    return {**r.resources, "CPU": r.num_cpus, "GPU": r.num_gpus}
 
 
 def corpus_transport(service: ReplicaService | SharedRetrievalService) -> CorpusTransport:
