@@ -51,7 +51,7 @@ from pathlib import Path
 
 from raypipe.core.config import RunConfig
 from raypipe.retrieval.batcher import ClaimLost, QueryBatcher, ReplicaBusy
-from raypipe.retrieval.build import encoder_spec, search_params
+from raypipe.retrieval.build import encoder_spec, index_dir_for, search_params
 from raypipe.retrieval.encoders import EncoderSpec
 from raypipe.retrieval.http_client import HttpRetriever
 from raypipe.retrieval.index import MANIFEST, IndexDir, SearchParams
@@ -65,7 +65,7 @@ from raypipe.runtime.corpus_service import (
     ReplicaTransport,
     ServeTransport,
 )
-from raypipe.runtime.shared_storage import SharedPath, check_shared_storage
+from raypipe.runtime.shared_storage import SharedPath, alive_nodes, check_shared_storage
 
 log = logging.getLogger(__name__)
 
@@ -304,6 +304,15 @@ def check_index_visible(config: RunConfig, path: Path) -> None:
     index at ``path``, or :class:`~raypipe.runtime.shared_storage.SharedStorageError` names the node."""
     index = SharedPath("retrieval index", path, "retrieval.index_dir", expect=MANIFEST, demand=retrieval_demand(config))
     check_shared_storage([index])
+
+
+def check_index_folder(config: RunConfig) -> None:
+    """On a multi-node Ray, before an index build: the folder the index goes into is visible on every node that
+    can hold a retrieval actor, or :class:`~raypipe.runtime.shared_storage.SharedStorageError`."""
+    nodes = alive_nodes()
+    if len(nodes) > 1:  # the default index folder's name hashes the corpus: only worth it on a cluster
+        folder = SharedPath("index folder", index_dir_for(config).parent, "retrieval.index_dir", demand=retrieval_demand(config))
+        check_shared_storage([folder], nodes)
 
 
 def retrieval_demand(config: RunConfig) -> dict[str, float]:

@@ -51,8 +51,8 @@ from raypipe.retrieval.index import RetrievalIndexError, expected_manifest, file
 from raypipe.retrieval.shipped import export_vectors, find_shipped
 from raypipe.runtime.batch_stage import BatchStage, BatchUDF
 from raypipe.runtime.cluster import init_ray
-from raypipe.runtime.retrieval import retrieval_demand
-from raypipe.runtime.shared_storage import SharedPath, SharedStorageError, alive_nodes, check_shared_storage
+from raypipe.runtime.retrieval import check_index_folder
+from raypipe.runtime.shared_storage import SharedStorageError
 from raypipe.runtime.tally import TalliedEncoder, report_tally, start_tally
 
 DESCRIPTION = """Build the retrieval index (encoder + FAISS + doc store + corpus statistics) for the configured corpus.
@@ -271,16 +271,6 @@ def main() -> None:
             raise SystemExit(f"error: {exc}") from None
         print(f"vectors: {exported} and {exported.with_suffix('.json').name}")
     print_summary(path, time.perf_counter() - start)
-
-
-def check_index_folder(config: RunConfig) -> None:
-    """On a multi-node Ray, before the build: the folder the index goes into is visible on every node that can
-    hold a retrieval actor (:mod:`raypipe.runtime.shared_storage`), or :class:`SharedStorageError`."""
-    nodes = alive_nodes()
-    if len(nodes) > 1:  # the default index folder's name hashes the corpus: only worth it on a cluster
-        demand = retrieval_demand(config)
-        folder = SharedPath("index folder", index_dir_for(config).parent, "retrieval.index_dir", demand=demand)
-        check_shared_storage([folder], nodes)
 
 
 def print_summary(path: Path, elapsed: float) -> None:

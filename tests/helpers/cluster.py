@@ -126,10 +126,11 @@ class LocalCluster:
 
     def nodes_info(self) -> list[dict]:
         """``ray.nodes()`` of the cluster (from a short-lived driver)."""
-        script = "import json, ray; ray.init(); print(json.dumps(ray.nodes()))"
+        script = "import json, ray; ray.init(log_to_driver=False); print('NODES', json.dumps(ray.nodes()))"
         proc = subprocess.run([sys.executable, "-c", script], env={**self.env, "RAY_ADDRESS": self.address},
                               capture_output=True, text=True, timeout=120)  # fmt: skip
-        return json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else []
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("NODES ")]  # not the raylets' lines
+        return json.loads(lines[-1].removeprefix("NODES ")) if proc.returncode == 0 and lines else []
 
     def alive_nodes(self) -> int:
         return sum(n["Alive"] for n in self.nodes_info())
