@@ -77,6 +77,7 @@ class LocalCluster:
         self.dashboard_port = free_port()
         self.nodes: list[subprocess.Popen] = []
         self.dead: set[int] = set()  # indexes in nodes killed by kill_node
+        self.worker_types: dict[int, str] = {}  # index in nodes -> node type, for workers added by add_worker
         self.local = self.temp_dir / "local"  # each node's own folder (private_local workers: a tmpfs of their own)
         self.shared = self.temp_dir / "shared"  # the folder every node sees
         for folder in (self.local, self.shared):
@@ -109,7 +110,9 @@ class LocalCluster:
 
     def add_worker(self, node_type: str) -> int:
         """A worker of one of :data:`NODE_TYPES`, with its own local disk."""
-        return self.add_node(**NODE_TYPES[node_type], private_local=True)
+        index = self.add_node(**NODE_TYPES[node_type], private_local=True)
+        self.worker_types[index] = node_type
+        return index
 
     def _start_node(self, args: list[str], num_cpus: int, resources: dict[str, float] | None, num_gpus: int = 0,
                     private_local: bool = False) -> None:
