@@ -55,3 +55,14 @@ def tiny_encoder(tmp_path_factory):
     from tests.helpers.tiny_models import tiny_encoder as save_tiny_encoder
 
     return save_tiny_encoder(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="module")
+def sim_cluster():
+    """The simulated GPU cluster of ``tests.helpers.cluster.simulated_gpu_cluster`` (a 0-CPU head, a
+    gpu_worker with 2 fake GPUs, a retrieval_worker; per-node local folders, one shared folder), for the
+    module's tests; stopped after them."""
+    from tests.helpers.cluster import cache_env, simulated_gpu_cluster
+
+    with simulated_gpu_cluster(cache_env()) as cluster:
+        yield cluster

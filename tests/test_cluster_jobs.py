@@ -12,7 +12,6 @@ LOGPROB_ATOL.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import yaml
 
 from raypipe.core.rundir import RunDir
 from tests.helpers.chaos import LOGPROB_ATOL, PROMPT_ALONE_ENGINE, same_results
-from tests.helpers.cluster import LocalCluster
+from tests.helpers.cluster import LocalCluster, cache_env
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,9 +35,7 @@ def job_args(corpus: Path, out: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    names = ("RAYPIPE_CACHE", "VLLM_CACHE_ROOT", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    env = {k: os.environ[k] for k in names if k in os.environ}  # the job's cache is the tests' own
-    local = LocalCluster(extra_env=env)
+    local = LocalCluster(extra_env=cache_env())  # the job's cache is the tests' own
     try:
         local.start_head(num_cpus=2, resources={"raypipe_retrieval": 1})
         yield local

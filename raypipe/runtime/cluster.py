@@ -14,7 +14,9 @@ import io
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from raypipe.core.config import RunConfig
 
@@ -23,6 +25,9 @@ RAY_DATA_HANDLER = "raypipe-run-log"  # the file handler's name: a later run's r
 DRIVER_LOG = "driver.log"
 DRIVER_HANDLER = "raypipe-driver-log"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+NODE_LOSS_RERUNS = 2  # reruns of a step that a lost node ended (rerun_on_node_loss)
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 # Ray 2.60 leaves CUDA_VISIBLE_DEVICES as the node has it in a worker that asked for no GPU (ray-project/ray
@@ -52,6 +57,26 @@ def init_ray(config: RunConfig, log_to_driver: bool = True) -> None:
     else:
         ray.init(num_cpus=config.ray.num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
                  runtime_env=job_runtime_env())
+
+
+def rerun_on_node_loss(step: Callable[[], T], what: str, reruns: int = NODE_LOSS_RERUNS) -> T:
+    """``step()``, run again (at most ``reruns`` times) when it fails while a node that was alive at its start
+    is gone (a spot preemption): Ray Data restarts its map actors on a lost node, but not its internal ones (the
+    Parquet footer readers, shuffle aggregators), so a lost node ends the whole pipeline. ``step`` must be
+    idempotent (write to a temporary place, then move). Any other failure is raised as it is."""
+    import ray
+
+    for attempt in range(reruns + 1):
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        try:
+            return step()
+        except Exception as exc:
+            lost = alive - {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+            if not lost or attempt == reruns:
+                raise
+            log.warning("%s failed after %d node(s) were lost (%s: %s); running it again (%d of %d)",
+                        what, len(lost), type(exc).__name__, str(exc).splitlines()[0][:200], attempt + 1, reruns)  # fmt: skip
+    raise AssertionError("unreachable")
 
 
 def current_node_id() -> str | None:

@@ -96,6 +96,8 @@ class TrajectoryGenerator:
                 **self.engine.describe(),
                 "actor_start_seconds": round(self.engine_start_s, 2),
                 "node_id": current_node_id(),
+                # the GPUs Ray gave this actor (None outside Ray or without GPUs): one engine per GPU shows here
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             }
         )
         self.loop = build_loop(self.config, self.engine, retriever, self.protocol, controller)

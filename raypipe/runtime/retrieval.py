@@ -55,7 +55,7 @@ from raypipe.retrieval.batcher import ClaimLost, QueryBatcher, ReplicaBusy
 from raypipe.retrieval.build import encoder_spec, index_dir_for, search_params
 from raypipe.retrieval.encoders import EncoderSpec
 from raypipe.retrieval.http_client import HttpRetriever
-from raypipe.retrieval.index import IndexDir, SearchParams
+from raypipe.retrieval.index import MANIFEST, IndexDir, SearchParams
 from raypipe.retrieval.searcher import LocalRetriever
 from raypipe.retrieval.types import QueryCrashError, ReplicaService, SearchResult, SharedRetrievalService
 from raypipe.runtime.cluster import current_node_id
@@ -67,6 +67,7 @@ from raypipe.runtime.corpus_service import (
     ServeTransport,
 )
 from raypipe.runtime.index_build import ensure_index
+from raypipe.runtime.shared_storage import SharedPath, alive_nodes, check_shared_storage
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +320,31 @@ def open_retrieval(config: RunConfig, build: bool = True) -> ReplicaService | Sh
         from raypipe.runtime.serve_client import ServeRetriever
 
         return ServeRetriever(config.retrieval.deployment, config.retrieval.serve_timeout_s)
-    return start_retrieval_service(config, ensure_index(config) if build else index_dir_for(config))
+    path = ensure_index(config) if build else index_dir_for(config)
+    check_index_visible(config, path)
+    return start_retrieval_service(config, path)
+
+
+def check_index_visible(config: RunConfig, path: Path) -> None:
+    """On a multi-node Ray, every node that can hold a retrieval actor (the resources it asks for) sees the
+    index at ``path``, or :class:`~raypipe.runtime.shared_storage.SharedStorageError` names the node."""
+    index = SharedPath("retrieval index", path, "retrieval.index_dir", expect=MANIFEST, demand=retrieval_demand(config))
+    check_shared_storage([index])
+
+
+def check_index_folder(config: RunConfig) -> None:
+    """On a multi-node Ray, before an index build: the folder the index goes into is visible on every node that
+    can hold a retrieval actor, or :class:`~raypipe.runtime.shared_storage.SharedStorageError`."""
+    nodes = alive_nodes()
+    if len(nodes) > 1:  # the default index folder's name hashes the corpus: only worth it on a cluster
+        folder = SharedPath("index folder", index_dir_for(config).parent, "retrieval.index_dir", demand=retrieval_demand(config))
+        check_shared_storage([folder], nodes)
+
+
+def retrieval_demand(config: RunConfig) -> dict[str, float]:
+    """The resources one retrieval actor asks for: the nodes that have them are the ones that need the index."""
+    r = config.retrieval
+    return {**r.resources, "CPU": r.num_cpus, "GPU": r.num_gpus}
 
 
 def corpus_transport(service: ReplicaService | SharedRetrievalService) -> CorpusTransport:

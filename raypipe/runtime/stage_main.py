@@ -2,7 +2,8 @@
 
 One skeleton: parse (``--config``, ``--set``, ``-v``, ``RUN_DIR``, the stage's own flags, ``--train-run``
 where the stage takes one), logging, the run's config (its own ``config.yaml`` unless ``--config`` names
-another), the training run, Ray started once and always stopped, the stage's expected errors turned into
+another), the training run, Ray started once and always stopped, the run directory checked from every node
+(:mod:`raypipe.runtime.shared_storage`), the stage's expected errors turned into
 one ``error: ...`` line, and the resolved config written next to the outputs.
 
 Tracking (``tracking.mlflow_uri``, :mod:`raypipe.analysis.tracking`): the store is checked before the work
@@ -25,6 +26,7 @@ from raypipe.core.jobargs import job_parser, run_config_from_args, setup_logging
 from raypipe.core.rundir import RunDir, RunDirError, model_notes
 from raypipe.core.train_run import add_train_run_argument, resolve_train_run
 from raypipe.runtime.cluster import init_ray
+from raypipe.runtime.shared_storage import SharedPath, SharedStorageError, check_shared_storage
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -80,6 +82,7 @@ class RunDirStage:
 
         init_ray(config, log_to_driver=self.log_to_driver)
         try:
+            self._guarded(check_run_dirs, stage)
             result = self._guarded(body, stage)
         finally:
             ray.shutdown()
@@ -93,8 +96,17 @@ class RunDirStage:
     def _guarded(self, step: Callable[[StageRun], T], stage: StageRun) -> T:
         try:
             return step(stage)
-        except self.errors as exc:
+        except (*self.errors, SharedStorageError) as exc:  # the pre-flight's line, from any stage
             raise SystemExit(f"error: {exc}") from None
+
+
+def check_run_dirs(stage: StageRun) -> None:
+    """Every node sees the run directory (and the training run), or :class:`SharedStorageError` before any
+    work (:mod:`raypipe.runtime.shared_storage`)."""
+    paths = [SharedPath("run directory", stage.run.path, "RUN_DIR")]
+    if stage.train_run is not None and stage.train_run.path != stage.run.path:
+        paths.append(SharedPath("training run", stage.train_run.path, "--train-run"))
+    check_shared_storage(paths)
 
 
 def print_model_note(*runs: RunDir) -> None:

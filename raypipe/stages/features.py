@@ -34,7 +34,7 @@ from raypipe.features.resources import CorpusResources, SbertEncoder, SentenceEn
 from raypipe.retrieval.http_client import RetrievalServerError
 from raypipe.retrieval.types import ReplicaService, SharedRetrievalService
 from raypipe.runtime.batch_stage import BatchStage, BatchUDF
-from raypipe.runtime.cluster import route_ray_data_logs
+from raypipe.runtime.cluster import rerun_on_node_loss, route_ray_data_logs
 from raypipe.runtime.corpus_service import ServiceCorpus
 from raypipe.runtime.retrieval import corpus_transport, open_retrieval
 from raypipe.runtime.stage_main import RunDirStage, StageRun
@@ -159,11 +159,6 @@ def _run_features(run: RunDir, config: RunConfig, corpus_factory: Callable[[], C
         "features: %d iteration rows, %d questions, %d partitions, %d actors",
         n_rows, len(questions), partitions, cfg.actors,
     )  # fmt: skip
-    ds = ray.data.read_parquet(parts, columns=list(REQUIRED_COLUMNS))
-    # Ray's default shuffle makes 200 partitions: far too many aggregators for a small run.
-    packed = ds.groupby("qid", num_partitions=partitions).map_groups(
-        pack_trajectory, batch_format="pyarrow", num_cpus=cfg.actor_num_cpus
-    )
     stage = BatchStage(
         FeatureStage,
         {"questions": questions, "corpus_factory": corpus_factory,
@@ -172,13 +167,21 @@ def _run_features(run: RunDir, config: RunConfig, corpus_factory: Callable[[], C
         batch_size=cfg.batch_trajectories,
         num_cpus=cfg.actor_num_cpus,
     )  # fmt: skip
-    features = stage.apply(packed)
     target = run.table_dir("features")
     tmp = run.path / ".features.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+
+    def write() -> None:  # the whole pipeline into tmp: what a lost node makes run again
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        ds = ray.data.read_parquet(parts, columns=list(REQUIRED_COLUMNS))
+        # Ray's default shuffle makes 200 partitions: far too many aggregators for a small run.
+        packed = ds.groupby("qid", num_partitions=partitions).map_groups(
+            pack_trajectory, batch_format="pyarrow", num_cpus=cfg.actor_num_cpus
+        )
+        stage.apply(packed).write_parquet(str(tmp))
+
     started = time.monotonic()
-    features.write_parquet(str(tmp))
+    rerun_on_node_loss(write, "features")
     if not any(tmp.glob("*.parquet")):  # no trajectories: still leave an (empty) table behind
         tmp.mkdir(parents=True, exist_ok=True)
         pq.write_table(FEATURES.empty_table(), tmp / "empty.parquet")

@@ -15,6 +15,8 @@ from raypipe.retrieval.index import RetrievalIndexError, load_index_dir
 from raypipe.retrieval.shipped import export_vectors
 from raypipe.runtime.cluster import init_ray
 from raypipe.runtime.index_build import ensure_index
+from raypipe.runtime.retrieval import check_index_folder
+from raypipe.runtime.shared_storage import SharedStorageError
 
 DESCRIPTION = """Build the retrieval index (encoder + FAISS + doc store + corpus statistics) for the configured corpus.
 
@@ -72,8 +74,9 @@ def main() -> None:
 
         init_ray(config)
         try:
+            check_index_folder(config)
             path = ensure_index(config, force=args.force)
-        except (RetrievalIndexError, FileNotFoundError, ValueError) as exc:
+        except (RetrievalIndexError, FileNotFoundError, ValueError, SharedStorageError) as exc:
             raise SystemExit(f"error: {exc}") from None
         finally:
             ray.shutdown()

@@ -76,6 +76,7 @@ from raypipe.runtime.generation import (
 from raypipe.runtime.generation_progress import GenerationReporter, engine_start_hint, show_actor_logs
 from raypipe.runtime.interrupt import shutdown_now
 from raypipe.runtime.retrieval import open_retrieval
+from raypipe.runtime.shared_storage import SharedPath, SharedStorageError, check_shared_storage
 from raypipe.runtime.stage_main import log_finished, print_model_note
 from raypipe.stopping.online import controller_from_path
 
@@ -158,6 +159,7 @@ def run_probe(
         convert_in_background(config.engine.model, logs / "model-conversion.log")
     with waiting("starting Ray", log):
         init_ray(config, log_to_driver=relay_worker_logs)
+    check_shared_storage([SharedPath("run directory", run_dir.path, "--out")])  # before any work (multi-node only)
     route_ray_data_logs(logs)
     if retriever is None:
         with waiting("starting the retrieval service", log):
@@ -270,7 +272,7 @@ def main() -> None:
         controller = controller_from_path(args.controller, config) if args.controller else None
         written = run_probe(config, run, controller=controller, relay_worker_logs=args.verbose)
         log_finished(tracker, config, probe_headline(run, written))
-    except (ConfigError, DataError, FileNotFoundError, RetrievalIndexError, RetrievalServerError) as exc:
+    except (ConfigError, DataError, FileNotFoundError, RetrievalIndexError, RetrievalServerError, SharedStorageError) as exc:
         sys.exit(f"error: {exc}")
     except KeyboardInterrupt:
         shutdown_now()  # the parts written are complete files; nothing else needs to finish
