@@ -65,3 +65,16 @@ def test_the_check_runs_on_each_node_and_names_a_missing_file(ray_local, tmp_pat
     expected = rf"^retrieval index .*/manifest.json is not visible from node {re.escape(describe_node(node))} and 1 more"
     with pytest.raises(SharedStorageError, match=expected + r" of the 2 nodes checked.*retrieval.index_dir"):
         check_shared_storage([SharedPath("retrieval index", run, "retrieval.index_dir", expect="manifest.json")], nodes=twice)
+
+
+def test_a_stage_checks_ray_storage_path_where_it_is_a_path_not_a_uri(tmp_path):
+    from raypipe.core.rundir import RunDir
+    from raypipe.runtime.stage_main import shared_paths
+
+    run, other = RunDir(tmp_path / "run"), RunDir(tmp_path / "train-run")
+    assert [(p.what, p.setting) for p in shared_paths(run, run, None)] == [("run directory", "RUN_DIR")]
+    checked = shared_paths(run, other, "/mnt/raypipe/train")
+    assert [(p.path, p.setting) for p in checked] == [
+        (run.path, "RUN_DIR"), (other.path, "--train-run"), (Path("/mnt/raypipe/train"), "ray.storage_path")
+    ]
+    assert [p.setting for p in shared_paths(run, None, "s3://bucket/train")] == ["RUN_DIR"]  # Ray reads a URI itself

@@ -18,6 +18,7 @@ import argparse
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from raypipe.analysis.tracking import Headline, StageTracker, TrackingError
@@ -27,6 +28,7 @@ from raypipe.core.rundir import RunDir, RunDirError, model_notes
 from raypipe.core.train_run import add_train_run_argument, resolve_train_run
 from raypipe.runtime.cluster import init_ray
 from raypipe.runtime.shared_storage import SharedPath, SharedStorageError, check_shared_storage
+from raypipe.runtime.trainer import is_uri
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -101,12 +103,19 @@ class RunDirStage:
 
 
 def check_run_dirs(stage: StageRun) -> None:
-    """Every node sees the run directory (and the training run), or :class:`SharedStorageError` before any
-    work (:mod:`raypipe.runtime.shared_storage`)."""
-    paths = [SharedPath("run directory", stage.run.path, "RUN_DIR")]
-    if stage.train_run is not None and stage.train_run.path != stage.run.path:
-        paths.append(SharedPath("training run", stage.train_run.path, "--train-run"))
-    check_shared_storage(paths)
+    """Every node sees the run directory (and the training run, and ``ray.storage_path`` where it is a path, not
+    a URI), or :class:`SharedStorageError` before any work (:mod:`raypipe.runtime.shared_storage`)."""
+    check_shared_storage(shared_paths(stage.run, stage.train_run, stage.config.ray.storage_path))
+
+
+def shared_paths(run: RunDir, train_run: RunDir | None, storage_path: str | None) -> list[SharedPath]:
+    """The folders a run-directory stage needs on every node (:func:`check_run_dirs`)."""
+    paths = [SharedPath("run directory", run.path, "RUN_DIR")]
+    if train_run is not None and train_run.path != run.path:
+        paths.append(SharedPath("training run", train_run.path, "--train-run"))
+    if storage_path is not None and not is_uri(storage_path):
+        paths.append(SharedPath("Ray Train/Tune storage", Path(storage_path).expanduser(), "ray.storage_path"))
+    return paths
 
 
 def print_model_note(*runs: RunDir) -> None:
