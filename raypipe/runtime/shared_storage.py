@@ -79,9 +79,11 @@ def missing_line(shared: SharedPath, blind: Sequence[Mapping], checked: int) -> 
 
 
 def alive_nodes() -> list[dict]:
-    """The alive nodes of the connected Ray cluster."""
+    """The alive nodes of the connected Ray cluster (none when this process has not joined one)."""
     import ray
 
+    if not ray.is_initialized():
+        return []
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
