@@ -274,7 +274,7 @@ def test_no_route_shows_a_local_path_or_a_traceback(service, tmp_path):
     from raypipe.runtime.serve_agent import INTERNAL_ERROR, deploy_agent, undeploy_agent
 
     status, text = call(f"{service}/v1/answer", {"question": "explode please"})
-    assert status == 200 and json.loads(text)["stop_reason"] == "engine_error" and "<hidden>" in json.loads(text)["error"]
+    assert status == 200 and json.loads(text)["stop_reason"] == "internal_error" and "<hidden>" in json.loads(text)["error"]
     assert_private(text)
     for route in ("health", "ready", "v1/models"):
         assert_private(call(f"{service}/{route}")[1])

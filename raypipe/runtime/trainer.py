@@ -181,7 +181,8 @@ def run_training(build: Callable[[Worker], Training], *, seed: int, threads: int
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    device = worker_device(ray.get_gpu_ids(), torch.cuda.is_available(), simulated_gpus())
+    gpu_ids = ray.get_gpu_ids() if ray.is_initialized() else []  # a Train worker has joined Ray; a test calls it bare
+    device = worker_device(gpu_ids, torch.cuda.is_available(), simulated_gpus())
     worker = RayWorker(ctx.get_world_rank(), ctx.get_world_size(),
                        ray.train.torch.get_device() if device == "cuda" else torch.device("cpu"))  # fmt: skip
     training = build(worker)
