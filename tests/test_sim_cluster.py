@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from raypipe.core.rundir import RunDir
+from tests.helpers.chaos import LOGPROB_ATOL, same_results
 from tests.helpers.cluster import LocalCluster, node_type_of
 from tests.test_cluster_jobs import DATASETS, ROOT, job_args
 
@@ -115,6 +116,70 @@ def test_without_the_shared_folder_the_jobs_stop_at_their_start_with_one_line(si
     assert "failed" in status.lower(), status
     [line] = error_lines(log)
     assert line.startswith(f"error: run directory {copy} is not visible from node ") and "set RUN_DIR" in line, line
+
+
+def generation_log_on(cluster: LocalCluster, index: int, logs: Path) -> Path | None:
+    """The generation actor log (``RUN_DIR/logs/generation-*.log``) a process of node ``index`` writes, if any."""
+    root = psutil.Process(cluster.nodes[index].pid)
+    for proc in root.children(recursive=True):
+        try:
+            paths = [Path(f.path) for f in proc.open_files()]
+        except psutil.Error:
+            continue
+        found = next((p for p in paths if p.parent == logs and p.name.startswith("generation-")), None)
+        if found is not None:
+            return found
+    return None
+
+
+def written_parts(run: Path) -> int:
+    return len(list((run / "trajectories").glob("*.parquet")))
+
+
+def ready_generation_node(cluster: LocalCluster, logs: Path) -> int | None:
+    """The index of a live gpu_worker whose generation actor has logged that its engine is ready, if any."""
+    for index, node_type in cluster.worker_types.items():
+        if node_type != "gpu_worker" or index in cluster.dead:
+            continue
+        log_file = generation_log_on(cluster, index, logs)
+        if log_file is not None and "generation actor ready" in log_file.read_text(errors="replace"):
+            return index
+    return None
+
+
+def test_a_generation_node_lost_mid_job_loses_and_duplicates_no_row(sim_cluster, shared_corpus, gpu_run):
+    """Two generation nodes, one engine each at most; the first node whose engine is up is lost (every process
+    SIGKILLed, raylet first) while rows are still to come, and the autoscaler's replacement joins: the job ends
+    with the undisturbed run's rows, none lost, none twice, the same text and tokens. (Ray Data's pool may start
+    one engine or two: the node lost is whichever holds a ready one.)"""
+    sim_cluster.add_worker("gpu_worker")
+    out = sim_cluster.shared / "node-loss"
+    # each engine takes a whole gpu_worker's generation slots: one engine per node
+    job = gpu_job(shared_corpus, out, sim_cluster.shared / "index", ("generation.resources={raypipe_generation: 2}",))
+    started = time.monotonic()
+    sim_cluster.submit_job("sim-node-loss", ROOT, job, wait=False)
+    deadline = started + 600
+    while (lost := ready_generation_node(sim_cluster, out / "logs")) is None:
+        assert time.monotonic() < deadline, "no generation node's engine came up within 600 s"
+        time.sleep(1)
+    before = written_parts(out)
+    sim_cluster.kill_node(lost)
+    sim_cluster.add_worker("gpu_worker")  # the autoscaler replaces a preempted node (cluster.yaml min_workers)
+    log, status = sim_cluster.wait_job("sim-node-loss", timeout=900)
+    seconds = time.monotonic() - started
+    assert succeeded("sim-node-loss", log, status)
+
+    run = RunDir(out)
+    counts = {}
+    for name, keys in (("trajectories", ["qid"]), ("iterations", ["qid", "iteration"])):
+        mine, theirs = (list(zip(*(r.read(name).column(k).to_pylist() for k in keys))) for r in (run, gpu_run))
+        counts[name] = {"rows": len(mine), "reference": len(theirs), "lost": len(set(theirs) - set(mine)),
+                        "duplicated": len(mine) - len(set(mine)), "unexpected": len(set(mine) - set(theirs))}  # fmt: skip
+    print(f"node loss: {before} of {len(DATASETS)} trajectories written when the node was lost; {counts}; {seconds:.0f} s")
+    assert before < len(DATASETS)  # the job still had rows to write when the node went
+    for name, count in counts.items():
+        assert count["rows"] == count["reference"] and not (count["lost"] or count["duplicated"] or count["unexpected"]), name
+    assert same_results(run, gpu_run, logprob_atol=LOGPROB_ATOL) == []
 
 
 def node_running(cluster: LocalCluster, marker: str) -> int | None:

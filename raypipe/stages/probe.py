@@ -63,7 +63,7 @@ from raypipe.retrieval.http_client import RetrievalServerError
 from raypipe.retrieval.index import RetrievalIndexError
 from raypipe.retrieval.types import ReplicaService, Retriever, SharedRetrievalService
 from raypipe.runtime.batch_stage import BatchStage, BatchUDF
-from raypipe.runtime.cluster import init_ray, route_driver_logs, route_ray_data_logs
+from raypipe.runtime.cluster import init_ray, rerun_on_node_loss, route_driver_logs, route_ray_data_logs
 from raypipe.runtime.crashes import start_crash_ledger
 from raypipe.runtime.generation import (
     INPUT_COLUMNS,
@@ -132,8 +132,6 @@ def run_probe(
     when there is work; the caller ends it. ``relay_worker_logs`` (``-v``): the workers' output on this
     terminal, as Ray shows it, instead of in ``RUN_DIR/logs/``.
     """
-    import ray
-
     if questions is None:
         questions = load_datasets(config.data.datasets, config.data.limit, config.data.limit_files)
     if engine_factory is None and config.engine.backend != "openai":  # an HTTP backend's model is the server's
@@ -143,11 +141,7 @@ def run_probe(
     run_dir.write_config(resolved)
     info_path = run_dir.path / INFO_FILE
     info_path.write_text(yaml.safe_dump(run_info(config), sort_keys=False))
-    done = done_qids(run_dir)
-    # an outage's rows run again; their old rows go when the first new batch comes (engine and retrieval up)
-    retried = plan_retry(run_dir, only={q.qid for q in questions}) if config.generation.retry_transient else {}
-    done -= set(retried)
-    todo = [q for q in questions if q.qid not in done]
+    todo, retried = plan_work(config, run_dir, questions)
     log.info("%d questions: %d already written, %d to run -> %s", len(questions), len(questions) - len(todo), len(todo), run_dir.path)
     if not todo:
         return 0
@@ -172,6 +166,49 @@ def run_probe(
         update_info(info_path, retrieval_nodes=client.node_ids)
     if isinstance(client, SharedRetrievalService):  # its URL or name, and what it reports (fails fast if down)
         update_info(info_path, retrieval_service=client.describe())
+    first = [(todo, retried)]
+
+    def generate_rest() -> int:  # a rerun after a lost node runs what the last attempt did not write
+        work, outages = first.pop() if first else plan_work(config, run_dir, questions)
+        return generate(config, resolved, run_dir, work, outages, client, controller, engine_factory,
+                        relay_worker_logs) if work else 0  # fmt: skip
+
+    try:
+        rerun_on_node_loss(generate_rest, "generation")
+    finally:
+        if service is not None:
+            service.shutdown()
+    written = len({q.qid for q in todo} & done_qids(run_dir))
+    if written != len(todo):
+        raise RuntimeError(f"{len(todo)} questions in but {written} trajectories out")
+    return written
+
+
+def plan_work(config: RunConfig, run_dir: RunDir, questions: list[Question]) -> tuple[list[Question], dict]:
+    """The questions not yet in ``run_dir`` and the outage rows to replace (``plan_retry``): an outage's rows run
+    again; their old rows go when the first new batch comes (engine and retrieval up)."""
+    done = done_qids(run_dir)
+    retried = plan_retry(run_dir, only={q.qid for q in questions}) if config.generation.retry_transient else {}
+    done -= set(retried)
+    return [q for q in questions if q.qid not in done], retried
+
+
+def generate(
+    config: RunConfig,
+    resolved: RunConfig,
+    run_dir: RunDir,
+    todo: list[Question],
+    retried: dict,
+    client: Retriever,
+    controller: StopController | None,
+    engine_factory: Callable[[EngineConfig], Engine] | None,
+    relay_worker_logs: bool,
+) -> int:
+    """The generation actors over ``todo`` (Ray Data), every batch written as a part; returns the rows written."""
+    import ray
+
+    logs = run_dir.path / "logs"
+    info_path = run_dir.path / INFO_FILE
     gen = config.generation
     ledger = start_crash_ledger()
     try:
@@ -217,14 +254,9 @@ def run_probe(
             raise
         with contextlib.suppress(Exception):  # the closing line is not worth failing a finished job for
             progress.report(ledger.read_status())
-        written = progress.written
+        return progress.written
     finally:
         ray.kill(ledger.handle)
-        if service is not None:
-            service.shutdown()
-    if written != len(todo):
-        raise RuntimeError(f"{len(todo)} questions in but {written} trajectories out")
-    return written
 
 
 def flag_overrides(args: argparse.Namespace) -> list[str]:
