@@ -33,14 +33,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import NoReturn
 
 import pyarrow as pa
@@ -55,25 +53,22 @@ from raypipe.core.config import ConfigError, EngineConfig, RunConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.core.models import convert_in_background, locate_llm
 from raypipe.core.progress import waiting
-from raypipe.core.retry import drop_retried, plan_retry
+from raypipe.core.retry import plan_retry
 from raypipe.core.rundir import RunDir
 from raypipe.data.loaders import DataError, Question, load_datasets
 from raypipe.llm.base import Engine, EngineDiedError
 from raypipe.retrieval.http_client import RetrievalServerError
 from raypipe.retrieval.index import RetrievalIndexError
 from raypipe.retrieval.types import ReplicaService, Retriever, SharedRetrievalService
-from raypipe.runtime.batch_stage import BatchStage, BatchUDF
+from raypipe.runtime.batch_stage import BatchUDF
 from raypipe.runtime.cluster import init_ray, rerun_on_node_loss, route_driver_logs, route_ray_data_logs
-from raypipe.runtime.crashes import start_crash_ledger
 from raypipe.runtime.generation import (
     INPUT_COLUMNS,
     TrajectoryGenerator,
     batch_questions,
-    question_items,
     to_table,
-    write_batch,
 )
-from raypipe.runtime.generation_progress import GenerationReporter, engine_start_hint, show_actor_logs
+from raypipe.runtime.generation_pass import generate
 from raypipe.runtime.interrupt import shutdown_now
 from raypipe.runtime.retrieval import open_retrieval
 from raypipe.runtime.shared_storage import SharedPath, SharedStorageError, check_shared_storage
@@ -170,7 +165,7 @@ def run_probe(
 
     def generate_rest() -> int:  # a rerun after a lost node runs what the last attempt did not write
         work, outages = first.pop() if first else plan_work(config, run_dir, questions)
-        return generate(config, resolved, run_dir, work, outages, client, controller, engine_factory,
+        return generate(GenerateStage, config, resolved, run_dir, work, outages, client, controller, engine_factory,
                         relay_worker_logs) if work else 0  # fmt: skip
 
     try:
@@ -191,72 +186,6 @@ def plan_work(config: RunConfig, run_dir: RunDir, questions: list[Question]) -> 
     retried = plan_retry(run_dir, only={q.qid for q in questions}) if config.generation.retry_transient else {}
     done -= set(retried)
     return [q for q in questions if q.qid not in done], retried
-
-
-def generate(
-    config: RunConfig,
-    resolved: RunConfig,
-    run_dir: RunDir,
-    todo: list[Question],
-    retried: dict,
-    client: Retriever,
-    controller: StopController | None,
-    engine_factory: Callable[[EngineConfig], Engine] | None,
-    relay_worker_logs: bool,
-) -> int:
-    """The generation actors over ``todo`` (Ray Data), every batch written as a part; returns the rows written."""
-    import ray
-
-    logs = run_dir.path / "logs"
-    info_path = run_dir.path / INFO_FILE
-    gen = config.generation
-    ledger = start_crash_ledger()
-    try:
-        stage = BatchStage(
-            GenerateStage,
-            {"config": resolved.model_dump(mode="json"), "retriever": client, "controller": controller,
-             "engine_factory": engine_factory, "crash_ledger": ledger,
-             "log_dir": None if relay_worker_logs else str(logs.resolve())},
-            actors=gen.actors,
-            batch_size=gen.batch_size,
-            num_cpus=gen.actor_num_cpus,
-            num_gpus=gen.actor_num_gpus,
-            resources=gen.resources or None,
-            pool={"max_concurrent_calls_per_actor": gen.batches_per_actor,
-                  "enable_true_multi_threading": gen.batches_per_actor > 1},
-            # bounded, unlike Ray Data's defaults (unlimited): the crash ledger ends a question that kills
-            # every engine; this ends a job whose actors die with no question in flight
-            options={"max_restarts": gen.max_actor_restarts, "max_task_retries": gen.max_actor_restarts},
-        )  # fmt: skip
-        ds = stage.apply(ray.data.from_items(question_items(todo)))
-        # A batch ends when its slowest trajectory does: on a CPU that can outlast Ray Data's 30-minute
-        # no-progress guard; the driver's generation line shows that work goes on.
-        ds.context.execution_no_progress_timeout_s = -1
-        engines: list[dict] = []
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-        progress = GenerationReporter(len(todo), engine_start_hint(config), log=log, turn_limit=resolved.agent.max_turns)
-        try:
-            with progress.heartbeat(ledger.read_status):
-                for index, batch in enumerate(ds.iter_batches(batch_size=None, batch_format="pyarrow")):
-                    if batch.num_rows == 0:
-                        continue
-                    if retried:  # the rerun's engine and retrieval answered: the new rows replace the old
-                        drop_retried(run_dir, retried)
-                        retried = {}
-                    progress.wrote(write_batch(run_dir, batch, f"part-{stamp}-{index:05d}"))
-                    engine = json.loads(batch.column("engine")[0].as_py())
-                    if engine not in engines:  # one entry per distinct engine (actors share a configuration)
-                        engines.append(engine)
-                        update_info(info_path, engines=engines)
-        except Exception:
-            if not relay_worker_logs:  # e.g. vLLM's "See root cause above": it is in the actor's log
-                show_actor_logs(logs)
-            raise
-        with contextlib.suppress(Exception):  # the closing line is not worth failing a finished job for
-            progress.report(ledger.read_status())
-        return progress.written
-    finally:
-        ray.kill(ledger.handle)
 
 
 def flag_overrides(args: argparse.Namespace) -> list[str]:
