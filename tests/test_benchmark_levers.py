@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
 from raypipe.core.config import DEFAULT_PRESET, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.benchmarks import imported_benchmark
+
 
 
 @pytest.fixture(scope="module")
 def levers():
     """benchmarks/levers.py, imported by path with benchmarks/ importable (it imports probe.py beside it)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("benchmark_levers", ROOT / "benchmarks" / "levers.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with imported_benchmark("levers") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
-        sys.path.remove(str(ROOT / "benchmarks"))
 
 
 def engine_args(settings):

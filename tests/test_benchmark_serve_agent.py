@@ -5,28 +5,18 @@ it, the rule that says when a percentile is shown, the seeded open-loop schedule
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.benchmarks import imported_benchmark
+
 
 
 @pytest.fixture(scope="module")
 def bench():
     """benchmarks/serve_agent.py, imported by path (benchmarks/ is no package; it imports first_run beside it)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("benchmark_serve_agent", ROOT / "benchmarks" / "serve_agent.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
+    with imported_benchmark("serve_agent") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
-        sys.path.remove(str(ROOT / "benchmarks"))
 
 
 def timeline(bench, *spans: tuple[float, float] | tuple[float, float, int]):
