@@ -42,9 +42,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from first_run import cpu_description  # benchmarks/first_run.py, beside this script
 
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.core.machine import cpu_description
 from raypipe.data.loaders import load_corpus
 from raypipe.llm.base import Engine, Generation, GenerationRequest
 from raypipe.llm.factory import build_engine

@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -33,22 +31,9 @@ from pathlib import Path
 
 import yaml
 
+from raypipe.core.machine import cpu_description
+
 REPO = Path(__file__).resolve().parent.parent
-ISA_FLAGS = re.compile(r"^(avx2|avx512\w*|avx_vnni|amx\w*|fma)$")
-
-
-def cpu_description() -> tuple[str, str, int]:
-    """(model name, instruction-set flags, logical cores) from /proc/cpuinfo."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "unknown", "unknown", os.cpu_count() or 0
-    field = {}
-    for line in info.splitlines():
-        key, _, value = line.partition(":")
-        field.setdefault(key.strip(), value.strip())
-    flags = " ".join(sorted(f for f in field.get("flags", "").split() if ISA_FLAGS.match(f)))
-    return field.get("model name", "unknown"), flags, os.cpu_count() or 0
 
 
 def timed(name: str, command: list[str], env: dict[str, str], log: Path) -> float:

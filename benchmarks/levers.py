@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import time
 
-from first_run import cpu_description  # benchmarks/: the script's own folder
 from probe import (
     ASYNC_ENGINE,
     Engines,
@@ -38,6 +37,7 @@ from probe import (
 
 from raypipe.core.config import RunConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.core.machine import cpu_description
 from raypipe.data.loaders import load_datasets
 
 log = logging.getLogger("benchmarks.levers")

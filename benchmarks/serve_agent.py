@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 from itertools import cycle, islice, zip_longest
 
 import httpx
-from first_run import cpu_description  # benchmarks/first_run.py, beside this script
 
 from raypipe.core.config import RunConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.core.machine import cpu_description
 from raypipe.data.loaders import Question, load_datasets
 
 log = logging.getLogger("benchmarks.serve_agent")

@@ -21,6 +21,7 @@ COMMANDS["serve-retrieval"] = "serve"
 COMMANDS["serve-agent"] = "serve_agent"
 COMMANDS["agent-data"] = "agent_data"
 COMMANDS["tune-agent"] = "tune_agent"
+COMMANDS["agent-eval"] = "agent_eval"
 JOBS = tuple(COMMANDS.values())  # the modules of raypipe.stages
 
 

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from raypipe.agents.factory import build_protocol, visible_docs
-from raypipe.agenttrain.split import bundled_split
+from raypipe.data.split import bundled_split
 from raypipe.agenttrain.trajectories import AGENT, CONTEXT, PROMPT, contains, run_build, summarize, write_outputs
 from raypipe.core.config import load_config
 from raypipe.core.models import resolve_llm
@@ -26,7 +26,7 @@ def built():
     retriever = LocalRetriever.open(ensure_index(config, use_ray=False), encoder_spec(config.retrieval),
                                     search_params(config.retrieval))  # fmt: skip
     tokenizer = LocalTokenizer(resolve_llm(config.engine.model))
-    train = bundled_split(config.data.limit, config.agent_train.dev_percent).train
+    train = bundled_split(config.agent_train.dev_percent).train
     questions = train[:12] + train[230:242] + train[-6:]  # each dataset
     kept, rejected = run_build(questions, config, retriever, {p.doc_id: p for p in load_corpus()}, tokenizer)
     return config, retriever, tokenizer, questions, kept, rejected

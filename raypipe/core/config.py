@@ -62,6 +62,11 @@ class DataConfig(StrictModel):
     limit_files: bool = Field(
         default=False, description="Apply limit to question files too: what --limit N sets (with data.limit=N)."
     )
+    split: Literal["all", "default", "dev", "train"] = Field(
+        default="all",
+        description="Bundled datasets only: every question, or one part of the agent-training split (the default run's, "
+        "the dev split, the training pool; docs/agent-training.md), which data.limit then cuts per dataset.",
+    )
     corpus: str = Field(default="bundled", description="'bundled' or the path of a corpus jsonl.")
 
 

@@ -1,7 +1,7 @@
 """The agent-data job (``raypipe agent-data``, ``python jobs/agent_data.py``): supervised agent trajectories.
 
 The work is Ray-free (:mod:`raypipe.agenttrain.trajectories`): the bundled questions are split
-(:mod:`raypipe.agenttrain.split`), and every training question's trajectory is planned with the run config's
+(:mod:`raypipe.data.split`), and every training question's trajectory is planned with the run config's
 own retriever over its index (built if missing, in this process) and rendered through the agent loop.
 """
 
@@ -11,11 +11,11 @@ import logging
 import time
 from pathlib import Path
 
-from raypipe.agenttrain.split import bundled_split, first_per_dataset
 from raypipe.agenttrain.trajectories import run_build, write_outputs
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.core.models import resolve_llm
 from raypipe.data.loaders import BUNDLED_CORPUS, load_corpus
+from raypipe.data.split import DEFAULT_RUN_LIMIT, bundled_split, first_per_dataset
 from raypipe.llm.common import LocalTokenizer
 from raypipe.retrieval import LocalRetriever, encoder_spec, search_params
 from raypipe.runtime.index_build import ensure_index
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     if config.data.corpus != "bundled":
         raise SystemExit("error: agent-data works on the bundled questions and corpus (data.corpus=bundled)")
     started = time.monotonic()
-    split = bundled_split(config.data.limit or 0, config.agent_train.dev_percent)
+    split = bundled_split(config.agent_train.dev_percent)
     questions = split.train
     if args.limit:
         questions = first_per_dataset(questions, args.limit)
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
 
     kept, rejected = run_build(questions, config, retriever, corpus, tokenizer, progress)
     split_info = {
-        "rule": f"default: the first {config.data.limit} questions of each bundled dataset; dev: other qids with "
+        "rule": f"default: the first {DEFAULT_RUN_LIMIT} questions of each bundled dataset; dev: other qids with "
         f"int(sha256(qid)[:8], 16) % 100 < {config.agent_train.dev_percent}; train: the rest",
         **{part: split.qids(part) for part in ("default", "dev", "train")},
         "used": [q.qid for q in questions],

@@ -55,7 +55,8 @@ from raypipe.core.models import convert_in_background, locate_llm
 from raypipe.core.progress import waiting
 from raypipe.core.retry import plan_retry
 from raypipe.core.rundir import RunDir
-from raypipe.data.loaders import DataError, Question, load_datasets
+from raypipe.data.loaders import DataError, Question
+from raypipe.data.split import run_questions
 from raypipe.llm.base import Engine, EngineDiedError
 from raypipe.retrieval.http_client import RetrievalServerError
 from raypipe.retrieval.index import RetrievalIndexError
@@ -128,7 +129,7 @@ def run_probe(
     terminal, as Ray shows it, instead of in ``RUN_DIR/logs/``.
     """
     if questions is None:
-        questions = load_datasets(config.data.datasets, config.data.limit, config.data.limit_files)
+        questions = run_questions(config.data, config.agent_train.dev_percent)
     if engine_factory is None and config.engine.backend != "openai":  # an HTTP backend's model is the server's
         locate_llm(config.engine.model)  # a missing model fails here, not in every generation actor
     run_dir.path.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from raypipe.agenttrain.trajectories import TRAJECTORIES_FILE
 from raypipe.agenttrain.tune import AgentTuning, latest_checkpoint, loop_config, write_artifact
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
+from raypipe.core.machine import cpu_description
 from raypipe.core.models import locate_llm, resolve_llm
 from raypipe.runtime.cluster import init_ray
 from raypipe.runtime.trainer import is_uri, run_training, storage_location, torch_trainer
@@ -72,10 +73,11 @@ def main(argv: list[str] | None = None) -> None:
     cpu_after = os.times()
     cpu = sum(cpu_after[i] - cpu_before[i] for i in range(4))  # this process and its children (a local Ray)
     with result.checkpoint.as_directory() as folder:
-        taken = {"wall_s": time.monotonic() - started, "cpu_s": cpu, "cpu_count": os.cpu_count(),
-                 "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
+        model, flags, cores = cpu_description()
+        taken = {"wall_s": time.monotonic() - started, "cpu_s": cpu, "cpu_count": cores, "cpu_model": model,
+                 "cpu_flags": flags, "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
         manifest = write_artifact(out / "artifact", Path(folder), loop_config(cfg, model_path, data, config.seed),
                                   source, taken)
     print(f"{manifest['steps']} steps on {len(manifest['question_ids'])} trajectories, {manifest['tokens']} tokens, "
-          f"{manifest['wall_s']:.0f} s ({manifest['cpu_s']:.0f} CPU s, {manifest['cpu_count']} CPUs); "
+          f"{manifest['wall_s']:.0f} s on {manifest['cpu_count']} cores of {manifest['cpu_model']} ({manifest['cpu_flags']}); "
           f"artifact {out / 'artifact'} ({manifest['adapter_bytes'] / 1e6:.1f} MB)")

@@ -2,11 +2,14 @@
 
 Three disjoint groups of the bundled questions (hotpotqa, 2wikimultihopqa, musique):
 
-- ``default``: the default run's questions (the embedded preset's ``data.limit`` first questions of each
-  dataset; ``make run`` asks them), never trained on;
+- ``default``: the default run's questions (the first :data:`DEFAULT_RUN_LIMIT` of each dataset, the embedded
+  preset's ``data.limit``: ``make run`` asks them), never trained on;
 - ``dev``: every other question whose qid hashes into the first ``dev_percent`` of 100 buckets
   (``sha256(qid)``), a function of the qid alone, so neither file order nor a random state moves a question;
 - ``train``: the rest, the only questions agent trajectories are made from.
+
+A run asks one part with ``data.split`` (:func:`run_questions`): ``raypipe probe --set data.split=dev`` is the
+tuned agent's dev evaluation (docs/agent-training.md).
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from raypipe.data.loaders import BUNDLED_DATASETS, Question, load_datasets
+from raypipe.core.config import DataConfig
+from raypipe.data.loaders import BUNDLED_DATASETS, DataError, Question, load_datasets
+
+DEFAULT_RUN_LIMIT = 4  # the embedded preset's data.limit (a test holds them equal)
 
 
 def in_dev(qid: str, dev_percent: int) -> bool:
@@ -42,11 +48,22 @@ def split_questions(questions: Iterable[Question], default_qids: Iterable[str], 
     return Split(default, dev, train)
 
 
-def bundled_split(default_limit: int, dev_percent: int) -> Split:
-    """The split of every bundled question; ``default_limit`` is the default run's ``data.limit``."""
-    names = list(BUNDLED_DATASETS)
-    default_qids = [q.qid for q in load_datasets(names, default_limit)]
+def bundled_split(dev_percent: int, names: Iterable[str] = BUNDLED_DATASETS) -> Split:
+    """The split of the bundled questions of ``names`` (every bundled dataset by default)."""
+    names = list(names)
+    default_qids = [q.qid for q in load_datasets(names, DEFAULT_RUN_LIMIT)]
     return split_questions(load_datasets(names), default_qids, dev_percent)
+
+
+def run_questions(data: DataConfig, dev_percent: int) -> list[Question]:
+    """The questions a run asks: its datasets' first ``data.limit``, or, with ``data.split`` set, the first
+    ``data.limit`` (all when unset) of that part of the bundled split, each dataset in its file order."""
+    if data.split == "all":
+        return load_datasets(data.datasets, data.limit, data.limit_files)
+    if unknown := [name for name in data.datasets if name not in BUNDLED_DATASETS]:
+        raise DataError(f"data.split={data.split} splits the bundled datasets only, not {', '.join(unknown)}")
+    part = getattr(bundled_split(dev_percent, data.datasets), data.split)
+    return part if data.limit is None else first_per_dataset(part, data.limit)
 
 
 def first_per_dataset(questions: Iterable[Question], n: int) -> list[Question]:
