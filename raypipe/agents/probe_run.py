@@ -17,7 +17,9 @@ from pathlib import Path
 import yaml
 
 from raypipe.agents.factory import build_protocol, visible_docs
+from raypipe.core.adapter import read_manifest
 from raypipe.core.config import ConfigError, RunConfig
+from raypipe.core.models import locate_adapter
 from raypipe.core.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -62,9 +64,22 @@ def run_info(config: RunConfig) -> dict:
         "enforcement_regexes": protocol.enforcement_regexes(config.agent),
         "engine": {"backend": config.engine.backend, "model": config.engine.model, "dtype": config.engine.dtype,
                    "enable_prefix_caching": config.engine.enable_prefix_caching, "block_size": config.engine.block_size},
+        "agent": agent_info(config.engine.adapter),
         "versions": versions,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }  # fmt: skip
+
+
+def agent_info(adapter: str | None) -> dict:
+    """Which agent ran: the model as it is, or a tuned-agent artifact and how it was made (from its manifest)."""
+    if adapter is None:
+        return {"tuned": False}
+    manifest = read_manifest(locate_adapter(adapter))
+    made = ("note", "adapter_sha256", "base_model_sha256", "data_sha256", "steps", "tokens", "seed", "train_wall_s",
+            "cpu_model", "cpu_count")  # fmt: skip
+    dev = {k: v for k, v in manifest.get("dev", {}).items() if not isinstance(v, dict)}  # the headline figures
+    made_of = {"trajectories": len(manifest.get("question_ids", [])), "dev": dev}
+    return {"tuned": True, "adapter": adapter, **{k: manifest.get(k) for k in made}, **made_of}
 
 
 def update_info(path: Path, **entries: object) -> None:

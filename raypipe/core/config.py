@@ -268,8 +268,8 @@ class EngineConfig(StrictModel):
     seed: int = 0
     adapter: str | None = Field(
         default=None,
-        description="A tuned-agent artifact folder (`raypipe tune-agent`): its weight delta is applied to the model when "
-        "it is converted, its checksums checked; None: the model as it is.",
+        description="A tuned-agent artifact: a bundled one's name (smollm2-searchr1) or a folder (`raypipe tune-agent`): "
+        "its weight delta is applied to the model when it is converted, its checksums checked; None: the model as it is.",
     )
 
     @model_validator(mode="after")

@@ -34,14 +34,38 @@ EMBEDDED_LLM_NOTE = (
     "{name}, the embedded default, is far too weak for these questions: its answer figures check raypipe's "
     "machinery, not the science (docs/fidelity.md)"
 )
+# Tuned-agent artifacts shipped in the package (engine.adapter names one), folders under raypipe/data/agent/.
+BUNDLED_ADAPTERS = ("smollm2-searchr1",)
+TUNED_AGENT_NOTE = (
+    "the agent is {name} with raypipe's tuned-agent artifact {adapter} (raypipe tune-agent on the bundled training "
+    "questions; not a published checkpoint; docs/agent-training.md): its figures are a small model's, far below the "
+    "paper's 7B agents"
+)
 
 
-def embedded_llm_note(ref: str | None) -> str | None:
+def embedded_llm_note(ref: str | None, adapter: str | None = None) -> str | None:
     """The caveat that goes beside every answer figure of a run whose generator is an embedded LLM (None for
-    any other model): those runs check the pipeline, and their F1 must not read as a result."""
+    any other model): untuned, those runs check the pipeline and their F1 must not read as a result; with a
+    tuned-agent artifact, the note says which agent ran and how it was made."""
     if ref not in EMBEDDED_LLMS:
         return None
-    return EMBEDDED_LLM_NOTE.format(name=EMBEDDED_LLMS[ref][2].split(".")[0])
+    name = EMBEDDED_LLMS[ref][2].split(".")[0]
+    if adapter is not None:
+        return TUNED_AGENT_NOTE.format(name=name, adapter=adapter)
+    return EMBEDDED_LLM_NOTE.format(name=name)
+
+
+def locate_adapter(ref: str) -> Path:
+    """The artifact folder ``engine.adapter`` names: a bundled artifact's name or a folder."""
+    if ref in BUNDLED_ADAPTERS:
+        return Path(__file__).resolve().parent.parent / "data" / "agent" / ref
+    path = Path(ref).expanduser()
+    if not path.is_dir():
+        raise ModelNotFoundError(
+            f"engine.adapter={ref}: no such artifact folder (bundled: {', '.join(BUNDLED_ADAPTERS)}; "
+            "or make one with raypipe tune-agent)"
+        )
+    return path
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -68,11 +92,11 @@ def package_file(module: str, package: str, relative: str) -> Path:
 
 def resolve_llm(ref: str, adapter: str | None = None) -> Path:
     """A folder that vLLM and transformers can load, for an embedded name, a HF folder or a GGUF file; with
-    ``adapter`` (``engine.adapter``, a ``raypipe tune-agent`` artifact folder) that model with the artifact merged,
+    ``adapter`` (``engine.adapter``, a bundled or ``raypipe tune-agent`` artifact, :func:`locate_adapter`) that model with the artifact merged,
     made once in the cache after its checksums are checked (:mod:`raypipe.core.adapter`)."""
     path = locate_llm(ref)
     folder = gguf_to_folder(path) if path.is_file() else path
-    return folder if adapter is None else adapted_folder(path, folder, Path(adapter).expanduser())
+    return folder if adapter is None else adapted_folder(path, folder, locate_adapter(adapter))
 
 
 def adapted_folder(source: Path, folder: Path, artifact: Path) -> Path:

@@ -80,7 +80,7 @@ class RunDir:
     def model_note(self) -> str | None:
         """The caveat for this run's figures when its generator is an embedded LLM (see
         :func:`raypipe.core.models.embedded_llm_note`)."""
-        return embedded_llm_note(self.recorded("engine", "model"))
+        return embedded_llm_note(self.recorded("engine", "model"), self.recorded("engine", "adapter"))
 
     def write_config(self, config: RunConfig, stage: str = "config") -> Path:
         path = self.path / f"{stage}.yaml"
