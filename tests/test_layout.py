@@ -16,7 +16,7 @@ JOBS = PACKAGE.parent / "jobs"
 # Lowest first. A module may import its own layer and the layers before it, never one after it.
 DOMAIN = ["core", "data", "llm", "retrieval", "agents", "features", "predict", "stopping", "stoprag", "analysis", "agenttrain"]
 LAYERS = [*DOMAIN, "runtime", "stages", "cli", "testing"]
-STAGE_JOBS = {"index", "probe", "features", "train", "sweep", "stoprag", "report", "serve", "serve_agent", "compare", "dashboard", "agent_data", "tune_agent"}
+STAGE_JOBS = {"index", "probe", "features", "train", "sweep", "stoprag", "report", "serve", "serve_agent", "compare", "dashboard", "agent_data", "tune_agent", "agent_eval"}
 
 
 def layer_of(module: str) -> str | None:
