@@ -101,8 +101,12 @@ class OfflineBatchEngine:
 
     async def generate(self, request: GenerationRequest) -> Generation:
         prompt_ids, max_tokens = tokenized_request(self.tokenizer, request, self.max_model_len)
-        pending = _Pending(prompt_ids, sampling_params(request, max_tokens), request.logprobs,
-                           asyncio.get_running_loop().create_future())  # fmt: skip
+        pending = _Pending(
+            prompt_ids,
+            sampling_params(request, max_tokens),
+            request.logprobs,
+            asyncio.get_running_loop().create_future(),
+        )
         self._pending.append(pending)
         self._run_if_complete()
         return await pending.future

@@ -23,8 +23,9 @@ def built():
     from raypipe.runtime.index_build import ensure_index
 
     config = load_config("embedded")
-    retriever = LocalRetriever.open(ensure_index(config, use_ray=False), encoder_spec(config.retrieval),
-                                    search_params(config.retrieval))  # fmt: skip
+    retriever = LocalRetriever.open(
+        ensure_index(config, use_ray=False), encoder_spec(config.retrieval), search_params(config.retrieval)
+    )
     tokenizer = LocalTokenizer(resolve_llm(config.engine.model))
     train = bundled_split(config.agent_train.dev_percent).train
     questions = train[:12] + train[230:242] + train[-6:]  # each dataset

@@ -10,7 +10,6 @@ from raypipe.core.config import DEFAULT_PRESET, load_config
 from tests.helpers.benchmarks import imported_benchmark
 
 
-
 @pytest.fixture(scope="module")
 def levers():
     """benchmarks/levers.py, imported by path with benchmarks/ importable (it imports probe.py beside it)."""

@@ -176,7 +176,8 @@ def test_free_memory_from_nvidia_smi_for_the_visible_gpus(monkeypatch):
 
 
 def test_indexes_faiss_clones_are_not_checked(gpu_index_dir, monkeypatch):
-    (gpu_index_dir / "manifest.json").write_text(json.dumps({"count": WIKI18_ROWS, "dimension": 768,
-                                                             "factory": "IVF16384,PQ96x8"}))
+    (gpu_index_dir / "manifest.json").write_text(
+        json.dumps({"count": WIKI18_ROWS, "dimension": 768, "factory": "IVF16384,PQ96x8"})
+    )
     monkeypatch.setattr(index_mod, "free_gpu_memory", lambda gpus: pytest.fail("asked for free memory"))
     IndexDir(gpu_index_dir).check_gpu_memory(shard=True, gpus=1)

@@ -49,8 +49,11 @@ def hf_engine():
 
 @pytest.fixture(scope="module")
 def vllm_engine():
-    engine = build_engine(EngineConfig(backend="vllm", dtype="float32", max_model_len=1024, kv_cache_gib=0.5,
-                                       block_size=32, enforce_eager=True))
+    engine = build_engine(
+        EngineConfig(
+            backend="vllm", dtype="float32", max_model_len=1024, kv_cache_gib=0.5, block_size=32, enforce_eager=True
+        )
+    )
     yield engine
     run(engine.close())
 

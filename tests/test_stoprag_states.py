@@ -81,8 +81,16 @@ def bundled_histories(per_dataset: int = 40, seed: int = 0) -> list[tuple[str, s
                 if i == 1 or rng.random() > 0.25:  # else: the same query again, the same documents
                     start = rng.randrange(len(pool))
                     ranked = [pool[(start + k) % len(pool)] for k in range(TOP_K + 2)]
-                rows.append({"qid": q.qid, "iteration": i, "query": f"query {i}", "doc_ids": ranked,
-                             "probe_answer": "x", "probe_f1": 0.0})  # fmt: skip
+                rows.append(
+                    {
+                        "qid": q.qid,
+                        "iteration": i,
+                        "query": f"query {i}",
+                        "doc_ids": ranked,
+                        "probe_answer": "x",
+                        "probe_f1": 0.0,
+                    }
+                )
             out.append((q.qid, q.question, with_documents(rows, paragraphs, TOP_K)))
     return out
 

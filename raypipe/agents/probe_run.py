@@ -29,11 +29,27 @@ RESULT_SECTIONS = ("seed", "engine", "agent", "retrieval")
 # search or a generation returns: a resume may change them.
 OPERATIONAL = {
     "engine": {"request_timeout_s", "max_retries"},
-    "retrieval": {"replicas", "num_cpus", "resources", "search_threads", "max_restarts", "max_task_retries",
-                  "max_query_crashes", "start_timeout_s", "http_timeout_s", "http_retries", "http_max_response_bytes",
-                  "serve_max_queries", "serve_max_topk", "serve_max_items", "serve_max_body_bytes", "serve_timeout_s",
-                  "serve_max_results", "serve_max_batch_results"},
-}  # fmt: skip
+    "retrieval": {
+        "replicas",
+        "num_cpus",
+        "resources",
+        "search_threads",
+        "max_restarts",
+        "max_task_retries",
+        "max_query_crashes",
+        "start_timeout_s",
+        "http_timeout_s",
+        "http_retries",
+        "http_max_response_bytes",
+        "serve_max_queries",
+        "serve_max_topk",
+        "serve_max_items",
+        "serve_max_body_bytes",
+        "serve_timeout_s",
+        "serve_max_results",
+        "serve_max_batch_results",
+    },
+}
 
 
 def resolve_config(config: RunConfig) -> RunConfig:
@@ -60,11 +76,16 @@ def run_info(config: RunConfig) -> dict:
         "stop": list(protocol.stop),
         "enforcement": config.agent.enforcement,
         "enforcement_regexes": protocol.enforcement_regexes(config.agent),
-        "engine": {"backend": config.engine.backend, "model": config.engine.model, "dtype": config.engine.dtype,
-                   "enable_prefix_caching": config.engine.enable_prefix_caching, "block_size": config.engine.block_size},
+        "engine": {
+            "backend": config.engine.backend,
+            "model": config.engine.model,
+            "dtype": config.engine.dtype,
+            "enable_prefix_caching": config.engine.enable_prefix_caching,
+            "block_size": config.engine.block_size,
+        },
         "versions": versions,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }  # fmt: skip
+    }
 
 
 def update_info(path: Path, **entries: object) -> None:
@@ -85,8 +106,9 @@ def check_resumable(config: RunConfig, run_dir: RunDir) -> None:
     changed = [
         f"{section}.{key}"
         for section in RESULT_SECTIONS
-        for key in sorted((set(_as_dict(old.get(section))) | set(_as_dict(new.get(section))))
-                          - OPERATIONAL.get(section, set()))  # fmt: skip
+        for key in sorted(
+            (set(_as_dict(old.get(section))) | set(_as_dict(new.get(section)))) - OPERATIONAL.get(section, set())
+        )
         if _as_dict(old.get(section)).get(key) != _as_dict(new.get(section)).get(key)
     ]
     if changed:

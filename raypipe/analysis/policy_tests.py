@@ -54,11 +54,18 @@ def policy_tests(outcomes: pd.DataFrame, options: ReportConfig, systems: Sequenc
     natural stopping on :data:`METRICS` (and each other, with ``report.policy_pairs``):
     :func:`~raypipe.analysis.paired.paired_comparisons`' rows."""
     return paired_comparisons(
-        outcomes, KINDS, NATURAL, systems=systems, against_each_other=options.policy_pairs,
-        system_column="controller", key="qid",
-        correction=options.correction, samples=options.bootstrap_samples, confidence=options.confidence,
+        outcomes,
+        KINDS,
+        NATURAL,
+        systems=systems,
+        against_each_other=options.policy_pairs,
+        system_column="controller",
+        key="qid",
+        correction=options.correction,
+        samples=options.bootstrap_samples,
+        confidence=options.confidence,
         seed=options.bootstrap_seed,
-    )  # fmt: skip
+    )
 
 
 def pvalue_column(metric: str, test: str) -> str:
@@ -93,8 +100,14 @@ def table_pvalues(result: pd.DataFrame, labels: Sequence[str], details: str) -> 
     against_natural = result[result["baseline"] == NATURAL] if not result.empty else result
     lookup = against_natural.set_index(["system", "metric"]) if not result.empty else pd.DataFrame()
     numbers = pd.DataFrame(
-        [{pvalue_column(m, test): _lookup(lookup, label, m, TESTS[test]) for m in METRICS for test in metric_tests(m)}
-         for label in labels]  # fmt: skip
+        [
+            {
+                pvalue_column(m, test): _lookup(lookup, label, m, TESTS[test])
+                for m in METRICS
+                for test in metric_tests(m)
+            }
+            for label in labels
+        ]
     )
     cells = pd.DataFrame([{cell_label(m): _cell(numbers.loc[i], m) for m in SHOWN} for i in range(len(labels))])
     correction = CORRECTION_NAMES[result["correction"].iloc[0]] if not result.empty else "–"
@@ -140,8 +153,11 @@ def significance_intro(result: pd.DataFrame, options: ReportConfig, policies: st
         f"tokens, agent + probes): its mean with a {options.confidence:.0%} percentile bootstrap interval "
         f"({options.bootstrap_samples} resamples of the questions, seed {options.bootstrap_seed}). {tests_note()}. "
         f"p-values {correction}-corrected across the policies on each metric (report.correction)"
-        + ("; every pair of policies is tested too, in the same families (report.policy_pairs)." if options.policy_pairs
-           else ".")
+        + (
+            "; every pair of policies is tested too, in the same families (report.policy_pairs)."
+            if options.policy_pairs
+            else "."
+        )
     )
 
 

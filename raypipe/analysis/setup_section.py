@@ -89,9 +89,16 @@ def setup_rows(run_path: Path) -> tuple[pd.DataFrame, list[str]]:
     for setting in SEED_SETUP:
         value = lookup(tree, effective, setting.key)
         same = value is not MISSING and setting.matches(value, protocol)
-        rows.append({"area": setting.area, "setting": setting.key.removeprefix("effective."),
-                     "this run": _show(value), "seed paper": _show(setting.seed_value(protocol)),
-                     "source": setting.source, "matches": same})  # fmt: skip
+        rows.append(
+            {
+                "area": setting.area,
+                "setting": setting.key.removeprefix("effective."),
+                "this run": _show(value),
+                "seed paper": _show(setting.seed_value(protocol)),
+                "source": setting.source,
+                "matches": same,
+            }
+        )
     return pd.DataFrame(rows), used
 
 
@@ -99,8 +106,10 @@ def render_setup(ctx: "ReportContext") -> list[Block]:
     frame, used = setup_rows(ctx.run.path)
     ctx.write_csv("setup", frame)
     differs = frame[~frame["matches"]].drop(columns="matches")
-    note = (f"Read from {', '.join(used)}; {int(frame['matches'].sum())} of {len(frame)} settings of the seed "
-            "paper's setup (raypipe/core/seed_setup.py) match and are not shown; every one is in tables/setup.csv.")
+    note = (
+        f"Read from {', '.join(used)}; {int(frame['matches'].sum())} of {len(frame)} settings of the seed "
+        "paper's setup (raypipe/core/seed_setup.py) match and are not shown; every one is in tables/setup.csv."
+    )
     if differs.empty:
         return [Text(f"This run uses the seed paper's setup in every listed setting. {note}")]
     return [Table(f"{len(differs)} settings differ from the seed paper's setup", differs, note=note)]

@@ -62,7 +62,9 @@ def package_file(module: str, package: str, relative: str) -> Path:
         raise ModelNotFoundError(f"package {package} is not installed: {INSTALL_HINT.format(package=package)}")
     path = Path(next(iter(spec.submodule_search_locations))) / relative
     if not path.exists():
-        raise ModelNotFoundError(f"{path} missing from package {package}: reinstall it ({INSTALL_HINT.format(package=package)})")
+        raise ModelNotFoundError(
+            f"{path} missing from package {package}: reinstall it ({INSTALL_HINT.format(package=package)})"
+        )
     return path
 
 
@@ -143,7 +145,9 @@ def convert_in_background(ref: str, log_file: Path) -> subprocess.Popen | None:
         return None
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("a") as out:
-        return subprocess.Popen([sys.executable, "-m", "raypipe.core.models", ref], stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "raypipe.core.models", ref], stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def converted_folder(gguf: Path) -> Path:

@@ -67,9 +67,7 @@ def _prepare(rows: Sequence[Mapping[str, Any]]) -> list[_Iteration]:
         doc_ids = list(row.get("doc_ids") or [])
         scores = [float(s) for s in (row.get("doc_scores") or [])]
         if len(doc_ids) != len(scores):
-            raise TrajectoryError(
-                f"qid {qid!r} iteration {index}: {len(doc_ids)} doc_ids but {len(scores)} doc_scores"
-            )
+            raise TrajectoryError(f"qid {qid!r} iteration {index}: {len(doc_ids)} doc_ids but {len(scores)} doc_scores")
         out.append(_Iteration(row, index, doc_ids, scores, index >= 1 and row.get("doc_ids") is not None))
     return out
 

@@ -78,7 +78,9 @@ def check_request(request: GenerationRequest) -> None:
         raise EngineError("stop strings must be non-empty")
 
 
-def tokenized_request(tokenizer: LocalTokenizer, request: GenerationRequest, max_model_len: int) -> tuple[list[int], int]:
+def tokenized_request(
+    tokenizer: LocalTokenizer, request: GenerationRequest, max_model_len: int
+) -> tuple[list[int], int]:
     """A checked request's prompt token ids and the number of new tokens to ask for (the context policy above)."""
     check_request(request)
     prompt_ids = tokenizer.encode(request.prompt)

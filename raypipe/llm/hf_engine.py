@@ -49,7 +49,9 @@ class TransformersEngine:
         self.eos_ids = _eos_ids(self.model, self.tokenizer.tokenizer)
         self._lock = threading.Lock()
         self.start_seconds = time.perf_counter() - started
-        log.info("transformers engine for %s (%s) loaded in %.1f s", self.model_path.name, self.dtype, self.start_seconds)
+        log.info(
+            "transformers engine for %s (%s) loaded in %.1f s", self.model_path.name, self.dtype, self.start_seconds
+        )
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt)

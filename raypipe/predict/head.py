@@ -154,8 +154,10 @@ def preprocessing(cfg: TrainConfig) -> list[tuple[str, object]]:
     """The steps before the MLP (``train.head_input``)."""
     if cfg.head_input == "seed":  # mlp.py's SimpleImputer defaults: a column never observed is dropped
         return [("fill", SimpleImputer(strategy="constant", fill_value=0.0)), ("scale", StandardScaler())]
-    return [("scale", StandardScaler()),
-            ("fill", SimpleImputer(strategy="constant", fill_value=0.0, keep_empty_features=True))]  # fmt: skip
+    return [
+        ("scale", StandardScaler()),
+        ("fill", SimpleImputer(strategy="constant", fill_value=0.0, keep_empty_features=True)),
+    ]
 
 
 def make_head(cfg: TrainConfig, seed: int = 0) -> Pipeline:
@@ -172,7 +174,11 @@ def make_head(cfg: TrainConfig, seed: int = 0) -> Pipeline:
             random_state=seed,
         )
     else:
-        alpha = cfg.head_alpha if cfg.head_alpha is not None else equivalent_alpha(cfg.head_weight_decay, cfg.head_batch_size)
+        alpha = (
+            cfg.head_alpha
+            if cfg.head_alpha is not None
+            else equivalent_alpha(cfg.head_weight_decay, cfg.head_batch_size)
+        )
         mlp = MLPRegressor(
             hidden_layer_sizes=tuple(cfg.head_hidden),
             activation="relu",

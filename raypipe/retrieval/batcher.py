@@ -50,8 +50,9 @@ class QueryBatcher:
     client that died after claiming does not hold the replica longer).
     """
 
-    def __init__(self, search_fn: SearchFn, max_batch_size: int = 64, max_wait_s: float = 0.005,
-                 claim_hold_s: float = 10.0):
+    def __init__(
+        self, search_fn: SearchFn, max_batch_size: int = 64, max_wait_s: float = 0.005, claim_hold_s: float = 10.0
+    ):
         self.search_fn = search_fn
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s

@@ -167,7 +167,9 @@ def check_unique_ids(doc_rows: np.ndarray, doc_id_at) -> None:
     for at in np.flatnonzero(hashes[1:] == hashes[:-1]):
         first, second = int(doc_rows[at, 1]), int(doc_rows[at + 1, 1])
         if doc_id_at(first) == doc_id_at(second):
-            raise DataError(f"duplicate passage id {doc_id_at(first)!r} (corpus rows {min(first, second)} and {max(first, second)})")
+            raise DataError(
+                f"duplicate passage id {doc_id_at(first)!r} (corpus rows {min(first, second)} and {max(first, second)})"
+            )
 
 
 def corpus_documents(path: str | Path, wanted: Collection[str] | None = None) -> dict[str, tuple[str, str]]:
@@ -270,7 +272,9 @@ class CorpusStats:
                 tables[lexicon] = TermTable(pq.read_table(directory / LEGACY_STATS_FILE))  # written sorted by term
         n_docs = {table.metadata.get("n_docs") for table in tables.values()}
         if not tables or None in n_docs or len(n_docs) > 1:
-            raise ValueError(f"{directory}: corpus statistics missing or without one n_docs ({sorted(map(str, n_docs))})")
+            raise ValueError(
+                f"{directory}: corpus statistics missing or without one n_docs ({sorted(map(str, n_docs))})"
+            )
         return cls(tables, int(n_docs.pop()), str(directory))
 
     def df(self, term: str, lexicon: str = "plain") -> int:

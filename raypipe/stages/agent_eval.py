@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     artifact = Path(args.artifact)
     manifest = read_manifest(artifact)
-    adapter, split, limit = (run.recorded(*key) for key in (("engine", "adapter"), ("data", "split"), ("data", "limit")))
+    adapter, split, limit = (
+        run.recorded(*key) for key in (("engine", "adapter"), ("data", "split"), ("data", "limit"))
+    )
     if adapter is None or Path(adapter).resolve() != artifact.resolve():
         raise SystemExit(f"error: {run.path} ran engine.adapter={adapter}, not {artifact}")
     if split != "dev" or limit is not None:

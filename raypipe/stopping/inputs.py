@@ -102,8 +102,12 @@ def load_runs(
     if train_run is None:
         return trajectories, excluded, chosen_head, heads, None
     train_t, train_excluded = load_trajectories(train_run)
-    check_disjoint([t.qid for t in train_t], [t.qid for t in trajectories], f"the training run {train_run.path}",
-                   f"the run {run.path}")  # fmt: skip
+    check_disjoint(
+        [t.qid for t in train_t],
+        [t.qid for t in trajectories],
+        f"the training run {train_run.path}",
+        f"the run {run.path}",
+    )
     train_chosen, train_heads = load_heads(train_run, which)
     if train_chosen != chosen_head:
         raise ValueError(
@@ -146,8 +150,15 @@ def load_inputs(
     theta_u = threshold_grid(cfg.theta_u_grid, [u for _, u in val_preds], cfg.quantile_points)
     log.info(
         "%d questions (%d val, %d test), %d heads (+%d refits) x %d variants x %d θ_P x %d θ_U",
-        len(keep), len(val), len(test), len(heads), len(cfg.refits), len(cfg.variants), len(theta_p), len(theta_u),
-    )  # fmt: skip
+        len(keep),
+        len(val),
+        len(test),
+        len(heads),
+        len(cfg.refits),
+        len(cfg.variants),
+        len(theta_p),
+        len(theta_u),
+    )
     runs = [run] if train_run is None else [train_run, run]
     refits, refit_frame = load_refits(runs, cfg.refits, train, question_types)
     if train_run is None:

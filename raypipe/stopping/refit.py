@@ -24,8 +24,16 @@ from raypipe.stopping.heuristic import Predictions
 
 KEYS = ("qid", "dataset", "iteration")
 # A head's predictions as a trial hands them to the driver (predictions_table)
-HEAD_SCHEMA = pa.schema([("qid", pa.string()), ("iteration", pa.int32()), ("feature_group", pa.string()),
-                         ("window", pa.int32()), ("p_hat", pa.float64()), ("u_hat", pa.float64())])  # fmt: skip
+HEAD_SCHEMA = pa.schema(
+    [
+        ("qid", pa.string()),
+        ("iteration", pa.int32()),
+        ("feature_group", pa.string()),
+        ("window", pa.int32()),
+        ("p_hat", pa.float64()),
+        ("u_hat", pa.float64()),
+    ]
+)
 
 
 def resolve(refit: HeadRefit, train: TrainConfig) -> HeadRefit:
@@ -105,8 +113,11 @@ def refit_predictions(
 def predictions_table(head: tuple[str, int], predictions: Predictions) -> pa.Table:
     """One head's (P̂, Û) in the columns :func:`raypipe.stopping.grid.predictions_by_head` reads back: how a Tune
     trial hands a refit head's predictions to the driver (the paired tests replay the trade-off table's rows)."""
-    rows = [{"qid": qid, "iteration": it, "feature_group": head[0], "window": head[1], "p_hat": p, "u_hat": u}
-            for qid, per_iteration in predictions.items() for it, (p, u) in per_iteration.items()]  # fmt: skip
+    rows = [
+        {"qid": qid, "iteration": it, "feature_group": head[0], "window": head[1], "p_hat": p, "u_hat": u}
+        for qid, per_iteration in predictions.items()
+        for it, (p, u) in per_iteration.items()
+    ]
     return pa.Table.from_pylist(rows, schema=HEAD_SCHEMA)
 
 

@@ -47,8 +47,14 @@ log = logging.getLogger(__name__)
 
 # Trajectories with no natural outcome to compare against: infrastructure failures, and trajectories an
 # online controller already cut short.
-EXCLUDED_STOP_REASONS = (STOP_ENGINE_ERROR, STOP_ENGINE_CRASH, STOP_RETRIEVAL_ERROR, STOP_INTERNAL_ERROR, STOP_QUERY_CRASH,
-                         STOP_CONTROLLER)
+EXCLUDED_STOP_REASONS = (
+    STOP_ENGINE_ERROR,
+    STOP_ENGINE_CRASH,
+    STOP_RETRIEVAL_ERROR,
+    STOP_INTERNAL_ERROR,
+    STOP_QUERY_CRASH,
+    STOP_CONTROLLER,
+)
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,9 @@ class Trajectory:
                 f"trajectory {self.qid}: {len(self.iteration_tokens)} token counts for {len(self.probe_f1)} iterations"
             )
         if self.probe_em is not None and len(self.probe_em) != len(self.probe_f1):
-            raise ValueError(f"trajectory {self.qid}: {len(self.probe_em)} EM values for {len(self.probe_f1)} iterations")
+            raise ValueError(
+                f"trajectory {self.qid}: {len(self.probe_em)} EM values for {len(self.probe_f1)} iterations"
+            )
 
     @property
     def n_iterations(self) -> int:

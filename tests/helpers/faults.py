@@ -55,8 +55,14 @@ class ScriptedAgents:
     test interrupts it.
     """
 
-    def __init__(self, crash_on: str | None = None, marker: str | Path | None = None, error_on: str | None = None,
-                 delay_s: float = 0.0, die_on: str | None = None):
+    def __init__(
+        self,
+        crash_on: str | None = None,
+        marker: str | Path | None = None,
+        error_on: str | None = None,
+        delay_s: float = 0.0,
+        die_on: str | None = None,
+    ):
         if crash_on is None and marker is not None:
             raise ValueError("a marker file needs crash_on")
         self.crash_on, self.marker, self.error_on, self.delay_s = crash_on, marker, error_on, delay_s
