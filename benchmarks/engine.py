@@ -99,7 +99,10 @@ def main() -> None:
     row = asyncio.run(measure(engine, prompts, args.max_tokens, args.regex))
     asyncio.run(engine.close())
     record = engine.describe()
-    settings = f"{args.backend} {record['dtype']} block={record.get('block_size', '-')} eager={args.enforce_eager} threads={args.cpu_threads}"
+    settings = (
+        f"{args.backend} {record['dtype']} block={record.get('block_size', '-')} eager={args.enforce_eager} "
+        f"threads={args.cpu_threads}"
+    )
     print(
         f"{settings}: start {start_s:.1f} s | "
         + " | ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items())

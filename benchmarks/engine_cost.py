@@ -65,7 +65,7 @@ class Grid:
     prefill_batch: int  # the batched prefill splits the total over this many requests
 
     @staticmethod
-    def default(quick: bool) -> "Grid":
+    def default(quick: bool) -> Grid:
         if quick:
             return Grid((1, 4), (256,), (4, 20), 1, (256, 1024), 4)
         return Grid((1, 2, 4, 8, 16, 32), (256, 1024, 2048), (8, 40), 2, (256, 512, 1024, 2048, 4096), 8)
@@ -85,7 +85,7 @@ class ModelShape:
     kv_width: int  # key/value heads x head size
 
     @staticmethod
-    def read(folder: Path) -> "ModelShape":
+    def read(folder: Path) -> ModelShape:
         config = json.loads((folder / "config.json").read_text())
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]

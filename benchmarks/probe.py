@@ -66,14 +66,13 @@ from typing import Any
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-
 from raypipe.agents import TrajectoryOutput
 from raypipe.core.config import RunConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.data.loaders import load_datasets
 from raypipe.llm.base import Generation, GenerationRequest
 
+REPO = Path(__file__).resolve().parents[1]
 log = logging.getLogger("benchmarks.probe")
 
 
@@ -113,7 +112,7 @@ class MemorySampler:
             self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "MemorySampler":
+    def __enter__(self) -> MemorySampler:
         self._thread.start()
         return self
 
@@ -841,7 +840,8 @@ def print_report(
         if a in by_name and b in by_name:
             counts = [differing(x, y) for x, y in zip(by_name[a], by_name[b])]
             print(
-                f"agent transcripts that differ, {a} vs {b}: {', '.join(map(str, counts))} of {by_name[a][0].questions} per repeat"
+                f"agent transcripts that differ, {a} vs {b}: {', '.join(map(str, counts))} of "
+                f"{by_name[a][0].questions} per repeat"
             )
             if show_differences:
                 for x, y in zip(by_name[a], by_name[b]):

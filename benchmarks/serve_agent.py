@@ -396,7 +396,7 @@ def main() -> None:
     model, flags, cores = cpu_description()
     print(f"\nCPU: {model}, {cores} logical cores, flags: {flags or 'no AVX2/AVX-512/AMX flags'}")
     print(
-        f"{args.requests} requests per point ({len(set(q.qid for q in questions))} distinct questions of "
+        f"{args.requests} requests per point ({len({q.qid for q in questions})} distinct questions of "
         f"{', '.join(config.data.datasets)}), {args.repeats} repeats; open loop: Poisson arrivals (seed {args.seed}) "
         + (f"at {args.rates} per minute" if args.rates else f"at {args.load_factors} x each policy's capacity")
         + f"; one replica (max_in_flight {config.serve_agent.max_in_flight}, max_queued "

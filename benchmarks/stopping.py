@@ -132,9 +132,11 @@ def print_table(natural: dict, stopped: dict) -> None:
     for r in (natural, stopped):
         stops = ", ".join(f"{k} {v}" for k, v in sorted(r["stops"].items()))
         print(
-            f"{r['run']:<12}{r['questions']:>10}{r['engine_start_s']:>16.1f}{r['wall_s']:>9.1f}{_cell(r['prefilled'], 11, '.0f')}"
-            f"{_cell(r['turn_tokens'], 10, '.0f')}{_cell(r['probe_tokens'], 10, '.0f')}{_cell(r['engine_s'], 10, '.1f')}"
-            f"{_cell(r['retrieval_s'], 13, '.2f')}{_cell(r['dropped'], 9, '.0f')}{r['iterations']:>12.3f}{r['f1']:>8.3f}  {stops}"
+            f"{r['run']:<12}{r['questions']:>10}{r['engine_start_s']:>16.1f}{r['wall_s']:>9.1f}"
+            f"{_cell(r['prefilled'], 11, '.0f')}{_cell(r['turn_tokens'], 10, '.0f')}"
+            f"{_cell(r['probe_tokens'], 10, '.0f')}{_cell(r['engine_s'], 10, '.1f')}"
+            f"{_cell(r['retrieval_s'], 13, '.2f')}{_cell(r['dropped'], 9, '.0f')}"
+            f"{r['iterations']:>12.3f}{r['f1']:>8.3f}  {stops}"
         )
     print("(prefilled: prompt tokens not served from the prefix cache; engine s: summed per-request engine seconds)\n")
     for label, key in (

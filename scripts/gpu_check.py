@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from raypipe.retrieval.gpu_memory import GiB, WIKI18_ROWS, Event, clone_events, peak_bytes  # noqa: E402
+from raypipe.retrieval.gpu_memory import WIKI18_ROWS, Event, GiB, clone_events, peak_bytes  # noqa: E402
 
 COSINE_MIN = 0.999  # float16 on the GPU against float32 on the CPU, per text
 WORDS = (
@@ -258,7 +258,7 @@ def check_search(device: str, rows: int, dim: int, queries: int = 256, k: int = 
     seconds = (time.perf_counter() - start) / repeats
     other_scores, _ = search(max(1, block_rows // 3))  # other block boundaries, the same exact result
     same = torch.allclose(scores, other_scores, atol=1e-3)
-    del matrix
+    matrix = None  # frees it before empty_cache (not del: search, a closure, reads the name)
     if device != "cpu":
         torch.cuda.empty_cache()
     return same, (

@@ -20,9 +20,11 @@ SEARCH_R1_USER = (
 
 R1_V1 = (
     "The User asks a question, and the Assistant solves it.\n"
-    "The Assistant first thinks about the reasoning process in the mind and then provides the User with the final answer.\n"
-    "The output format of reasoning process and final answer are enclosed within <think> </think> and <answer> </answer> "
-    'tags, respectively, i.e., "<think> reasoning process here </think>\n\n<answer> final answer here </answer>".\n'
+    "The Assistant first thinks about the reasoning process in the mind and then provides the User with the final "
+    "answer.\n"
+    "The output format of reasoning process and final answer are enclosed within <think> </think> and <answer> "
+    '</answer> tags, respectively, i.e., "<think> reasoning process here </think>\n\n<answer> final answer here '
+    '</answer>".\n'
     "During the reasoning process, the Assistant will break down the original question into sub-questions and address "
     "them step by step.\n"
     "For each sub-question, **the Assistant can perform searching** for uncertain knowledge using the format: "

@@ -9,11 +9,11 @@ import re
 import pytest
 
 from raypipe.agents.factory import build_protocol, visible_docs
-from raypipe.data.split import bundled_split
 from raypipe.agenttrain.trajectories import AGENT, CONTEXT, PROMPT, contains, run_build, summarize, write_outputs
 from raypipe.core.config import load_config
 from raypipe.core.models import resolve_llm
 from raypipe.data.loaders import load_corpus
+from raypipe.data.split import bundled_split
 from raypipe.llm.common import LocalTokenizer
 
 

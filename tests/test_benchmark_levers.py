@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from raypipe.core.config import DEFAULT_PRESET, load_config
-
 from tests.helpers.benchmarks import imported_benchmark
 
 

@@ -47,7 +47,7 @@ def test_the_driver_line_comes_every_15_s_from_engine_start_to_the_last_trajecto
         **{70 + 9 * i: (lambda i=i: ledger.finished(f"q{i}")) for i in range(12)},
     }
     lines = []
-    for second in range(0, 200):
+    for second in range(200):
         if second in events:
             asyncio.run(events[second]())
         if second and second % HEARTBEAT_S == 0:  # the driver thread's beat

@@ -137,8 +137,9 @@ def job_state(proc: subprocess.Popen, out: Path, tmp_path: Path) -> str:
         with contextlib.suppress(psutil.Error):
             engines.append(f"  {role} {process.pid}, parents {[p.pid for p in process.parents()]}")
     return (
-        f"job {proc.pid} exit code {proc.poll()}; parts: {RunDir(out).has('trajectories')}; processes under the job:\n"
-        f"{tree}\nengine processes named in the logs:\n{chr(10).join(engines)}\n{(tmp_path / 'job.log').read_text()[-3000:]}"
+        f"job {proc.pid} exit code {proc.poll()}; parts: {RunDir(out).has('trajectories')}; processes under the "
+        f"job:\n{tree}\nengine processes named in the "
+        f"logs:\n{chr(10).join(engines)}\n{(tmp_path / 'job.log').read_text()[-3000:]}"
     )
 
 

@@ -68,13 +68,13 @@ class FakeGpu:
     def get_num_gpus(self):
         return self.n_gpus
 
-    def StandardGpuResources(self):  # noqa: N802 (faiss's names)
+    def StandardGpuResources(self):  # faiss's names
         return object()
 
-    def GpuIndexFlatConfig(self):  # noqa: N802
+    def GpuIndexFlatConfig(self):
         return types.SimpleNamespace(device=None, useFloat16=False)
 
-    def GpuIndexFlat(self, resources, d, metric, config):  # noqa: N802
+    def GpuIndexFlat(self, resources, d, metric, config):
         record = {"device": config.device, "fp16": config.useFloat16, "adds": []}
         self.made.append(record)
 

@@ -57,7 +57,7 @@ def test_hash_encoder_is_deterministic_unit_and_prefix_sensitive():
     with pytest.raises(ValueError, match="hash:DIM"):
         EncoderSpec("hash:big").dimension()
     with pytest.raises(ValueError, match="no int8"):
-        EncoderSpec("hash:8", quantization="int8").resolved_quantization
+        EncoderSpec("hash:8", quantization="int8").resolved_quantization  # noqa: B018 - the property raises
 
 
 def test_blocks_cover_the_corpus_in_order(corpus):

@@ -4,10 +4,10 @@ the one faiss writes for the filled index, so searches return what they returned
 import numpy as np
 import pytest
 
+from raypipe.data.loaders import iter_corpus
 from raypipe.retrieval import IndexSettings, encoder_spec, load_index_dir, passage_text
 from raypipe.retrieval import build as build_module
 from raypipe.retrieval.index import build_faiss
-from raypipe.data.loaders import iter_corpus
 from raypipe.runtime.index_build import ensure_index
 from tests.test_index_build import config_for, corpus  # noqa: F401  (the module's corpus fixture)
 

@@ -24,7 +24,10 @@ SEARCH_R1 = (
     "example, <answer> Beijing </answer>. Question: {question}\n"
 )
 STOPS = ("</search>", "</answer>")
-FORMAT = r"<think> ?[^\s<>][^<>]{0,120}</think>\n(<search> ?[^\s<>][^<>\n]{0,60}</search>|<answer> ?[^\s<>][^<>\n]{0,40}</answer>)"
+FORMAT = (
+    r"<think> ?[^\s<>][^<>]{0,120}</think>\n"
+    r"(<search> ?[^\s<>][^<>\n]{0,60}</search>|<answer> ?[^\s<>][^<>\n]{0,40}</answer>)"
+)
 
 
 def run(coro):

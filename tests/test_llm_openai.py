@@ -34,7 +34,7 @@ class FakeServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's naming)
+            def do_POST(self):  # http.server's naming
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append((self.path, dict(self.headers), body))
                 status, reply, delay = server.script.pop(0) if server.script else (200, OK_BODY, 0.0)

@@ -97,8 +97,8 @@ def test_system_prompt_is_the_reference_text():
     )
     assert SYSTEM_PROMPT.startswith("\nGiven an original question and a series of follow-up questions each paired")
     assert (
-        "Format your response as:\nAnalysis: [Step-by-step reasoning about information completeness]\nDecision: <STOP> or <CONTINUE>\n"
-        in SYSTEM_PROMPT
+        "Format your response as:\nAnalysis: [Step-by-step reasoning about information completeness]\nDecision: "
+        "<STOP> or <CONTINUE>\n" in SYSTEM_PROMPT
     )
     assert SYSTEM_PROMPT.count("## Input\nMain Question: ") == 7 and SYSTEM_PROMPT.count("## Output\nAnalysis: ") == 7
     assert SYSTEM_PROMPT.count("Decision: <STOP>\n") == 3 and SYSTEM_PROMPT.count("Decision: <CONTINUE>\n") == 4

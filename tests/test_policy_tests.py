@@ -110,7 +110,7 @@ THRESHOLDS = {("g", 1, "paper", "per_dataset"): {"*": Thresholds(0.5, 0.0), "mus
 
 
 def hand_outcomes() -> pd.DataFrame:
-    split = {q: "test" for q in TRAJECTORIES}
+    split = dict.fromkeys(TRAJECTORIES, "test")
     return tradeoff_outcomes(table(), trajectories(), split, {("g", 1): PREDICTIONS}, THRESHOLDS)
 
 

@@ -1,4 +1,5 @@
-"""End to end with the real engine and retriever: jobs/probe.py on 3 questions; vLLM trajectories equal transformers'."""
+"""End to end with the real engine and retriever: jobs/probe.py on 3 questions; vLLM trajectories equal
+transformers'."""
 
 import asyncio
 import os

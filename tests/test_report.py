@@ -6,18 +6,18 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+import pyarrow as pa
+import pytest
 
-from raypipe.analysis import report  # noqa: E402
-from raypipe.analysis.blocks import Table, Text  # noqa: E402
-from raypipe.analysis.screenshot import assert_not_blank, blankness  # noqa: E402
-from raypipe.core.config import ReportConfig  # noqa: E402
-from raypipe.core.rundir import RunDir  # noqa: E402
-from raypipe.stages.report import build_report  # noqa: E402
-from tests.helpers.analysis_run import build_run_dir  # noqa: E402
+from raypipe.analysis import report
+from raypipe.analysis.blocks import Table, Text
+from raypipe.analysis.screenshot import assert_not_blank, blankness
+from raypipe.core.config import ReportConfig
+from raypipe.core.rundir import RunDir
+from raypipe.stages.report import build_report
+from tests.helpers.analysis_run import build_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ReportConfig(bootstrap_samples=200)

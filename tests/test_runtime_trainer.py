@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("ray.train")
 
-from raypipe.runtime import trainer  # noqa: E402
+from raypipe.runtime import trainer
 
 TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 

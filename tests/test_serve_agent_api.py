@@ -389,7 +389,10 @@ def test_policy_thresholds_refuse_nan_and_infinity(value):
         raw = f'{{"question": "q", "policy": {{"name": "heuristic", "{field}": {value}}}}}'.encode()
         error = refused(raw)
         assert error.status == 422 and f"policy.{field}" in error.detail and "finite" in error.detail
-        chat = f'{{"messages": [{{"role": "user", "content": "q"}}], "policy": {{"name": "heuristic", "{field}": {value}}}}}'
+        chat = (
+            '{"messages": [{"role": "user", "content": "q"}], '
+            f'"policy": {{"name": "heuristic", "{field}": {value}}}}}'
+        )
         assert refused(chat.encode(), parse_chat_request).status == 422
 
 

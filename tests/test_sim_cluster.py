@@ -248,7 +248,8 @@ def test_a_node_lost_while_features_run_loses_and_duplicates_no_row(sim_cluster,
     }
     rerun = "running it again" in log  # rerun_on_node_loss's warning: Ray Data's own actors went with the node
     print(
-        f"features node loss: a {sim_cluster.worker_types[lost]} lost; {counts}; pipeline rerun: {rerun}; {seconds:.0f} s"
+        f"features node loss: a {sim_cluster.worker_types[lost]} lost; {counts}; pipeline rerun: {rerun}; "
+        f"{seconds:.0f} s"
     )
     assert succeeded("sim-features-node-loss", log, status)
     assert counts["rows"] == counts["reference"] and not (counts["lost"] or counts["duplicated"])

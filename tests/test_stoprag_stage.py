@@ -115,8 +115,8 @@ def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):
 def test_train_run_split_trains_and_tunes_on_the_training_run():
     """Paper protocol for Stop-RAG with --train-run: train/val from the training run's questions in the
     ratio of stoprag.split's first two shares, every target question a test question; overlap fails."""
-    from raypipe.stoprag.splits import split_train_run
     from raypipe.stopping.replay import Trajectory
+    from raypipe.stoprag.splits import split_train_run
 
     def traj(qid):
         return Trajectory(qid, "hotpotqa", (0.0, 1.0), (1, 1), 1.0, 2)

@@ -15,7 +15,13 @@ torch = pytest.importorskip("torch")
 
 from raypipe.core.models import resolve_sentence_model  # noqa: E402
 from raypipe.data.loaders import BUNDLED_CORPUS, iter_corpus, load_questions  # noqa: E402
-from raypipe.stoprag.qnet import REFERENCE_MAX_LENGTH, encode_states, encoder_max_length, load_tokenizer, truncate_ids  # noqa: E402
+from raypipe.stoprag.qnet import (  # noqa: E402
+    REFERENCE_MAX_LENGTH,
+    encode_states,
+    encoder_max_length,
+    load_tokenizer,
+    truncate_ids,
+)
 from raypipe.stoprag.targets import build_episode, with_documents  # noqa: E402
 
 MAX_ITERATIONS = 10  # pyterrier-rag's turn limit: the longest trajectories the seed's runs have

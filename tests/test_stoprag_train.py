@@ -6,10 +6,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from raypipe.core.config import StopRagConfig  # noqa: E402
-from raypipe.stoprag.qnet import QNetwork, load_tokenizer, score  # noqa: E402
-from raypipe.stoprag.targets import Episode, training_samples  # noqa: E402
-from raypipe.stoprag.train import cont_targets, worker_share  # noqa: E402
+from raypipe.core.config import StopRagConfig
+from raypipe.stoprag.qnet import QNetwork, load_tokenizer, score
+from raypipe.stoprag.targets import Episode, training_samples
+from raypipe.stoprag.train import cont_targets, worker_share
 
 
 def test_qnetwork_heads_save_load(tiny_encoder, tmp_path):

@@ -298,7 +298,7 @@ def test_head_frame_joins_persisted_cross_encoder_signals(tmp_path):
             "dataset": r["dataset"],
             "iteration": r["iteration"],
             "fold": 0,
-            **{c: 0.5 for c in SUP_COLUMNS},
+            **dict.fromkeys(SUP_COLUMNS, 0.5),
         }
         for r in run.read("iterations").to_pylist()
         if r["iteration"] >= 1

@@ -179,7 +179,7 @@ class AgentLoop:
             run.stop_reason, run.error = stop.reason, str(stop)
         except EngineDiedError:  # not this row's failure: the caller reruns the trajectory on a new engine
             raise
-        except Exception as exc:  # one bad row never kills the job: record it (an outage seen by a controller too)
+        except Exception as exc:  # noqa: BLE001 - one bad row never kills the job: record it (an outage too)
             run.stop_reason = STOP_ENGINE_ERROR if isinstance(exc, EngineUnavailableError) else STOP_INTERNAL_ERROR
             run.error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -342,7 +342,7 @@ class _Run:
         started = time.monotonic()
         try:
             result, error = (await self.loop.retriever.search([query], self.loop.deep_k))[0], None
-        except Exception as exc:  # reported when the trajectory reads it (a controller may stop first)
+        except Exception as exc:  # noqa: BLE001 - reported when the trajectory reads it (a controller may stop first)
             result, error = None, exc
         return _Searched(query, result, error, time.monotonic() - started)
 

@@ -32,7 +32,10 @@ _FORMAT = (
     '</answer> tags, respectively, i.e., "<think> reasoning process here </think>\n\n<answer> final answer here '
 )
 _HEAD = "The User asks a question, and the Assistant solves it.\n"
-_THINKS = "The Assistant first thinks about the reasoning process in the mind and then provides the User with the final answer.\n"
+_THINKS = (
+    "The Assistant first thinks about the reasoning process in the mind and then provides the User with the final "
+    "answer.\n"
+)
 _TAIL = "\n\nUser:{question}\nAssistant: <think>"
 
 PROMPTS = {
@@ -52,9 +55,10 @@ PROMPTS = {
     "Then, the search system will provide the Assistant with relevant information with the format of "
     '"<|begin_of_documents|> ...search results... <|end_of_documents|>".' + _TAIL,
     "v2": _HEAD + _THINKS + _FORMAT + '</answer>".\n'
-    "During the thinking process, **the Assistant can perform searching** for uncertain knowledge if necessary with the "
-    'format of "<|begin_of_query|> search query (only list keywords separated by "\t" instead of the complete sentence '
-    ', such as **"keyword_1 \t keyword_2 \t..."**)<|end_of_query|>". **A query must involve only a single triple**.\n'
+    "During the thinking process, **the Assistant can perform searching** for uncertain knowledge if necessary with "
+    'the format of "<|begin_of_query|> search query (only list keywords separated by "\t" instead of the complete '
+    'sentence , such as **"keyword_1 \t keyword_2 \t..."**)<|end_of_query|>". **A query must involve only a single '
+    "triple**.\n"
     "Then, the search system will provide the Assistant with the retrieval information with the format of "
     '"<|begin_of_documents|> ...search results... <|end_of_documents|>".' + _TAIL,
     "v3": "The User asks a **Judgment question**, and the Assistant solves it. "

@@ -68,7 +68,8 @@ def format_figures(figures: dict) -> str:
         f"questions                      {figures['questions']}",
         f"final F1 / EM                  {figures['final_f1']:.3f} / {figures['final_em']:.3f}",
         f"own answers                    {figures['own_answer_share']:.1%}",
-        f"P_0 -> P_last (gain)           {figures['p0']:.3f} -> {figures['p_last']:.3f} ({figures['retrieval_gain']:+.3f})",
+        f"P_0 -> P_last (gain)           {figures['p0']:.3f} -> {figures['p_last']:.3f} "
+        f"({figures['retrieval_gain']:+.3f})",
         f"best P_i before the end        {figures['best_before_end_share']:.1%} of trajectories with 2+ probes",
         (
             f"U_i (i >= 1, n={u['n']})          mean {u['mean']:+.3f}; > 0 {u['positive_share']:.1%}, "

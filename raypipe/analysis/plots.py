@@ -11,12 +11,12 @@ from pathlib import Path
 
 import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+matplotlib.use("Agg")  # the backend is chosen before pyplot is imported
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-from raypipe.analysis.stats import ALL, GROUPS  # noqa: E402
+from raypipe.analysis.stats import ALL, GROUPS
 
 GROUP_COLORS = {"positive": "#2e7d32", "zero": "#757575", "negative": "#c62828"}
 DPI = 110
@@ -107,7 +107,7 @@ def quality_curves(curves: pd.DataFrame, path: Path) -> Path:
             ax.set_ylim(-0.03, 1.03)
             ax.grid(alpha=0.3)
             if not panel.empty:
-                ax.set_xticks(range(0, int(panel["iteration"].max()) + 1))
+                ax.set_xticks(range(int(panel["iteration"].max()) + 1))
             ax.legend(fontsize=7, frameon=False, title="net utility", title_fontsize=7)
         axes[r, 0].set_ylabel(r"mean $P_i$ (probe F1)")
     fig.tight_layout()

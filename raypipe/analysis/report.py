@@ -43,9 +43,9 @@ appear without touching this module:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -90,7 +90,7 @@ class RunMeta:
     config_found: bool = False
 
     @classmethod
-    def read(cls, run: RunDir) -> "RunMeta":
+    def read(cls, run: RunDir) -> RunMeta:
         path = run.path / "config.yaml"
         if not path.exists():
             return cls()
@@ -219,7 +219,8 @@ def _curve_table(pooled: pd.DataFrame) -> pd.DataFrame:
 
 
 def _failure_notes(summary: pd.DataFrame) -> list[Block]:
-    """A warning when trajectories failed (:data:`~raypipe.analysis.stats.FAILED_STOPS`): they are left out of the figures."""
+    """A warning when trajectories failed (:data:`~raypipe.analysis.stats.FAILED_STOPS`): they are left out of the
+    figures."""
     failed = summary[summary["failed"]]
     if failed.empty:
         return []
@@ -272,9 +273,9 @@ def render_trajectories(ctx: ReportContext) -> list[Block]:
             "Answer quality per dataset and agent (the seed paper's Table 2)",
             _with_ci(t2, cis, {c: c for c in ("P_0", "final F1", "ΔF1", "mean U_i", "mean iterations")}),
             note="questions: trajectories analysed; errors: trajectories that ended in an engine, retrieval or "
-            "internal error or a query crash, left out of every figure of this section. P_0: F1 of the probe before any retrieval; "
-            "final F1: the agent's own final answer; ΔF1 = final F1 − P_0; mean U_i over iterations "
-            f"i ≥ 1. {ci_note}",
+            "internal error or a query crash, left out of every figure of this section. P_0: F1 of the probe "
+            "before any retrieval; final F1: the agent's own final answer; ΔF1 = final F1 − P_0; mean U_i over "
+            f"iterations i ≥ 1. {ci_note}",
         ),
         Table(
             "Distribution of per-iteration utility U_i",

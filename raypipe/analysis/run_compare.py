@@ -135,7 +135,7 @@ def compare_runs(
     shared, questions = _shared_questions(frames)
     values = pd.concat([f.assign(system=label).merge(shared, on=KEY) for label, f in frames.items()], ignore_index=True)
     usable = [m for m in METRICS if all(values.loc[values["system"] == label, m].notna().any() for label in labels)]
-    values = values.astype({m: float for m in usable})
+    values = values.astype(dict.fromkeys(usable, float))
     if values["dataset"].nunique() > 1:
         values = pd.concat([values, values.assign(dataset=ALL)], ignore_index=True)
     result = paired_comparisons(
@@ -182,8 +182,8 @@ def _shared_questions(frames: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd
     kept = common.difference(failed)
     if kept.empty:
         raise CompareError(
-            f"every one of the {len(common)} shared questions failed (an engine, retrieval or internal error, a query crash) "
-            "in some run: nothing to compare"
+            f"every one of the {len(common)} shared questions failed (an engine, retrieval or internal error, a query "
+            "crash) in some run: nothing to compare"
         )
     rows = [
         {

@@ -102,7 +102,7 @@ def setup_rows(run_path: Path) -> tuple[pd.DataFrame, list[str]]:
     return pd.DataFrame(rows), used
 
 
-def render_setup(ctx: "ReportContext") -> list[Block]:
+def render_setup(ctx: ReportContext) -> list[Block]:
     frame, used = setup_rows(ctx.run.path)
     ctx.write_csv("setup", frame)
     differs = frame[~frame["matches"]].drop(columns="matches")

@@ -14,9 +14,9 @@ has no analysis module, so these are ours, stated here once):
   A trajectory *reached its final quality early* when k < last; it then kept going last - k iterations.
   Only naturally terminated trajectories count here (stop reasons in :data:`NATURAL_STOPS`): an engine
   error or an online controller did not let the agent decide when to stop.
-- Trajectories that ended in an infrastructure failure (:data:`FAILED_STOPS`: engine, retrieval or internal error, query crash)
-  say nothing about the agent: every figure leaves them out; Table 2 counts them in its ``errors`` column
-  and the stop-reason table lists them.
+- Trajectories that ended in an infrastructure failure (:data:`FAILED_STOPS`: engine, retrieval or internal error,
+  query crash) say nothing about the agent: every figure leaves them out; Table 2 counts them in its ``errors``
+  column and the stop-reason table lists them.
 """
 
 from __future__ import annotations

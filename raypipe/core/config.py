@@ -65,8 +65,8 @@ class DataConfig(StrictModel):
     )
     split: Literal["all", "default", "dev", "train"] = Field(
         default="all",
-        description="Bundled datasets only: every question, or one part of the agent-training split (the default run's, "
-        "the dev split, the training pool; docs/agent-training.md), which data.limit then cuts per dataset.",
+        description="Bundled datasets only: every question, or one part of the agent-training split (the default "
+        "run's, the dev split, the training pool; docs/agent-training.md), which data.limit then cuts per dataset.",
     )
     corpus: str = Field(default="bundled", description="'bundled' or the path of a corpus jsonl.")
 
@@ -82,17 +82,17 @@ class RetrievalConfig(StrictModel):
     max_length: int = Field(default=256, ge=8, description="Encoder token limit (Search-R1 indexes with 256).")
     encoder_backend: Literal["auto", "torch", "onnx"] = Field(
         default="auto",
-        description="torch (sentence-transformers; GPU when present) or onnx (ONNX Runtime, CPU; fp32 vectors equal torch's); "
-        "auto: onnx for the embedded minilm and for int8, torch for other encoders.",
+        description="torch (sentence-transformers; GPU when present) or onnx (ONNX Runtime, CPU; fp32 vectors equal "
+        "torch's); auto: onnx for the embedded minilm and for int8, torch for other encoders.",
     )
     encoder_quantization: Literal["auto", "none", "int8"] = Field(
         default="none",
-        description="none: fp32, the same vectors on every x86-64 CPU (AVX2 or AVX-512) to float32 precision, so an index "
-        "and its rankings reproduce anywhere. int8: a speed option for large corpora on CPU (ONNX Runtime dynamic int8 "
-        "passages, ~2x faster to encode, vectors at cosine ~0.993 to fp32), but its vectors differ between CPU kinds "
-        "(int8 kernels: AVX2 vs AVX-512 VNNI; the index manifest records which): reproducible on the same kind only "
-        "(docs/retrieval.md). auto: int8 for minilm, none for other encoders (the default of runs made from 2026-11-30 "
-        "to 2026-12-02).",
+        description="none: fp32, the same vectors on every x86-64 CPU (AVX2 or AVX-512) to float32 precision, so an "
+        "index and its rankings reproduce anywhere. int8: a speed option for large corpora on CPU (ONNX Runtime "
+        "dynamic int8 passages, ~2x faster to encode, vectors at cosine ~0.993 to fp32), but its vectors differ "
+        "between CPU kinds (int8 kernels: AVX2 vs AVX-512 VNNI; the index manifest records which): reproducible on "
+        "the same kind only (docs/retrieval.md). auto: int8 for minilm, none for other encoders (the default of runs "
+        "made from 2026-11-30 to 2026-12-02).",
     )
     index_type: Literal["flat", "ivf", "hnsw", "pq"] = Field(default="flat", description="pq = IVF-PQ.")
     fp16: bool = Field(default=False, description="Store vectors as float16 (flat/ivf/hnsw): half the memory.")
@@ -131,13 +131,14 @@ class RetrievalConfig(StrictModel):
     max_query_crashes: int = Field(
         default=2,
         ge=1,
-        description="Replica deaths a query may be in flight for before it is searched alone; if it kills its "
-        "replica alone too, its search fails (query_crash, kept by a rerun) and it is not sent again (docs/reliability.md).",
+        description="Replica deaths a query may be in flight for before it is searched alone; if it kills its replica "
+        "alone too, its search fails (query_crash, kept by a rerun) and it is not sent again (docs/reliability.md).",
     )
     encode_actors: int = Field(
         default=2,
         ge=1,
-        description="Actor pool size for corpus encoding (2 x 1 thread beats 1 x 2 threads on 2 cores: docs/retrieval.md).",
+        description="Actor pool size for corpus encoding (2 x 1 thread beats 1 x 2 threads on 2 cores: "
+        "docs/retrieval.md).",
     )
     encode_batch_size: int = Field(default=256, ge=1)
     encode_num_cpus: float = Field(
@@ -157,14 +158,16 @@ class RetrievalConfig(StrictModel):
     )
     shipped_vectors: bool = Field(
         default=True,
-        description="Index builds of the bundled corpus take its passage vectors from the package (raypipe/data/mhqa/vectors/, "
-        "the index job's own, float16) after checking the file's sha256, a re-encoded sample of passages and the top-10 "
-        "of sample questions against a fresh encoding, instead of encoding 13,844 passages (docs/retrieval.md, 'Shipped "
-        "vectors'); false: encode (an index built from shipped vectors then counts as another build).",
+        description="Index builds of the bundled corpus take its passage vectors from the package "
+        "(raypipe/data/mhqa/vectors/, the index job's own, float16) after checking the file's sha256, a re-encoded "
+        "sample of passages and the top-10 of sample questions against a fresh encoding, instead of encoding 13,844 "
+        "passages (docs/retrieval.md, 'Shipped vectors'); false: encode (an index built from shipped vectors then "
+        "counts as another build).",
     )
     mmap: bool = Field(
         default=True,
-        description="CPU serving: map the doc store and flat FAISS indexes from disk (pages shared by replicas) instead of copying them.",
+        description="CPU serving: map the doc store and flat FAISS indexes from disk (pages shared by replicas) "
+        "instead of copying them.",
     )
     resources: dict[str, float] = Field(
         default_factory=dict, description="Custom Ray resources per retrieval actor, e.g. {raypipe_retrieval: 1}."
@@ -291,7 +294,8 @@ class EngineConfig(StrictModel):
     )
     enable_chunked_prefill: bool | None = Field(
         default=None,
-        description="vLLM: split long prompts into chunks that share steps with decoding sequences; None = its default.",
+        description="vLLM: split long prompts into chunks that share steps with decoding sequences; None = its "
+        "default.",
     )
     speculative_ngram_tokens: int | None = Field(
         default=None,
@@ -329,12 +333,12 @@ class EngineConfig(StrictModel):
     seed: int = 0
     adapter: str | None = Field(
         default=None,
-        description="A tuned-agent artifact folder (`raypipe tune-agent`): its weight delta is applied to the model when "
-        "it is converted, its checksums checked; None: the model as it is.",
+        description="A tuned-agent artifact folder (`raypipe tune-agent`): its weight delta is applied to the model "
+        "when it is converted, its checksums checked; None: the model as it is.",
     )
 
     @model_validator(mode="after")
-    def _check_engine_levers(self) -> "EngineConfig":
+    def _check_engine_levers(self) -> EngineConfig:
         """Lever combinations vLLM would refuse only after loading the model."""
         if self.speculative_ngram_min > self.speculative_ngram_max:
             raise ValueError(
@@ -393,8 +397,9 @@ class AgentConfig(StrictModel):
     metric: Literal["squad", "hotpotqa", "r1searcher"] = Field(default="hotpotqa", description="F1 rule for P_i.")
 
     @model_validator(mode="after")
-    def _check_enforced_turn_fits(self) -> "AgentConfig":
-        """The longest turn the grammar allows must fit in max_new_tokens: a turn cut inside its tags is no valid action."""
+    def _check_enforced_turn_fits(self) -> AgentConfig:
+        """The longest turn the grammar allows must fit in max_new_tokens: a turn cut inside its tags is no valid
+        action."""
         if self.enforcement == "none":
             return self
         longest = (
@@ -403,9 +408,10 @@ class AgentConfig(StrictModel):
         needed = math.ceil(longest / CHARS_PER_TOKEN)
         if self.max_new_tokens < needed:
             raise ValueError(
-                f"max_new_tokens={self.max_new_tokens} cannot hold the longest turn agent.enforcement={self.enforcement} "
-                f"allows (about {longest} characters, {needed} tokens at {CHARS_PER_TOKEN} characters per token): raise "
-                "max_new_tokens or lower enforce_think_chars / enforce_query_chars / enforce_answer_chars"
+                f"max_new_tokens={self.max_new_tokens} cannot hold the longest turn "
+                f"agent.enforcement={self.enforcement} allows (about {longest} characters, {needed} tokens at "
+                f"{CHARS_PER_TOKEN} characters per token): raise max_new_tokens or lower enforce_think_chars / "
+                "enforce_query_chars / enforce_answer_chars"
             )
         return self
 
@@ -581,7 +587,7 @@ class StopRagConfig(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _check_split(self) -> "StopRagConfig":
+    def _check_split(self) -> StopRagConfig:
         if any(f < 0 for f in self.split) or abs(sum(self.split) - 1.0) > 1e-6 or min(self.split) == 0:
             raise ValueError(f"split must be three positive shares summing to 1, got {self.split}")
         if self.reward_source == "probe" and (self.reward_samples > 1 or self.reward_temperature > 0):
@@ -732,7 +738,7 @@ class TrainConfig(StrictModel):
     confidence: float = Field(default=0.95, gt=0, lt=1)
 
     @model_validator(mode="after")
-    def _check(self) -> "TrainConfig":
+    def _check(self) -> TrainConfig:
         for group in [*self.groups, self.ablation_group, self.chosen_group]:
             unknown = set(group.split("+")) - {"unsup", "sup", "prob"}
             if unknown or not group:
@@ -918,8 +924,8 @@ class RunConfig(StrictModel):
     seed: int = 0
     train_run: str | None = Field(
         default=None,
-        description="Training run directory (--train-run): train, sweep and stoprag train and tune on its questions and "
-        "evaluate on this run's, the seed paper's train/dev protocol; None = cross-fitting within this run.",
+        description="Training run directory (--train-run): train, sweep and stoprag train and tune on its questions "
+        "and evaluate on this run's, the seed paper's train/dev protocol; None = cross-fitting within this run.",
     )
     runs_dir: str = Field(
         default="runs",
@@ -943,13 +949,13 @@ class RunConfig(StrictModel):
     agent_train: AgentTrainConfig = Field(default_factory=AgentTrainConfig)
 
     @model_validator(mode="after")
-    def _check_backend(self) -> "RunConfig":
+    def _check_backend(self) -> RunConfig:
         if self.engine.backend == "openai" and not self.engine.base_url:
             raise ValueError("engine.backend=openai needs engine.base_url")
         return self
 
     @model_validator(mode="after")
-    def _check_tensor_parallel_gpus(self) -> "RunConfig":
+    def _check_tensor_parallel_gpus(self) -> RunConfig:
         """A vLLM engine of tensor_parallel_size N in a GPU actor needs N GPUs in that actor (vLLM would fail late,
         "World size (N) is larger than the number of available GPUs"); an actor of 0 GPUs runs vLLM on CPUs."""
         tp = self.engine.tensor_parallel_size

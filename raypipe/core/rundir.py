@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 import yaml
 
 from raypipe.core.config import ConfigError, RunConfig, dump_config

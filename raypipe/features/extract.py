@@ -140,11 +140,11 @@ def extract_trajectory(
             for name, fn in RBO_VARIANTS.items():
 
                 def rbo(other: list[str] | None) -> float | None:
-                    if not it.retrieved:
+                    if not it.retrieved:  # noqa: B023 - rbo is called in this iteration
                         return None
-                    if not it.doc_ids or not other:
+                    if not it.doc_ids or not other:  # noqa: B023
                         return missing
-                    return fn(it.doc_ids, other, depth, settings.rbo_p)
+                    return fn(it.doc_ids, other, depth, settings.rbo_p)  # noqa: B023
 
                 feats[f"{name}_prev_{depth}"] = rbo(previous.doc_ids if previous else None)
                 values = [v for v in (rbo(e.doc_ids) for e in earlier) if v is not None]

@@ -209,7 +209,7 @@ class VLLMEngine:
         try:
             params = sampling_params(request, max_tokens)
             stream = self._llm.generate(self._engine_input(prompt_ids), params, uuid.uuid4().hex)
-            async for final in stream:
+            async for final in stream:  # noqa: B007 - the last output, read below
                 pass
         except EngineError:
             raise

@@ -21,8 +21,8 @@ decayed, and the last, smaller batch of an epoch (B' = rows mod 256) gets ``2 al
 ``wd``. Hence the torch head is the default and the derived alpha the sklearn head's default.
 
 Inputs (``train.head_input``): ``seed`` imputes NaN as 0 and then standard-scales (mlp.py: SimpleImputer
-constant 0, which drops a column never observed, then StandardScaler); ``indicators`` scales the observed values and then fills NaN with 0
-(the training mean), for windows with missing-slot indicators (:mod:`raypipe.predict.window`).
+constant 0, which drops a column never observed, then StandardScaler); ``indicators`` scales the observed values and
+then fills NaN with 0 (the training mean), for windows with missing-slot indicators (:mod:`raypipe.predict.window`).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class SeedMLP(RegressorMixin, BaseEstimator):
 
         optimizer, loss_fn = self.optimizer(net), torch.nn.MSELoss()
         best_loss, best_state, stale, epoch = float("inf"), None, 0, 0
-        for epoch in range(1, self.max_epochs + 1):
+        for epoch in range(1, self.max_epochs + 1):  # noqa: B007 - returned: the epochs run
             net.train()
             for xb, yb in loader:
                 optimizer.zero_grad()

@@ -145,7 +145,7 @@ class QueryBatcher:
         elif left > 0:
             try:
                 await asyncio.wait_for(self._released_event().wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _drain(self) -> None:
@@ -153,7 +153,7 @@ class QueryBatcher:
             if self._queued < self.max_batch_size and self.max_wait_s > 0:
                 try:
                     await asyncio.wait_for(self._full.wait(), self.max_wait_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             while self._pending:
                 await self._run(self._take())

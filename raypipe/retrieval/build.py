@@ -284,7 +284,7 @@ class BuildDir:
         self.blocks = blocks
 
     @classmethod
-    def open(cls, target: Path, manifest: dict, block_rows: int) -> "BuildDir":
+    def open(cls, target: Path, manifest: dict, block_rows: int) -> BuildDir:
         """Resume the build directory of ``target`` if it was planned for this build, else plan afresh."""
         path = target.with_name(f".{target.name}.build")
         key = {"build": {k: manifest.get(k) for k in BUILD_KEYS}, "block_rows": block_rows}

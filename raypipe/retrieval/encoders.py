@@ -387,7 +387,6 @@ def onnx_model_file(folder: Path, quantization: str) -> Path:
 def _export_onnx(folder: Path, target: Path) -> None:
     import torch
     from transformers import AutoModel, AutoTokenizer
-
     from transformers.utils import logging as hf_logging
 
     pooling = _pooling_mode(folder)

@@ -214,8 +214,8 @@ def _read_at_most(response: http.client.HTTPResponse, max_bytes: int) -> bytes:
 class HttpRetriever:
     """The ``Retriever`` protocol over a Search-R1-style server at ``url`` (see the module docstring).
 
-    ``token``: sent as ``Authorization: Bearer`` (default: the :data:`~raypipe.core.http.TOKEN_ENV` environment variable, read
-    when the client is made, so the client carries it to the actors it is pickled to)."""
+    ``token``: sent as ``Authorization: Bearer`` (default: the :data:`~raypipe.core.http.TOKEN_ENV` environment
+    variable, read when the client is made, so the client carries it to the actors it is pickled to)."""
 
     def __init__(
         self,
@@ -239,7 +239,7 @@ class HttpRetriever:
         self._batcher: QueryBatcher | None = None  # made on first use, in the caller's event loop
 
     @classmethod
-    def from_config(cls, retrieval) -> "HttpRetriever":
+    def from_config(cls, retrieval) -> HttpRetriever:
         """From a ``RetrievalConfig`` (``url``, ``http_timeout_s``, ``http_retries``, ``http_max_response_bytes``,
         batching settings)."""
         if not retrieval.url:

@@ -35,7 +35,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -333,7 +333,7 @@ def finish_index_dir(tmp: Path, target: Path, manifest: dict[str, Any]) -> Path:
         **manifest,
         "vectors": vector_source(manifest),
         "faiss_bytes": (tmp / FAISS_FILE).stat().st_size,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     (tmp / MANIFEST).write_text(json.dumps(full, indent=2) + "\n")
     if target.exists():

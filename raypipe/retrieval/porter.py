@@ -105,7 +105,7 @@ def _cvc(word: str) -> bool:
 
 def _step1(word: str) -> str:
     if word.endswith("s"):
-        if word.endswith("sses") or word.endswith("ies"):
+        if word.endswith(("sses", "ies")):
             word = word[:-2]
         elif not word.endswith("ss"):
             word = word[:-1]

@@ -164,11 +164,11 @@ class ShippedVectors:
     def verify_rankings(
         self, docs: pa.Table, encoder: Encoder, questions: list[Question], k: int, stored: np.ndarray
     ) -> dict[str, Any]:
-        """Search ``questions`` in the shipped vectors ``stored`` (of the corpus ``docs``), re-encode every passage that could be in a
-        top-k (the top k, those within twice ``MAX_DISTANCE`` of the k-th score: no other can overtake them
-        if every vector is within ``MAX_DISTANCE``, which is checked on them too; and each question's own
-        context paragraphs, whose rank comes from the fresh encoding alone) and require the fresh top-k to
-        be the shipped one."""
+        """Search ``questions`` in the shipped vectors ``stored`` (of the corpus ``docs``), re-encode every passage
+        that could be in a top-k (the top k, those within twice ``MAX_DISTANCE`` of the k-th score: no other can
+        overtake them if every vector is within ``MAX_DISTANCE``, which is checked on them too; and each question's own
+        context paragraphs, whose rank comes from the fresh encoding alone) and require the fresh top-k to be the
+        shipped one."""
         queries = [q.question for q in questions]
         k = min(k, len(stored))
         query_vectors = encoder.encode_queries(queries)
@@ -189,7 +189,8 @@ class ShippedVectors:
         if (found < MIN_COSINE).any():
             raise ImportVerificationError(
                 f"{int((found < MIN_COSINE).sum())} of the {len(rows)} passages the sample questions rank first or "
-                f"cite, re-encoded, do not match their shipped vectors (least cosine {found.min():.9f} < {MIN_COSINE:.9f})"
+                f"cite, re-encoded, do not match their shipped vectors (least cosine {found.min():.9f} < "
+                f"{MIN_COSINE:.9f})"
             )
         fresh_of = dict(zip(rows.tolist(), range(len(rows))))
         identical, identical_read, differing = 0, 0, []

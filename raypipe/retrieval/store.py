@@ -90,7 +90,7 @@ class DocStore:
         self._row_of: dict[str, int] | None = None
 
     @classmethod
-    def read(cls, path: str | Path, doc_rows: str | Path | None = None) -> "DocStore":
+    def read(cls, path: str | Path, doc_rows: str | Path | None = None) -> DocStore:
         """An Arrow IPC file (``.arrow``) is memory-mapped, a Parquet file read into memory."""
         path = Path(path)
         rows = np.load(doc_rows, mmap_mode="r") if doc_rows is not None and Path(doc_rows).exists() else None
@@ -253,14 +253,14 @@ class CorpusStats:
         self.where = where
 
     @classmethod
-    def count(cls, passages: Iterable[Passage]) -> "CorpusStats":
+    def count(cls, passages: Iterable[Passage]) -> CorpusStats:
         """Both lexicons counted in memory (small corpora, tests)."""
         merger = FrequencyMerger()
         merger.add(*document_frequencies(passages))
         return cls({lexicon: TermTable(table) for lexicon, table in merger.tables()}, merger.n_docs)
 
     @classmethod
-    def read(cls, directory: str | Path) -> "CorpusStats":
+    def read(cls, directory: str | Path) -> CorpusStats:
         """Map the lexicons' tables of an index directory (``plain`` from ``corpus_stats.parquet`` in
         indexes written before the mapped tables); a lexicon without a table raises on lookup."""
         directory = Path(directory)

@@ -25,7 +25,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +126,7 @@ class RequestLog:
         info = {**run_info(config), "service": service}
         (run_dir.path / INFO_FILE).write_text(yaml.safe_dump(info, sort_keys=False))
         self.run_dir, self.engine_json = run_dir, engine_json
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self.prefix = f"part-{stamp}-{uuid.uuid4().hex[:8]}"  # replicas write side by side
         self._numbers = itertools.count(1)  # one part number per request, taken once under the lock
         self._lock = threading.Lock()
@@ -239,5 +239,5 @@ async def within_deadline(work, timeout_s: float):
     requests are aborted)."""
     try:
         return await asyncio.wait_for(work, timeout_s)
-    except asyncio.TimeoutError:  # TimeoutError itself only from Python 3.11
+    except TimeoutError:  # asyncio.TimeoutError is this builtin from Python 3.11
         raise ApiError(408, f"no answer within {timeout_s:g} s (serve_agent.timeout_s)") from None

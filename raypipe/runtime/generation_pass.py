@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from raypipe.agents.hooks import StopController
 from raypipe.agents.probe_run import INFO_FILE, update_info
@@ -74,7 +74,7 @@ def generate(
         # no-progress guard; the driver's generation line shows that work goes on.
         ds.context.execution_no_progress_timeout_s = -1
         engines: list[dict] = []
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         progress = GenerationReporter(
             len(todo), engine_start_hint(config), log=log, turn_limit=resolved.agent.max_turns
         )

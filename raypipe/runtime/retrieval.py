@@ -29,13 +29,14 @@ FAISS on that input) would otherwise take down, retry after retry, every query c
   nobody's (the claim is asked again). A claim whose search does not come within ``claim_hold_s`` lapses.
 - A query that kills its replica while alone fails that search with
   :class:`~raypipe.retrieval.types.QueryCrashError` ("in flight at 3 retrieval replica deaths, the last one
-  alone ..."), which the agent loop writes as ``query_crash`` (kept by a rerun); the client never sends it again. The other queries of its batches were charged
-  the same deaths, so some run alone once and succeed: their results are the same as without it.
+  alone ..."), which the agent loop writes as ``query_crash`` (kept by a rerun); the client never sends it again. The
+  other queries of its batches were charged the same deaths, so some run alone once and succeed: their results are the
+  same as without it.
 - So a query that kills every replica it reaches costs ``max_query_crashes`` + 1 replica restarts, and an
-  innocent one coalesced with it ``max_query_crashes`` failed sends at most (then it runs alone). ``retrieval.max_task_retries``
-  still caps the failed sends of one search (deaths, claims lost); with ``max_task_retries=0`` (retries
-  off) a search is sent once and fails with Ray's error at the first death, and so does every query
-  coalesced with it (no isolation). ``-1``: no cap but isolation and ``UNLIMITED_RETRIES``.
+  innocent one coalesced with it ``max_query_crashes`` failed sends at most (then it runs alone).
+  ``retrieval.max_task_retries`` still caps the failed sends of one search (deaths, claims lost); with
+  ``max_task_retries=0`` (retries off) a search is sent once and fails with Ray's error at the first death, and so does
+  every query coalesced with it (no isolation). ``-1``: no cap but isolation and ``UNLIMITED_RETRIES``.
 
 The corpus-side methods (:class:`~raypipe.runtime.corpus_service.CorpusMethods`, the features stage's) and
 the plain ``search`` (``ReplicaTransport``) keep Ray's retries (``retrieval.max_task_retries``) and are not

@@ -85,7 +85,7 @@ class ServeLimits:
     max_batch_results: int
 
     @classmethod
-    def from_config(cls, retrieval: RetrievalConfig) -> "ServeLimits":
+    def from_config(cls, retrieval: RetrievalConfig) -> ServeLimits:
         return cls(
             retrieval.serve_max_queries,
             retrieval.serve_max_topk,
@@ -173,7 +173,7 @@ async def within_deadline(work: Awaitable[T], timeout_s: float) -> T:
     running it finishes unseen)."""
     try:
         return await asyncio.wait_for(work, timeout_s)
-    except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+    except TimeoutError:  # asyncio.TimeoutError is this builtin from Python 3.11
         raise RequestError(
             408,
             f"no answer within {timeout_s:g} s (retrieval.serve_timeout_s): the server is busy or the request too big",

@@ -38,7 +38,7 @@ class ServeRetriever:
 
         try:
             return await asyncio.wait_for(answer(), self.timeout_s)
-        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+        except TimeoutError:  # asyncio.TimeoutError is this builtin from Python 3.11
             response.cancel()
             raise RetrievalServerError(
                 f"no answer from the Ray Serve application {self.name!r} within "

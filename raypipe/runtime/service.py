@@ -89,7 +89,8 @@ def start_proxy(host: str, port: int, deadline_s: float) -> None:
 
 
 def undeploy_app(name: str) -> None:
-    """Delete the Serve application ``name``, then Serve itself (its proxy and controller) if nothing else runs on it."""
+    """Delete the Serve application ``name``, then Serve itself (its proxy and controller) if nothing else runs on
+    it."""
     try:
         serve.delete(name)
     except RayServeException:  # Serve never started (the deployment failed first): nothing to delete

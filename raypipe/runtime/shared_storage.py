@@ -78,7 +78,8 @@ def missing_line(shared: SharedPath, blind: Sequence[Mapping], checked: int) -> 
     target = f"{shared.path / shared.expect}" if shared.expect else f"{shared.path}"
     return (
         f"{shared.what} {target} is not visible from node {describe_node(blind[0])}{others}: put it on storage every "
-        f"node mounts (a shared POSIX mount) and set {shared.setting} to a path there (docs/cluster.md, 'Shared storage')"
+        f"node mounts (a shared POSIX mount) and set {shared.setting} to a path there (docs/cluster.md, 'Shared "
+        "storage')"
     )
 
 

@@ -20,7 +20,7 @@ DESCRIPTION = """Print a probe run's agent figures; with --artifact, record them
 Final F1 and EM, own answers, P_0 -> P_last, the share of trajectories whose best P_i comes before the end (RQ-1)
 and the U_i distribution. --artifact DIR needs a run made with --set data.split=dev --set data.limit=null
 --set engine.adapter=DIR.
-"""
+"""  # noqa: E501 - the --help text as printed; its first line is the job's summary in `raypipe`
 
 
 def main(argv: list[str] | None = None) -> None:

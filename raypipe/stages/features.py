@@ -227,7 +227,7 @@ job over the run's index (actors), or a running `raypipe serve-retrieval` deploy
 URL (http; a plain Search-R1 server lacks the vectors and statistics and is refused)). Writes
 RUN_DIR/features/ (one row per qid x iteration; columns: raypipe.core.schema.FEATURES), then prints each signal's Pearson r with P_i and U_i and saves that table as RUN_DIR/feature_correlations.csv.
 The run's own config.yaml is the base configuration (its retrieval index) unless --config names another.
-"""
+"""  # noqa: E501 - the --help text as printed; its first line is the job's summary in `raypipe`
 
 
 def _features(stage: StageRun) -> int:

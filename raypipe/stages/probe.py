@@ -15,10 +15,10 @@ its first batch comes, so a rerun whose engine or retrieval does not start remov
 actor whose process dies is restarted and its batches run again (up to ``generation.max_actor_restarts``
 times); only the driver writes, and each output batch reaches it once. A dead engine is a dead actor: when
 the engine reports :class:`~raypipe.llm.base.EngineDiedError` (vLLM's EngineCore process died) the actor
-exits its process, so Ray restarts it with a new engine, instead of writing the batch's rows as engine errors. The crash ledger
-(``raypipe/runtime/crashes.py``) bounds the questions that kill every engine. SIGINT or SIGTERM stops
-``main`` within seconds (:func:`~raypipe.runtime.interrupt.shutdown_now`): the parts written are kept and
-the same command resumes. ``main`` ends the Ray that :func:`run_probe` started.
+exits its process, so Ray restarts it with a new engine, instead of writing the batch's rows as engine errors. The crash
+ledger (``raypipe/runtime/crashes.py``) bounds the questions that kill every engine. SIGINT or SIGTERM stops ``main``
+within seconds (:func:`~raypipe.runtime.interrupt.shutdown_now`): the parts written are kept and the same command
+resumes. ``main`` ends the Ray that :func:`run_probe` started.
 
 Progress: every 15 s the driver's generation line (:mod:`raypipe.runtime.generation_progress`: the engine
 starting, then trajectories done of all, in flight, rate and ETA), read from the crash ledger while the
@@ -84,7 +84,7 @@ into <runs_dir>/<config name>/ (runs_dir: runs; the GPU presets' /mnt/raypipe/ru
 summary: questions, mean retrieval iterations, final F1 and mean probed-answer F1 (P_i) by iteration.
 A rerun resumes: questions already written are skipped.
 On a cluster: ray job submit --working-dir . -- python jobs/probe.py --config PRESET --out RUN_DIR
-"""
+"""  # noqa: E501 - the --help text as printed; its first line is the job's summary in `raypipe`
 
 log = logging.getLogger(__name__)
 

@@ -211,7 +211,7 @@ stopping per question (F1: t and Wilcoxon signed-rank; EM: McNemar exact; iterat
 exact or by seeded sign flips; Holm-corrected, --set report.correction=bh for Benjamini-Hochberg), in full in RUN_DIR/stoprag/significance.md/.csv. Options are the ``stoprag``
 section of the config (``--set stoprag.target=mc``, ``--set stoprag.epochs=5``). The run's own config.yaml
 is the base configuration unless --config names another; --set tracking.mlflow_uri=PATH_OR_URL logs to MLflow.
-"""
+"""  # noqa: E501 - the --help text as printed; its first line is the job's summary in `raypipe`
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:

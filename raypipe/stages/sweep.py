@@ -240,7 +240,7 @@ exact or by seeded sign flips; Holm-corrected, --set report.correction=bh for Be
 selected.json (for the online controller), data/ (grid, selections, Pareto front), tune/.
 The run's own config.yaml is the base configuration unless --config names another; settings: stopping.*,
 report.correction and report.bootstrap_*; --set tracking.mlflow_uri=PATH_OR_URL logs to MLflow (trials too).
-"""
+"""  # noqa: E501 - the --help text as printed; its first line is the job's summary in `raypipe`
 
 
 def _check_runs(stage: StageRun) -> None:
@@ -284,10 +284,12 @@ def main() -> None:
     stage, report = STAGE.main(_sweep)
     q = report.selected["questions"]
     print(
-        f"\n{q['val']} validation / {q['test']} test questions, {report.seconds:.0f} s; left out: {report.excluded or 'none'}\n"
+        f"\n{q['val']} validation / {q['test']} test questions, {report.seconds:.0f} s; left out: "
+        f"{report.excluded or 'none'}\n"
     )
     print((report.out_dir / f"{TRADEOFF}.md").read_text())
     print_model_note(stage.run)
     print(
-        f"(tables, {FIGURE} and selected.json in {report.out_dir}; TensorBoard: raypipe dashboard {report.out_dir.parent})"
+        f"(tables, {FIGURE} and selected.json in {report.out_dir}; TensorBoard: raypipe dashboard "
+        f"{report.out_dir.parent})"
     )

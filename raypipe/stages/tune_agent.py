@@ -92,6 +92,6 @@ def main(argv: list[str] | None = None) -> None:
         )
     print(
         f"{manifest['steps']} steps on {len(manifest['question_ids'])} trajectories, {manifest['tokens']} tokens, "
-        f"{manifest['wall_s']:.0f} s on {manifest['cpu_count']} cores of {manifest['cpu_model']} ({manifest['cpu_flags']}); "
-        f"artifact {out / 'artifact'} ({manifest['adapter_bytes'] / 1e6:.1f} MB)"
+        f"{manifest['wall_s']:.0f} s on {manifest['cpu_count']} cores of {manifest['cpu_model']} "
+        f"({manifest['cpu_flags']}); artifact {out / 'artifact'} ({manifest['adapter_bytes'] / 1e6:.1f} MB)"
     )

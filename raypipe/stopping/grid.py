@@ -61,7 +61,7 @@ def outcome_sums(outcomes: Iterable[Outcome], split_of: Mapping[str, str]) -> li
     acc: dict[tuple[str, str], dict] = {}
     for o in outcomes:
         key = (split_of[o.qid], o.dataset)
-        row = acc.setdefault(key, {"split": key[0], "dataset": key[1], "n": 0, **{c: 0.0 for c in SUMS}})
+        row = acc.setdefault(key, {"split": key[0], "dataset": key[1], "n": 0, **dict.fromkeys(SUMS, 0.0)})
         row["n"] += 1
         for c in SUMS:
             row[c] += getattr(o, c)

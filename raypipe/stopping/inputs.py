@@ -162,13 +162,16 @@ def load_inputs(
     runs = [run] if train_run is None else [train_run, run]
     refits, refit_frame = load_refits(runs, cfg.refits, train, question_types)
     if train_run is None:
-        protocol = f"protocol: cross-fitting within this run (validation/test halves by qid hash, {cfg.val_fraction:g} validation)"
+        protocol = (
+            "protocol: cross-fitting within this run (validation/test halves by qid hash, "
+            f"{cfg.val_fraction:g} validation)"
+        )
     else:
         protocol = f"protocol: thresholds chosen on the training run {train_run.path}, reported on this run's questions"
     return SweepInputs(
         trajectories=keep,
         excluded=excluded,
-        split_of={**{q: "val" for q in val}, **{q: "test" for q in test}},
+        split_of={**dict.fromkeys(val, "val"), **dict.fromkeys(test, "test")},
         questions={"val": len(val), "test": len(test)},
         chosen_head=chosen_head,
         heads=heads,

@@ -55,7 +55,10 @@ def _write_figure(out: Path, inputs: SweepInputs, grid: pd.DataFrame, choices: C
             },
             {
                 **best.to_dict(),
-                "label": f"best on val: {best['variant']} {best['feature_group']}/w{int(best['window'])} ({best['selection']})",
+                "label": (
+                    f"best on val: {best['variant']} {best['feature_group']}/w{int(best['window'])} "
+                    f"({best['selection']})"
+                ),
             },
         ]
     )

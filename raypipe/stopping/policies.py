@@ -89,9 +89,9 @@ POLICIES: dict[str, StopPolicy] = {
         StopPolicy("natural", "the agent runs to its own end", lambda policy, loaded: (None, "natural")),
         StopPolicy(
             "heuristic",
-            "the seed paper's 4-state heuristic with rollback on the bundle's P̂/Û (`raypipe/stopping/online.py`); without "
-            "settings the server's `stopping.theta_p`/`theta_u`/`variant`; a preset's pair, then `theta_p`/`theta_u` "
-            "override it",
+            "the seed paper's 4-state heuristic with rollback on the bundle's P̂/Û (`raypipe/stopping/online.py`); "
+            "without settings the server's `stopping.theta_p`/`theta_u`/`variant`; a preset's pair, then "
+            "`theta_p`/`theta_u` override it",
             _heuristic,
             (
                 Setting("theta_p"),

@@ -96,7 +96,7 @@ def refit_predictions(
     if trainable is None:
         folds = assign_folds(questions, train.folds, seed)
     else:  # the target questions are one more fold, fit on every training question and never trained on
-        folds = {q: train.folds for q in questions["qid"]}
+        folds = dict.fromkeys(questions["qid"], train.folds)
         folds.update(assign_folds(questions[questions["qid"].isin(set(train_qids))], train.folds, seed))
     fold_of_row = fold_column(frame, folds)
     settings = refit.model_dump(include={"head_hidden", "head_weight_decay", "head_learning_rate"})

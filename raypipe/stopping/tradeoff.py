@@ -86,9 +86,15 @@ def summary(rows: dict[str, pd.Series | dict], questions: dict[str, int], min_f1
     """A paragraph: natural stopping, the named operating points, and the comparison with the paper's."""
 
     def point(r) -> str:
-        text = f"{r['mean_iterations']:.3f} iterations ({100 * r['iterations_change']:+.2f}%), F1 {r['mean_f1']:.3f} ({100 * r['f1_share']:.2f}% of natural)"
+        text = (
+            f"{r['mean_iterations']:.3f} iterations ({100 * r['iterations_change']:+.2f}%), F1 {r['mean_f1']:.3f} "
+            f"({100 * r['f1_share']:.2f}% of natural)"
+        )
         if not pd.isna(r.get("all_iterations_change")):
-            text += f"; over all questions, cross-fitted: {100 * r['all_iterations_change']:+.2f}% at {100 * r['all_f1_share']:.2f}%"
+            text += (
+                f"; over all questions, cross-fitted: {100 * r['all_iterations_change']:+.2f}% at "
+                f"{100 * r['all_f1_share']:.2f}%"
+            )
         return text
 
     nat = rows["natural"]
@@ -109,8 +115,8 @@ def summary(rows: dict[str, pd.Series | dict], questions: dict[str, int], min_f1
     best = rows["best"]
     verdict = "beats" if beats_paper(best["iterations_change"], best["f1_share"]) else "does not beat"
     lines.append(
-        f"The paper's operating point is {100 * PAPER_ITERATIONS_CHANGE:+.2f}% iterations at {100 * PAPER_F1_SHARE:.2f}% of "
-        f"natural F1; on test questions the best configuration {verdict} it "
+        f"The paper's operating point is {100 * PAPER_ITERATIONS_CHANGE:+.2f}% iterations at "
+        f"{100 * PAPER_F1_SHARE:.2f}% of natural F1; on test questions the best configuration {verdict} it "
         f"({100 * (best['iterations_change'] - PAPER_ITERATIONS_CHANGE):+.2f} points of iterations, "
         f"{100 * (best['f1_share'] - PAPER_F1_SHARE):+.2f} points of F1 share)."
     )

@@ -143,7 +143,10 @@ def write_comparison(
     if pvalues is not None:
         csv = pd.concat([csv, pvalues.numbers.set_axis(csv.index)], axis=1)
     csv.to_csv(out / "comparison.csv", index=False)
-    title = f"Stopping controllers on {n_test} held-out test questions\n(Stop-RAG threshold tuned on {n_val} validation questions)"
+    title = (
+        f"Stopping controllers on {n_test} held-out test questions\n"
+        f"(Stop-RAG threshold tuned on {n_val} validation questions)"
+    )
     more = f"\n{protocol}.\n" if protocol else ""
     (out / "comparison.md").write_text(
         markdown(table, title, pvalues) + f"\nF1 of every controller: {answers_note}.\n" + more

@@ -118,7 +118,10 @@ def stoprag_controllers(
             variant, config, episodes, splits, out, val_t, trainer
         )
         name = "stoprag" if target == cfg.target else f"stoprag[{target}]"
-        note = f"target {target}, threshold {threshold:.3f} (val: {val_s.mean_iterations:.2f} it, {100 * val_s.f1_share:.1f}% F1)"
+        note = (
+            f"target {target}, threshold {threshold:.3f} "
+            f"(val: {val_s.mean_iterations:.2f} it, {100 * val_s.f1_share:.1f}% F1)"
+        )
         controllers[name] = (margin_controller(margins, threshold), note)
         histories_out += history
         margin_rows += m_rows

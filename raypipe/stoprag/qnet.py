@@ -68,7 +68,7 @@ class QNetwork(nn.Module):
         return folder
 
     @classmethod
-    def load(cls, folder: str | Path) -> tuple["QNetwork", dict]:
+    def load(cls, folder: str | Path) -> tuple[QNetwork, dict]:
         """A saved network (eval mode) and its metadata (threshold, max_length, state settings ...)."""
         folder = Path(folder)
         if not (folder / META).exists():

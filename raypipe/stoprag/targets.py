@@ -3,8 +3,8 @@
 Iterative RAG as a finite-horizon MDP with no discounting. A state s_t is the question plus the documents
 the agent has gathered by iteration t, one per iteration (:func:`state_text`, the reference's encoder input);
 STOP ends the episode with reward r_t = the quality of the answer given at s_t, every state scored by one
-answer generator (:mod:`raypipe.stoprag.rewards`; by default the probed answer's F1); CONT leads to s_{t+1}. The last recorded iteration (natural
-termination or the turn limit) is terminal: only STOP is possible there.
+answer generator (:mod:`raypipe.stoprag.rewards`; by default the probed answer's F1); CONT leads to s_{t+1}. The last
+recorded iteration (natural termination or the turn limit) is terminal: only STOP is possible there.
 
 Targets for the CONT head, as the public trainer (chosolbee/MHQA-SetVerify
 ``Training/multihead_stop_decider_train.py``) computes them for a state s_t with k bootstrappable future
@@ -245,7 +245,8 @@ def nstep_returns(future_rewards: Sequence[float], bootstrap: Sequence[float]) -
     """G_1..G_k: G_n = max(r_{t+1..t+n-1}, bootstrap[n-1]), bootstrap[j] = max(Q_stop, Q_cont)(s_{t+1+j})."""
     if len(bootstrap) != len(future_rewards) - 1:
         raise ValueError(
-            f"{len(future_rewards)} future rewards need {len(future_rewards) - 1} bootstrap values, got {len(bootstrap)}"
+            f"{len(future_rewards)} future rewards need {len(future_rewards) - 1} bootstrap values, got "
+            f"{len(bootstrap)}"
         )
     returns, best = [], -math.inf
     for n, value in enumerate(bootstrap):

@@ -531,7 +531,7 @@ def bad_input(work: Path) -> Outcome:
         config = CONFIG.model_copy(deep=True)
         config.data.datasets = [str(path)]
         run = RunDir(work / f"run-{path.stem}")
-        error = _raised(lambda: run_probe(config, run, engine_factory=ScriptedAgents()))
+        error = _raised(lambda: run_probe(config, run, engine_factory=ScriptedAgents()))  # noqa: B023 - called at once
         if not isinstance(error, DataError) or f"{path}:3: {message}" not in str(error):
             out.problems.append(f"{kind}: {error!r}")
         if run.path.exists():
@@ -581,7 +581,7 @@ def broken_setup(work: Path, config: RunConfig) -> Outcome:
     }
     for kind, (variant, factory, error_type, message) in cases.items():
         run = RunDir(work / f"run-{kind.replace(' ', '_')}")
-        error = _raised(lambda: run_probe(variant, run, questions(), engine_factory=factory))
+        error = _raised(lambda: run_probe(variant, run, questions(), engine_factory=factory))  # noqa: B023 - at once
         if not isinstance(error, error_type) or message not in str(error):
             out.problems.append(f"{kind}: {error!r}")
         if run.has("trajectories") or run.has("iterations"):

@@ -50,9 +50,9 @@ class ScriptedAgents:
     probe before any retrieval answers ``unknown``. ``crash_on``: the engine's process exits (as an
     out-of-memory kill would) the first time it sees that question (with a ``marker`` file; without one,
     every time). ``error_on``: the engine cannot answer
-    (``EngineUnavailableError``, an outage: the row's ``engine_error``) on that question's turns. ``die_on``: the engine dies (``EngineDiedError``) on every
-    turn of that question. ``delay_s``: every agent turn blocks that long, to keep a job running while a
-    test interrupts it.
+    (``EngineUnavailableError``, an outage: the row's ``engine_error``) on that question's turns. ``die_on``: the engine
+    dies (``EngineDiedError``) on every turn of that question. ``delay_s``: every agent turn blocks that long, to keep a
+    job running while a test interrupts it.
     """
 
     def __init__(

@@ -34,7 +34,8 @@ def doc_lookup(doc_id: str) -> tuple[str, str] | None:
 def write_run(
     path: str | Path, n_questions: int = 60, max_iterations: int = 4, seed: int = 0, prefix: str = "q"
 ) -> RunDir:
-    """``n_questions`` questions with qids ``<prefix>0``, ``<prefix>1``, ... (two runs with other prefixes share none)."""
+    """``n_questions`` questions with qids ``<prefix>0``, ``<prefix>1``, ... (two runs with other prefixes share
+    none)."""
     rng = np.random.default_rng(seed)
     run = RunDir(path)
     trajectories, iterations, features = [], [], []
