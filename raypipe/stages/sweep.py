@@ -75,7 +75,7 @@ def sweep_grid(
 ) -> tuple[pd.DataFrame, dict[HeadKey, Predictions]]:
     """Step 2: every head's threshold grid as a Tune experiment under ``storage`` (a path or URI; None:
     ``out/tune``), kept as data/grid.parquet; with the refit heads' predictions."""
-    # fmt: skip below: packed, it keeps this stage module under its size target (tests/test_layout.py)
+    # Packed (fmt: skip), this call keeps the stage module under its size target (tests/test_layout.py).
     grid, refit_heads = run_tune(
         inputs.trajectories, inputs.heads, inputs.split_of, variants=cfg.variants, theta_p=inputs.theta_p,
         theta_u=inputs.theta_u, min_f1_share=cfg.min_f1_share, storage_path=storage or out / "tune", name=experiment,
