@@ -241,6 +241,7 @@ class _Run:
             query = action.content if action.kind not in (ANSWER, INVALID) and turn < searching else None
             probe_prompt = protocol.probe_prompt(self.context, output) if agent.probe else None
             if self.overlap:
+                assert probe_prompt is not None  # overlap implies agent.probe
                 self._probe_beside(row, probe_prompt)
                 searched = await self._search(row, query)
             else:

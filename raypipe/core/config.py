@@ -636,13 +636,15 @@ class FeaturesConfig(StrictModel):
     confidence_drop_last: int = Field(default=4, ge=0, description="Probe tokens dropped before the mean (seed: 4).")
 
 
+# The cross-encoders' relations (raypipe.predict.relations.RELATIONS).
+Relation = Literal["adjacent_think", "long_distance", "intra_iteration"]
+
+
 class TrainConfig(StrictModel):
     """Predictors of P_i and U_i (``jobs/train.py``). Defaults are the seed paper's; presets shrink them."""
 
     base_model: str = Field(default="minilm", description="Cross-encoder base: embedded name or a local HF folder.")
-    relations: list[Literal["adjacent_think", "long_distance", "intra_iteration"]] = Field(
-        default_factory=lambda: ["adjacent_think", "long_distance", "intra_iteration"]
-    )
+    relations: list[Relation] = Field(default_factory=lambda: list(get_args(Relation)))
     field_chars: int = Field(default=256, ge=1, description="Characters kept of each text field (seed: 256).")
     title_chars: int = Field(default=128, ge=1, description="Characters kept of the document title (seed: 128).")
     reasoning_text: ReasoningText = "parsed"

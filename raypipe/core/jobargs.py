@@ -100,7 +100,9 @@ def refit_alpha_overrides(tree: dict) -> list[str]:
     refits = stopping.get("refits") if isinstance(stopping, dict) else None
     if not isinstance(refits, list) or not any(isinstance(i, dict) and "head_alpha" in i for i in refits):
         return []
-    train = tree.get("train") if isinstance(tree.get("train"), dict) else {}
+    train = tree.get("train")
+    if not isinstance(train, dict):
+        train = {}
     batch = train.get("head_batch_size", TrainConfig.model_fields["head_batch_size"].default)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(

@@ -79,7 +79,8 @@ class RunDir:
     def model_note(self) -> str | None:
         """The caveat for this run's figures when its generator is an embedded LLM (see
         :func:`raypipe.core.models.embedded_llm_note`)."""
-        return embedded_llm_note(self.recorded("engine", "model"))
+        model = self.recorded("engine", "model")
+        return embedded_llm_note(model if isinstance(model, str) else None)
 
     def write_config(self, config: RunConfig, stage: str = "config") -> Path:
         path = self.path / f"{stage}.yaml"

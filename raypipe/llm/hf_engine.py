@@ -45,7 +45,8 @@ class TransformersEngine:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = resolve_dtype(config.dtype, on_cpu=self.device == "cpu")
         dtype = "auto" if self.dtype == "auto" else getattr(torch, self.dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=dtype).to(self.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=dtype)
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to as unbound
         self.eos_ids = _eos_ids(self.model, self.tokenizer.tokenizer)
         self._lock = threading.Lock()
         self.start_seconds = time.perf_counter() - started

@@ -43,7 +43,7 @@ def predictions_by_head(table: pa.Table) -> dict[HeadKey, Predictions]:
         if it in per_q:
             raise ValueError(f"duplicate prediction for {qid} iteration {it} ({group}/w{window})")
         per_q[int(it)] = (float(p), float(u))
-    return heads
+    return dict(heads)  # typed dict[HeadKey, Predictions]: the inner dicts as read-only mappings
 
 
 def threshold_grid(base: Sequence[float], values: Iterable[float], quantile_points: int) -> list[float]:

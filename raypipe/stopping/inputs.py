@@ -52,7 +52,7 @@ def check_inputs(run: RunDir) -> None:
         run.read(name, columns=["qid"])
 
 
-def load_heads(run: RunDir, which: str) -> tuple[HeadKey, dict]:
+def load_heads(run: RunDir, which: str) -> tuple[HeadKey, dict[HeadKey, Predictions]]:
     """The chosen head (``predictions``) and the heads to sweep (``which``: chosen, windows, all)."""
     chosen_all = predictions_by_head(run.read("predictions"))
     if len(chosen_all) != 1:
@@ -113,7 +113,7 @@ def load_runs(
         raise ValueError(
             f"the training run's chosen head {head_name(train_chosen)} is not this run's {head_name(chosen_head)}"
         )
-    shared = {h: {**train_heads[h], **heads[h]} for h in heads if h in train_heads}
+    shared: dict[HeadKey, Predictions] = {h: {**train_heads[h], **heads[h]} for h in heads if h in train_heads}
     for reason, n in train_excluded.items():
         excluded[f"train_run_{reason}"] = n
     return [*train_t, *trajectories], excluded, chosen_head, shared, {t.qid for t in train_t}
@@ -147,7 +147,7 @@ def load_inputs(
         raise ValueError(f"{len(keep)} questions are too few for a validation/test split")
     val_preds = [pu for q in val for pu in chosen.get(q, {}).values()]
     theta_p = threshold_grid(cfg.theta_p_grid, [p for p, _ in val_preds], cfg.quantile_points)
-    theta_u = threshold_grid(cfg.theta_u_grid, [u for _, u in val_preds], cfg.quantile_points)
+    theta_u = threshold_grid(cfg.theta_u_grid, [u for _, u in val_preds if u is not None], cfg.quantile_points)
     log.info(
         "%d questions (%d val, %d test), %d heads (+%d refits) x %d variants x %d θ_P x %d θ_U",
         len(keep),

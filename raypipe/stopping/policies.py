@@ -71,14 +71,21 @@ class StopPolicy:
 
 def _heuristic(policy: Policy, loaded: Loaded) -> tuple[StopController, str]:
     stopping = loaded.stopping
-    theta_p, theta_u = THRESHOLD_PRESETS.get(policy.preset, (stopping.theta_p, stopping.theta_u))
+    default = (stopping.theta_p, stopping.theta_u)
+    theta_p, theta_u = default if policy.preset is None else THRESHOLD_PRESETS.get(policy.preset, default)
     thresholds = Thresholds(
         theta_p if policy.theta_p is None else policy.theta_p, theta_u if policy.theta_u is None else policy.theta_u
     )
     variant = policy.variant or stopping.variant
     predictor = loaded.predictor
+    assert predictor is not None  # build_controller checked that the server offers the policy (check_offered)
     controller = OnlineController(None, thresholds, VARIANTS[variant], predictor_factory=lambda: predictor)
     return controller, f"heuristic(theta_p={thresholds.theta_p:g}, theta_u={thresholds.theta_u:g}, {variant})"
+
+
+def _cap(policy: Policy, loaded: Loaded) -> tuple[StopController, str]:
+    assert policy.k is not None  # a required setting: check_policy answers a request without it with a 422
+    return CapController(policy.k), f"cap{policy.k}"
 
 
 _PRESETS_NOTE = ", ".join(f"`{name}`: {p:g}/{u:g}" for name, (p, u) in THRESHOLD_PRESETS.items())
@@ -106,7 +113,7 @@ POLICIES: dict[str, StopPolicy] = {
         StopPolicy(
             "cap",
             "Cap@k: stop after retrieval iteration k with that iteration's probe (`k = 0`: before any search)",
-            lambda policy, loaded: (CapController(policy.k), f"cap{policy.k}"),
+            _cap,
             (
                 Setting(
                     "k",

@@ -52,6 +52,7 @@ def refit_label(refit: HeadRefit) -> str:
 def refit_columns(refit: HeadRefit, train: TrainConfig) -> list[str]:
     from raypipe.predict.groups import group_columns
 
+    assert refit.group is not None, "a resolved refit (resolve) names its group"
     return group_columns(refit.group, train.unsup_columns, train.relations)
 
 
@@ -93,7 +94,7 @@ def refit_predictions(
     frame = frame.sort_values(["qid", "iteration"]).reset_index(drop=True)
     trainable = None if train_qids is None else frame["qid"].isin(set(train_qids)).to_numpy()
     questions = frame[["qid", "dataset"]].drop_duplicates("qid")
-    if trainable is None:
+    if train_qids is None:  # trainable is None
         folds = assign_folds(questions, train.folds, seed)
     else:  # the target questions are one more fold, fit on every training question and never trained on
         folds = dict.fromkeys(questions["qid"], train.folds)
@@ -101,6 +102,7 @@ def refit_predictions(
     fold_of_row = fold_column(frame, folds)
     settings = refit.model_dump(include={"head_hidden", "head_weight_decay", "head_learning_rate"})
     cfg = train.model_copy(update={**settings, "head_alpha": None})  # the sklearn head's alpha follows the decay
+    assert refit.window is not None, "a resolved refit (resolve) names its window"
     x, _ = head_inputs(frame, columns, refit.window, cfg)
     p = out_of_fold(x, frame["probe_f1"].to_numpy(dtype=float), fold_of_row, cfg, seed, trainable)
     u = out_of_fold(x, frame["utility"].to_numpy(dtype=float), fold_of_row, cfg, seed, trainable)

@@ -236,7 +236,8 @@ def split_qids(qids: Iterable[str], val_fraction: float, seed: int = 0) -> tuple
     """Deterministic (validation, test) split by question, from a hash of ``seed`` and the qid."""
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    val, test = set(), set()
+    val: set[str] = set()
+    test: set[str] = set()
     for qid in qids:
         h = int.from_bytes(hashlib.sha256(f"{seed}:{qid}".encode()).digest()[:8], "big") / 2**64
         (val if h < val_fraction else test).add(qid)
@@ -257,7 +258,8 @@ def trajectories_from_tables(
     by_qid: dict[str, dict[int, dict]] = {}
     for row in its:
         by_qid.setdefault(row["qid"], {})[row["iteration"]] = row
-    records, excluded = [], {}
+    records: list[Trajectory] = []
+    excluded: dict[str, int] = {}
     for t in trajectories.to_pylist():
         qid = t["qid"]
         if t["stop_reason"] in EXCLUDED_STOP_REASONS:
