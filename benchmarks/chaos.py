@@ -45,8 +45,17 @@ COLUMNS = ("case", "outcome", "rows in", "rows out", "duplicates", "time", "note
 
 def run_tests(work: Path, quick: bool, expression: str) -> int:
     """pytest over the cases (its output streams here); returns its exit status."""
-    cmd = [sys.executable, "-m", "pytest", *CASES, *([] if quick else VLLM_CASES), "-v", "-p", "no:cacheprovider",
-           f"--basetemp={work / 'tmp'}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *CASES,
+        *([] if quick else VLLM_CASES),
+        "-v",
+        "-p",
+        "no:cacheprovider",
+        f"--basetemp={work / 'tmp'}",
+    ]
     if expression:
         cmd += ["-k", expression]
     env = {**os.environ, OUTCOMES_ENV: str(work / "outcomes.jsonl")}
@@ -59,10 +68,17 @@ def read_outcomes(path: Path) -> list[dict]:
 
 def table(outcomes: list[dict]) -> str:
     rows = [COLUMNS] + [
-        (o["case"], "pass" if o["passed"] else "FAIL", _dash(o["rows_in"]), _dash(o["rows_out"]), str(o["duplicates"]),
-         f"{o['seconds']:.0f} s", o["note"])
+        (
+            o["case"],
+            "pass" if o["passed"] else "FAIL",
+            _dash(o["rows_in"]),
+            _dash(o["rows_out"]),
+            str(o["duplicates"]),
+            f"{o['seconds']:.0f} s",
+            o["note"],
+        )
         for o in outcomes
-    ]  # fmt: skip
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -118,17 +118,26 @@ def main() -> None:
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     native = results["native"]
-    print(f"\nrandom bundled passages and questions ({args.passages} and {args.queries}; {args.qemu_texts} each under "
-          "qemu); distances to native ONNX fp32 of the same texts (float64)\n")
-    print("| setting (CPU features seen) | encoder | texts | to native ONNX fp32: largest L2 distance, 1 - least "
-          "cosine | to the same encoder native: largest L2 distance, 1 - least cosine |\n|---|---|---|---|---|")
+    print(
+        f"\nrandom bundled passages and questions ({args.passages} and {args.queries}; {args.qemu_texts} each under "
+        "qemu); distances to native ONNX fp32 of the same texts (float64)\n"
+    )
+    print(
+        "| setting (CPU features seen) | encoder | texts | to native ONNX fp32: largest L2 distance, 1 - least "
+        "cosine | to the same encoder native: largest L2 distance, 1 - least cosine |\n|---|---|---|---|---|"
+    )
     for setting, arrays in results.items():
         for name, (_, kind) in ENCODERS.items():
             if name in arrays:
                 vectors = arrays[name]
-                cells = [compare(native[reference][: len(vectors)], vectors) for reference in (f"onnx fp32 {kind}", name)]
-                print(f"| {setting} ({arrays['features']}) | {name} | {len(vectors)} | "
-                      + " | ".join(f"{d:.2e}, {1 - c:.1e}" for d, c in cells) + " |")
+                cells = [
+                    compare(native[reference][: len(vectors)], vectors) for reference in (f"onnx fp32 {kind}", name)
+                ]
+                print(
+                    f"| {setting} ({arrays['features']}) | {name} | {len(vectors)} | "
+                    + " | ".join(f"{d:.2e}, {1 - c:.1e}" for d, c in cells)
+                    + " |"
+                )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ from raypipe.retrieval.encoders import EncoderSpec, OnnxEncoder, passage_text
 def padded_batches(encoder: OnnxEncoder, texts: list[str], quantization: str, size: int) -> np.ndarray:
     """The alternative: passages sorted by tokens, padded batches of ``size`` per ONNX call."""
     session = encoder._session(quantization)
-    ids = encoder.tokenizer([encoder.passage_prefix + t for t in texts], truncation=True,
-                            max_length=encoder.spec.max_length)["input_ids"]
+    ids = encoder.tokenizer(
+        [encoder.passage_prefix + t for t in texts], truncation=True, max_length=encoder.spec.max_length
+    )["input_ids"]
     order = np.argsort(-np.asarray([len(x) for x in ids]), kind="stable")
     out = np.empty((len(texts), encoder.dim), dtype=np.float32)
     for start in range(0, len(texts), size):
@@ -51,16 +52,26 @@ def main() -> None:
     passages = list(iter_corpus(BUNDLED_CORPUS))
     random.Random(0).shuffle(passages)
     texts = [passage_text(p.title, p.text) for p in passages[: args.passages]]
-    rows = [("torch fp32 (sentence-transformers)", *timed(lambda: EncoderSpec(threads=1).load().encode_passages(texts)))]
+    rows = [
+        ("torch fp32 (sentence-transformers)", *timed(lambda: EncoderSpec(threads=1).load().encode_passages(texts)))
+    ]
     reference = rows[0][2]
     for quantization in ("none", "int8"):
         encoder = EncoderSpec(backend="onnx", quantization=quantization, threads=1).load()
         encoder._encode(texts[:4], encoder.passage_prefix, quantization)  # load the session before timing
         name = "fp32" if quantization == "none" else quantization
-        rows.append((f"ONNX {name}, padded batches of {args.batch}",
-                     *timed(lambda: padded_batches(encoder, texts, quantization, args.batch))))
-        rows.append((f"ONNX {name}, one passage per call (raypipe)",
-                     *timed(lambda: encoder._encode(texts, encoder.passage_prefix, quantization))))
+        rows.append(
+            (
+                f"ONNX {name}, padded batches of {args.batch}",
+                *timed(lambda: padded_batches(encoder, texts, quantization, args.batch)),  # noqa: B023 - timed here
+            )
+        )
+        rows.append(
+            (
+                f"ONNX {name}, one passage per call (raypipe)",
+                *timed(lambda: encoder._encode(texts, encoder.passage_prefix, quantization)),  # noqa: B023
+            )
+        )
     print(f"\n{len(texts)} random bundled passages, 1 thread\n")
     print("| passage encoder | passages per CPU-second | cosine to torch fp32, mean (min) |\n|---|---|---|")
     for name, cpu_s, vectors in rows:

@@ -35,7 +35,10 @@ async def measure(engine, prompts: list[str], max_tokens: int, regex: bool) -> d
         row["regex_compile_s"] = warm[FORMAT]
     started = time.perf_counter()
     gens = await asyncio.gather(
-        *(engine.generate(GenerationRequest(prompt=p, max_tokens=max_tokens, stop=("</search>", "</answer>"))) for p in prompts)
+        *(
+            engine.generate(GenerationRequest(prompt=p, max_tokens=max_tokens, stop=("</search>", "</answer>")))
+            for p in prompts
+        )
     )
     elapsed = time.perf_counter() - started
     tokens = sum(len(g.token_ids) for g in gens)
@@ -66,28 +69,44 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=32, help="0 = vLLM's default")
-    parser.add_argument("--cpu-threads", default="all",
-                        help="engine.cpu_threads: all, a core list such as 1, or vllm (its own binding)")
+    parser.add_argument(
+        "--cpu-threads", default="all", help="engine.cpu_threads: all, a core list such as 1, or vllm (its own binding)"
+    )
     parser.add_argument("--enforce-eager", action="store_true")
-    parser.add_argument("--regex", action="store_true", help="also time the format regex's warm-up and enforced decoding")
+    parser.add_argument(
+        "--regex", action="store_true", help="also time the format regex's warm-up and enforced decoding"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     threads = None if args.cpu_threads == "vllm" else args.cpu_threads
-    config = EngineConfig(backend=args.backend, dtype=args.dtype, max_model_len=4096, kv_cache_gib=1,
-                          block_size=args.block_size or None, cpu_threads=threads, enforce_eager=args.enforce_eager)
+    config = EngineConfig(
+        backend=args.backend,
+        dtype=args.dtype,
+        max_model_len=4096,
+        kv_cache_gib=1,
+        block_size=args.block_size or None,
+        cpu_threads=threads,
+        enforce_eager=args.enforce_eager,
+    )
     started = time.perf_counter()
     engine = build_engine(config)
     start_s = time.perf_counter() - started
     questions = load_questions("hotpotqa", limit=args.prompts)
-    prompts = [engine.apply_chat_template([{"role": "user", "content": PROMPT.format(question=q.question)}])
-               for q in questions]
+    prompts = [
+        engine.apply_chat_template([{"role": "user", "content": PROMPT.format(question=q.question)}]) for q in questions
+    ]
     row = asyncio.run(measure(engine, prompts, args.max_tokens, args.regex))
     asyncio.run(engine.close())
     record = engine.describe()
-    settings = f"{args.backend} {record['dtype']} block={record.get('block_size', '-')} eager={args.enforce_eager} threads={args.cpu_threads}"
-    print(f"{settings}: start {start_s:.1f} s | " + " | ".join(
-        f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+    settings = (
+        f"{args.backend} {record['dtype']} block={record.get('block_size', '-')} eager={args.enforce_eager} "
+        f"threads={args.cpu_threads}"
+    )
+    print(
+        f"{settings}: start {start_s:.1f} s | "
+        + " | ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items())
+    )
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ class Grid:
     prefill_batch: int  # the batched prefill splits the total over this many requests
 
     @staticmethod
-    def default(quick: bool) -> "Grid":
+    def default(quick: bool) -> Grid:
         if quick:
             return Grid((1, 4), (256,), (4, 20), 1, (256, 1024), 4)
         return Grid((1, 2, 4, 8, 16, 32), (256, 1024, 2048), (8, 40), 2, (256, 512, 1024, 2048, 4096), 8)
@@ -85,7 +85,7 @@ class ModelShape:
     kv_width: int  # key/value heads x head size
 
     @staticmethod
-    def read(folder: Path) -> "ModelShape":
+    def read(folder: Path) -> ModelShape:
         config = json.loads((folder / "config.json").read_text())
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
@@ -244,8 +244,9 @@ def matmul_flops(shape: ModelShape, dtype: str, tokens: int = 512, repeats: int 
     return 2 * tokens * shape.hidden * shape.intermediate / best
 
 
-def print_report(record: dict, shape: ModelShape, settings: str, decode: list[DecodeCell], prefill: list[tuple],
-                 grid: Grid) -> None:
+def print_report(
+    record: dict, shape: ModelShape, settings: str, decode: list[DecodeCell], prefill: list[tuple], grid: Grid
+) -> None:
     import torch
 
     dtype = record["dtype"]
@@ -260,12 +261,16 @@ def print_report(record: dict, shape: ModelShape, settings: str, decode: list[De
 
     model, flags, cores = cpu_description()
     print(f"\nCPU: {model}; {cores} cores; flags: {flags}")
-    print(f"engine: {record['backend']} {Path(record['model_path']).name} ({shape.parameters / 1e6:.1f}M parameters), "
-          f"{dtype}, block {record.get('block_size', '-')}, eager {record.get('enforce_eager', '-')}, "
-          f"context {record['max_model_len']}; settings: {settings}")
+    print(
+        f"engine: {record['backend']} {Path(record['model_path']).name} ({shape.parameters / 1e6:.1f}M parameters), "
+        f"{dtype}, block {record.get('block_size', '-')}, eager {record.get('enforce_eager', '-')}, "
+        f"context {record['max_model_len']}; settings: {settings}"
+    )
     n1, n2 = grid.new_tokens
-    print(f"\ndecode: step = (wall({n2} tokens) - wall({n1} tokens)) / {n2 - n1}, the fastest of {grid.repeats} "
-          "runs each, prompts cached; bound = max(memory, compute)\n")
+    print(
+        f"\ndecode: step = (wall({n2} tokens) - wall({n1} tokens)) / {n2 - n1}, the fastest of {grid.repeats} "
+        "runs each, prompts cached; bound = max(memory, compute)\n"
+    )
     print("| batch | context | step ms | tokens/s | bound ms | of the bound | prompt cached |")
     print("|---|---|---|---|---|---|---|")
     for cell in decode:
@@ -273,22 +278,28 @@ def print_report(record: dict, shape: ModelShape, settings: str, decode: list[De
         if cell.step_s is None:
             print(f"| {cell.batch} | {cell.context} | skipped | | {limit * 1e3:.2f} | | |")
             continue
-        print(f"| {cell.batch} | {cell.context} | {cell.step_s * 1e3:.1f} | {cell.batch / cell.step_s:.0f} "
-              f"| {limit * 1e3:.2f} | {limit / cell.step_s:.0%} | {cell.cached:.0%} |")
+        print(
+            f"| {cell.batch} | {cell.context} | {cell.step_s * 1e3:.1f} | {cell.batch / cell.step_s:.0f} "
+            f"| {limit * 1e3:.2f} | {limit / cell.step_s:.0%} | {cell.cached:.0%} |"
+        )
     print("\nprefill: max_tokens=1 requests submitted together; bound = compute at the prompt's mean context\n")
     print("| requests | tokens each | total tokens | seconds | tokens/s | bound s |\n|---|---|---|---|---|---|")
     for requests, tokens, seconds in prefill:
         limit = requests * tokens * shape.flops_per_token(tokens // 2) / flops
-        print(f"| {requests} | {tokens} | {requests * tokens} | {seconds:.2f} | {requests * tokens / seconds:.0f} "
-              f"| {limit:.2f} |")
+        print(
+            f"| {requests} | {tokens} | {requests * tokens} | {seconds:.2f} | {requests * tokens / seconds:.0f} "
+            f"| {limit:.2f} |"
+        )
     memory_ms = weight_bytes / bandwidth * 1e3
     token_ms = shape.flops_per_token(0) / flops * 1e3
-    print(f"\nhardware limit: {shape.parameters / 1e6:.1f}M parameters in {dtype} = {weight_bytes / 1e6:.0f} MB read "
-          f"per decode step; stream bandwidth {bandwidth / 1e9:.1f} GB/s (numpy copy, {threads} threads) -> "
-          f"{memory_ms:.1f} ms per step at least ({1e3 / memory_ms:.0f} steps/s: B x {1e3 / memory_ms:.0f} tokens/s); "
-          f"matmul {flops / 1e9:.0f} GFLOP/s (torch {dtype}, 512x{shape.hidden} @ {shape.hidden}x{shape.intermediate}, "
-          f"{torch.get_num_threads()} threads) -> {token_ms:.2f} ms per token at least ({1e3 / token_ms:.0f} tokens/s, "
-          "the prefill's and a large batch's bound)")
+    print(
+        f"\nhardware limit: {shape.parameters / 1e6:.1f}M parameters in {dtype} = {weight_bytes / 1e6:.0f} MB read "
+        f"per decode step; stream bandwidth {bandwidth / 1e9:.1f} GB/s (numpy copy, {threads} threads) -> "
+        f"{memory_ms:.1f} ms per step at least ({1e3 / memory_ms:.0f} steps/s: B x {1e3 / memory_ms:.0f} tokens/s); "
+        f"matmul {flops / 1e9:.0f} GFLOP/s (torch {dtype}, 512x{shape.hidden} @ {shape.hidden}x{shape.intermediate}, "
+        f"{torch.get_num_threads()} threads) -> {token_ms:.2f} ms per token at least ({1e3 / token_ms:.0f} tokens/s, "
+        "the prefill's and a large batch's bound)"
+    )
 
 
 def main() -> None:
@@ -296,8 +307,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a 1-minute smoke: batches 1 and 4, context 256")
     parser.add_argument("--batches", help="comma-separated decode batch sizes (default 1,2,4,8,16,32)")
     parser.add_argument("--contexts", help="comma-separated decode prompt lengths in tokens (default 256,1024,2048)")
-    parser.add_argument("--max-cell-tokens", type=int, default=16384,
-                        help="skip decode cells with more prompt tokens than this (batch x context)")
+    parser.add_argument(
+        "--max-cell-tokens",
+        type=int,
+        default=16384,
+        help="skip decode cells with more prompt tokens than this (batch x context)",
+    )
     args = parser.parse_args()
     setup_logging(args.verbose)
     grid = Grid.default(args.quick)

@@ -70,16 +70,29 @@ def main() -> None:
     parser.add_argument("--second", action="store_true", help="run the main job again on the warm caches")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (caches, runs, log)")
-    parser.add_argument("--emulate-avx2", action="store_true",
-                        help="on an AVX-512 machine, run the AVX2 code paths (benchmarks/avx2_emulation/) in float32")
+    parser.add_argument(
+        "--emulate-avx2",
+        action="store_true",
+        help="on an AVX-512 machine, run the AVX2 code paths (benchmarks/avx2_emulation/) in float32",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="raypipe-first-run-"))
     log = work / "first_run.log"
-    env = {**os.environ, "RAYPIPE_CACHE": str(work / "cache"), "VLLM_CACHE_ROOT": str(work / "vllm"),
-           "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "RAYPIPE_CACHE": str(work / "cache"),
+        "VLLM_CACHE_ROOT": str(work / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
     if args.emulate_avx2:
-        env.update(PYTHONPATH=str(REPO / "benchmarks" / "avx2_emulation"), ATEN_CPU_CAPABILITY="avx2",
-                   ONEDNN_MAX_CPU_ISA="AVX2", MKL_ENABLE_INSTRUCTIONS="AVX2")
+        env.update(
+            PYTHONPATH=str(REPO / "benchmarks" / "avx2_emulation"),
+            ATEN_CPU_CAPABILITY="avx2",
+            ONEDNN_MAX_CPU_ISA="AVX2",
+            MKL_ENABLE_INSTRUCTIONS="AVX2",
+        )
         args.overrides.append("engine.dtype=float32")
     python = sys.executable
     settings = [a for o in args.overrides for a in ("--set", o)]
@@ -89,8 +102,13 @@ def main() -> None:
         if args.install:
             venv = work / "venv"
             install_env = {**env, "PIP_CACHE_DIR": str(work / "pip-cache"), "UV_CACHE_DIR": str(work / "uv-cache")}
-            rows.append(("install", timed("install", ["bash", "scripts/install.sh", str(venv), "cpu"], install_env, log),
-                         "scripts/install.sh, fresh environment, empty download caches"))
+            rows.append(
+                (
+                    "install",
+                    timed("install", ["bash", "scripts/install.sh", str(venv), "cpu"], install_env, log),
+                    "scripts/install.sh, fresh environment, empty download caches",
+                )
+            )
             python = str(venv / "bin" / "python")
         first_run_s = sum(seconds for _, seconds, _ in rows)
         for run in ("first", "second") if args.second else ("first",):
@@ -100,15 +118,28 @@ def main() -> None:
             label = "main job" if run == "first" else "main job again (warm caches)"
             first_run_s += total if run == "first" else 0.0
             if setup is not None:
-                what = (f"Ray, encoder export, index (vectors: {vector_source(work / 'cache')}), retrieval service"
-                        if run == "first" else "Ray, retrieval service")
+                what = (
+                    f"Ray, encoder export, index (vectors: {vector_source(work / 'cache')}), retrieval service"
+                    if run == "first"
+                    else "Ray, retrieval service"
+                )
                 rows.append((f"{label}: setup", setup, what))
             if start is not None:
-                what = ("engine start in the generation actor: model conversion (begun during the setup), load, "
-                        "[compile,] warm-up" if run == "first" else "engine start: load, [cached compile,] warm-up")
+                what = (
+                    "engine start in the generation actor: model conversion (begun during the setup), load, "
+                    "[compile,] warm-up"
+                    if run == "first"
+                    else "engine start: load, [cached compile,] warm-up"
+                )
                 rows.append((f"{label}: engine start", start, what))
             if setup is not None and start is not None:
-                rows.append((f"{label}: the rest", total - setup - start, "the driver's start, the trajectories, Ray's shutdown"))
+                rows.append(
+                    (
+                        f"{label}: the rest",
+                        total - setup - start,
+                        "the driver's start, the trajectories, Ray's shutdown",
+                    )
+                )
             rows.append((f"{label}: total", total, ""))
     finally:
         if args.keep:

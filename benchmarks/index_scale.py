@@ -86,9 +86,20 @@ class Sampler(threading.Thread):
 
 
 def index_command(corpus: Path, index_dir: Path, dim: int, block_rows: int) -> list[str]:
-    return [sys.executable, "-m", "raypipe", "index", "--set", f"data.corpus={corpus}",
-            "--set", f"retrieval.encoder=hash:{dim}", "--set", f"retrieval.index_dir={index_dir}",
-            "--set", f"retrieval.build_block_rows={block_rows}"]
+    return [
+        sys.executable,
+        "-m",
+        "raypipe",
+        "index",
+        "--set",
+        f"data.corpus={corpus}",
+        "--set",
+        f"retrieval.encoder=hash:{dim}",
+        "--set",
+        f"retrieval.index_dir={index_dir}",
+        "--set",
+        f"retrieval.build_block_rows={block_rows}",
+    ]
 
 
 def run_build(cmd: list[str], every: float, log: Path, kill_when=None) -> dict:
@@ -111,8 +122,12 @@ def run_build(cmd: list[str], every: float, log: Path, kill_when=None) -> dict:
         sampler.join()
     if proc.returncode != 0 and not killed:
         raise SystemExit(f"build failed (exit {proc.returncode}); see {log}")
-    return {"seconds": time.perf_counter() - start, "driver_peak": sampler.driver_peak,
-            "job_peak": sampler.job_peak, "killed": killed}
+    return {
+        "seconds": time.perf_counter() - start,
+        "driver_peak": sampler.driver_peak,
+        "job_peak": sampler.job_peak,
+        "killed": killed,
+    }
 
 
 def sha256(path: Path) -> str:
@@ -140,12 +155,16 @@ def main() -> None:
         index_dir = args.workdir / f"index-{n}"
         if index_dir.exists():
             subprocess.run(["rm", "-rf", str(index_dir)], check=True)
-        result = run_build(index_command(corpus, index_dir, args.dim, args.block_rows), args.every,
-                           args.workdir / f"build-{n}.log")
+        result = run_build(
+            index_command(corpus, index_dir, args.dim, args.block_rows), args.every, args.workdir / f"build-{n}.log"
+        )
         index_bytes = (index_dir / "index.faiss").stat().st_size
         rows.append({"passages": n, **result, "index_bytes": index_bytes})
-        print(f"{n:>10,} passages: {result['seconds']:.0f} s, driver peak {result['driver_peak'] / 2**20:.0f} MiB, "
-              f"job peak {result['job_peak'] / 2**30:.2f} GiB, index {index_bytes / 2**30:.2f} GiB", flush=True)
+        print(
+            f"{n:>10,} passages: {result['seconds']:.0f} s, driver peak {result['driver_peak'] / 2**20:.0f} MiB, "
+            f"job peak {result['job_peak'] / 2**30:.2f} GiB, index {index_bytes / 2**30:.2f} GiB",
+            flush=True,
+        )
         if n == min(sizes):
             keep = {"corpus": corpus, "sha": sha256(index_dir / "index.faiss")}
         else:
@@ -154,13 +173,17 @@ def main() -> None:
     print("\n| passages | build time | driver peak RSS | whole-job peak (PSS) | index bytes | job peak - index |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['passages']:,} | {r['seconds']:.0f} s | {r['driver_peak'] / 2**20:.0f} MiB | "
-              f"{r['job_peak'] / 2**30:.2f} GiB | {r['index_bytes'] / 2**30:.2f} GiB | "
-              f"{(r['job_peak'] - r['index_bytes']) / 2**30:.2f} GiB |")
+        print(
+            f"| {r['passages']:,} | {r['seconds']:.0f} s | {r['driver_peak'] / 2**20:.0f} MiB | "
+            f"{r['job_peak'] / 2**30:.2f} GiB | {r['index_bytes'] / 2**30:.2f} GiB | "
+            f"{(r['job_peak'] - r['index_bytes']) / 2**30:.2f} GiB |"
+        )
     drivers = [r["driver_peak"] for r in rows]
-    print(f"\ndriver peak spread {(max(drivers) - min(drivers)) / 2**20:.0f} MiB (target <= 300 MiB), "
-          f"max {max(drivers) / 2**20:.0f} MiB (target < 1.5 GiB); job peak - index at most "
-          f"{max((r['job_peak'] - r['index_bytes']) for r in rows) / 2**30:.2f} GiB (target <= 3 GiB)")
+    print(
+        f"\ndriver peak spread {(max(drivers) - min(drivers)) / 2**20:.0f} MiB (target <= 300 MiB), "
+        f"max {max(drivers) / 2**20:.0f} MiB (target < 1.5 GiB); job peak - index at most "
+        f"{max((r['job_peak'] - r['index_bytes']) for r in rows) / 2**30:.2f} GiB (target <= 3 GiB)"
+    )
 
     if args.no_resume:
         return
@@ -170,16 +193,22 @@ def main() -> None:
     blocks_dir = index_dir.with_name(f".{index_dir.name}.build") / "blocks"
     total_blocks = -(-n // args.block_rows)
     cmd = index_command(keep["corpus"], index_dir, args.dim, args.block_rows)
-    first = run_build(cmd, args.every, args.workdir / f"resume-{n}-killed.log",
-                      kill_when=lambda: blocks_dir.exists() and len(list(blocks_dir.glob("*.npy"))) >= total_blocks / 2)
+    first = run_build(
+        cmd,
+        args.every,
+        args.workdir / f"resume-{n}-killed.log",
+        kill_when=lambda: blocks_dir.exists() and len(list(blocks_dir.glob("*.npy"))) >= total_blocks / 2,
+    )
     written = len(list(blocks_dir.glob("*.npy")))
     second = run_build(cmd, args.every, args.workdir / f"resume-{n}.log")
     manifest = json.loads((index_dir / "manifest.json").read_text())
     encoded = manifest["build"]["passages_encoded"]
     equal = sha256(index_dir / "index.faiss") == keep["sha"]
-    print(f"\nresume at {n:,} passages: killed after {first['seconds']:.0f} s with {written} of {total_blocks} blocks "
-          f"written; the rerun encoded {encoded:,} passages ({encoded / n:.0%}, target <= 60%) in "
-          f"{second['seconds']:.0f} s; index.faiss equal to the uninterrupted build's: {equal}")
+    print(
+        f"\nresume at {n:,} passages: killed after {first['seconds']:.0f} s with {written} of {total_blocks} blocks "
+        f"written; the rerun encoded {encoded:,} passages ({encoded / n:.0%}, target <= 60%) in "
+        f"{second['seconds']:.0f} s; index.faiss equal to the uninterrupted build's: {equal}"
+    )
 
 
 if __name__ == "__main__":

@@ -84,8 +84,10 @@ def print_report(runs: dict[str, list[tuple[Result, float]]], show_differences: 
     defaults = [result for result, _ in runs[DEFAULT]]
     questions = defaults[0].questions
     print(f"{questions} questions, {len(defaults)} repeats; the default against each lever in the same repeat\n")
-    head = (f"{'lever':<20}{'wall s':>8}{'(range)':>13}{'traj/min':>10}{'default/lever':>17}{'steps':>8}"
-            f"{'ms/step':>9}{'start s':>9}{'same transcripts':>18}")  # fmt: skip
+    head = (
+        f"{'lever':<20}{'wall s':>8}{'(range)':>13}{'traj/min':>10}{'default/lever':>17}{'steps':>8}"
+        f"{'ms/step':>9}{'start s':>9}{'same transcripts':>18}"
+    )
     print(head)
     print("-" * len(head))
     for name, pairs in runs.items():
@@ -95,15 +97,19 @@ def print_report(runs: dict[str, list[tuple[Result, float]]], show_differences: 
         steps = [r.counters["steps"] for r in results if r.counters]
         per_step = [r.wall_s / s * 1000 for r, s in zip(results, steps)]
         same = [questions - differing(d, r) for d, r in zip(defaults, results)] if name != DEFAULT else []
-        print(f"{name:<20}{median(walls):>8.1f}{spread(walls):>13}{median([r.per_min for r in results]):>10.1f}"
-              f"{median(speedups):>7.2f}x {spread(speedups, '.2f'):>9}{median(steps):>8.0f}{median(per_step):>9.1f}"
-              f"{median([start for _, start in pairs]):>9.1f}"
-              f"{', '.join(f'{n}/{questions}' for n in same) or '(reference)':>18}")  # fmt: skip
+        print(
+            f"{name:<20}{median(walls):>8.1f}{spread(walls):>13}{median([r.per_min for r in results]):>10.1f}"
+            f"{median(speedups):>7.2f}x {spread(speedups, '.2f'):>9}{median(steps):>8.0f}{median(per_step):>9.1f}"
+            f"{median([start for _, start in pairs]):>9.1f}"
+            f"{', '.join(f'{n}/{questions}' for n in same) or '(reference)':>18}"
+        )
     print("\n(wall: the stage's generation over all questions; start: the engine's, apart from it)")
     if len(defaults) > 1:
         counts = [differing(defaults[0], r) for r in defaults[1:]]
-        print("agent transcripts that differ between repeats of the default (batch numerics): "
-              f"{', '.join(map(str, counts))} of {questions}")
+        print(
+            "agent transcripts that differ between repeats of the default (batch numerics): "
+            f"{', '.join(map(str, counts))} of {questions}"
+        )
     for name, pairs in runs.items():
         results = [result for result, _ in pairs]
         if results[0].counters:
@@ -113,8 +119,10 @@ def print_report(runs: dict[str, list[tuple[Result, float]]], show_differences: 
             for default, (result, _) in zip(defaults, pairs):
                 for d in transcript_differences(default, result) if name != DEFAULT else []:
                     where = f"iteration {d.iteration}" if d.iteration is not None else "the transcript (rows agree)"
-                    print(f"  {name}, repeat {result.repeat}, {d.qid}, first differs at {where}:\n"
-                          f"    {'default:':<12}{d.a!r}\n    {name + ':':<12}{d.b!r}")  # fmt: skip
+                    print(
+                        f"  {name}, repeat {result.repeat}, {d.qid}, first differs at {where}:\n"
+                        f"    {'default:':<12}{d.a!r}\n    {name + ':':<12}{d.b!r}"
+                    )
 
 
 def main() -> None:
@@ -122,8 +130,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="questions per dataset (default: the config's data.limit)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of every lever, in alternating order")
     parser.add_argument("--levers", default=",".join(LEVERS), help=f"comma-separated subset of {', '.join(LEVERS)}")
-    parser.add_argument("--show-differences", action="store_true",
-                        help="list where each agent transcript that differs from the default's first differs")
+    parser.add_argument(
+        "--show-differences",
+        action="store_true",
+        help="list where each agent transcript that differs from the default's first differs",
+    )
     args = parser.parse_args()
     names = [name for name in args.levers.split(",") if name]
     if set(names) - set(LEVERS):

@@ -101,8 +101,12 @@ class OfflineBatchEngine:
 
     async def generate(self, request: GenerationRequest) -> Generation:
         prompt_ids, max_tokens = tokenized_request(self.tokenizer, request, self.max_model_len)
-        pending = _Pending(prompt_ids, sampling_params(request, max_tokens), request.logprobs,
-                           asyncio.get_running_loop().create_future())  # fmt: skip
+        pending = _Pending(
+            prompt_ids,
+            sampling_params(request, max_tokens),
+            request.logprobs,
+            asyncio.get_running_loop().create_future(),
+        )
         self._pending.append(pending)
         self._run_if_complete()
         return await pending.future
@@ -124,7 +128,7 @@ class OfflineBatchEngine:
             outputs = await asyncio.to_thread(self._generate, [p.prompt_ids for p in batch], [p.params for p in batch])
             if len(outputs) != len(batch):
                 raise RuntimeError(f"{len(outputs)} outputs for {len(batch)} prompts")
-        except Exception as exc:  # the call failed: so did every request in it
+        except Exception as exc:  # noqa: BLE001 - the call failed: so did every request in it
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(EngineError(f"vLLM LLM.generate failed: {type(exc).__name__}: {exc}"))
@@ -134,7 +138,7 @@ class OfflineBatchEngine:
                 continue
             try:
                 p.future.set_result(to_generation(output, p.logprobs))
-            except Exception as exc:  # its caller gets it, as from the async engine's generate
+            except Exception as exc:  # noqa: BLE001 - its caller gets it, as from the async engine's generate
                 p.future.set_exception(exc)
 
     def _generate(self, prompt_ids: list[list[int]], params: list[Any]) -> list[Any]:

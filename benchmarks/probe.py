@@ -66,14 +66,13 @@ from typing import Any
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-
 from raypipe.agents import TrajectoryOutput
 from raypipe.core.config import RunConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.data.loaders import load_datasets
 from raypipe.llm.base import Generation, GenerationRequest
 
+REPO = Path(__file__).resolve().parents[1]
 log = logging.getLogger("benchmarks.probe")
 
 
@@ -113,7 +112,7 @@ class MemorySampler:
             self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "MemorySampler":
+    def __enter__(self) -> MemorySampler:
         self._thread.start()
         return self
 
@@ -267,6 +266,7 @@ def run_variant(name: str, repeat: int, config: RunConfig, questions, engine, in
     asyncio.run(engine.reset_prefix_cache())
     shared = SharedEngine(engine, reprefill=name == "sequential")
     if name in LOCKSTEP:
+
         async def lock_step():
             parties = len(questions)
             barrier = engine.lockstep_barrier(parties) if name == OFFLINE else TurnBarrier(parties)
@@ -282,15 +282,29 @@ def run_variant(name: str, repeat: int, config: RunConfig, questions, engine, in
         cpu, steal, started = tree_cpu_seconds(), steal_seconds(), time.perf_counter()
         outputs = stage.run(questions)
         stage.close()
-    result = Result(name, repeat, time.perf_counter() - started, outputs, shared,
-                    cpu_s=tree_cpu_seconds() - cpu, steal_s=steal_seconds() - steal)  # fmt: skip
+    result = Result(
+        name,
+        repeat,
+        time.perf_counter() - started,
+        outputs,
+        shared,
+        cpu_s=tree_cpu_seconds() - cpu,
+        steal_s=steal_seconds() - steal,
+    )
     if name == OFFLINE:
         result.batches = list(engine.batch_sizes)
     result.limits = scheduler_limits(engine)
     after = settled_counters()
     if before is not None and after is not None:
         result.counters = {key: after[key] - before[key] for key in after}
-    log.info("%s (repeat %d): %d trajectories in %.1f s (%.1f/min)", name, repeat, len(outputs), result.wall_s, result.per_min)
+    log.info(
+        "%s (repeat %d): %d trajectories in %.1f s (%.1f/min)",
+        name,
+        repeat,
+        len(outputs),
+        result.wall_s,
+        result.per_min,
+    )
     return result
 
 
@@ -361,11 +375,16 @@ def counter_problems(result: Result) -> list[str] | None:
         "requests": result.engine.requests,  # generate calls the run made
     }
     where = f"{result.name} (repeat {result.repeat})"
-    problems = [f"{where}: {key} {rows[key]:,.0f} in the rows, {engine[key]:,.0f} by the engine"
-                for key in ("prompt", "cached", "requests") if rows[key] != engine[key]]  # fmt: skip
+    problems = [
+        f"{where}: {key} {rows[key]:,.0f} in the rows, {engine[key]:,.0f} by the engine"
+        for key in ("prompt", "cached", "requests")
+        if rows[key] != engine[key]
+    ]
     if rows["generated"] > engine["generated"]:
-        problems.append(f"{where}: generated {rows['generated']:,.0f} in the rows, more than the engine's "
-                        f"{engine['generated']:,.0f}")
+        problems.append(
+            f"{where}: generated {rows['generated']:,.0f} in the rows, more than the engine's "
+            f"{engine['generated']:,.0f}"
+        )
     return problems
 
 
@@ -374,10 +393,12 @@ def step_summary(runs: list[Result]) -> str:
     (a step's wall time is the run's wall over its steps, retrieval waits included)."""
     steps = [r.counters["steps"] for r in runs]
     computed = [r.counters["prompt"] - r.counters["cached"] + r.counters["generated"] for r in runs]
-    return (f"{median(steps):,.0f} per run ({spread(steps, ',.0f')}), "
-            f"{median([c / s for c, s in zip(computed, steps)]):.1f} tokens computed per step, "
-            f"{median([r.wall_s / s * 1000 for r, s in zip(runs, steps)]):.1f} ms of wall per step, "
-            f"{median([r.counters['preemptions'] for r in runs]):.0f} preemptions")  # fmt: skip
+    return (
+        f"{median(steps):,.0f} per run ({spread(steps, ',.0f')}), "
+        f"{median([c / s for c, s in zip(computed, steps)]):.1f} tokens computed per step, "
+        f"{median([r.wall_s / s * 1000 for r, s in zip(runs, steps)]):.1f} ms of wall per step, "
+        f"{median([r.counters['preemptions'] for r in runs]):.0f} preemptions"
+    )
 
 
 def tree_cpu_seconds(root: psutil.Process | None = None) -> float:
@@ -402,8 +423,10 @@ def steal_seconds() -> float:
 def cpu_summary(runs: list[Result]) -> str:
     """CPU seconds of the process tree and the machine's steal per run, median and range over the runs."""
     cpu, steal = [r.cpu_s for r in runs], [r.steal_s for r in runs]
-    return (f"{median(cpu):.1f} CPU s of the process tree ({spread(cpu)}), "
-            f"{median(steal):.1f} s stolen from the machine ({spread(steal)})")  # fmt: skip
+    return (
+        f"{median(cpu):.1f} CPU s of the process tree ({spread(cpu)}), "
+        f"{median(steal):.1f} s stolen from the machine ({spread(steal)})"
+    )
 
 
 def median(values: list[float]) -> float:
@@ -447,8 +470,11 @@ def transcript_differences(a: Result, b: Result) -> list[Difference]:
         other = tb.get(qid, "")
         if transcript == other:
             continue
-        pairs = list(zip_longest((r["reasoning"] for r in rows_a[qid]), (r["reasoning"] for r in rows_b.get(qid, [])),
-                                 fillvalue=""))  # fmt: skip
+        pairs = list(
+            zip_longest(
+                (r["reasoning"] for r in rows_a[qid]), (r["reasoning"] for r in rows_b.get(qid, [])), fillvalue=""
+            )
+        )
         iteration = next((i for i, (x, y) in enumerate(pairs) if x != y), None)
         x, y = (transcript, other) if iteration is None else pairs[iteration]
         out.append(Difference(qid, iteration, *first_difference(x, y)))
@@ -649,8 +675,10 @@ def step_check(runs: list[Result], schedule: str, concurrency: int | None, toler
     pairs = [(modelled_steps(iteration_rows(r), schedule, r.limits, concurrency), r.counters["steps"]) for r in runs]
     worst = max(abs(m - c) / c if c else float(m != c) for m, c in pairs)
     verdict = "ok" if worst <= tolerance else "MISMATCH"
-    return (f"{', '.join(f'{m:,.0f}/{c:,.0f}' for m, c in pairs)} modelled/counted per run, off by at most "
-            f"{worst:.1%}: {verdict} (tolerance {tolerance:.0%})")
+    return (
+        f"{', '.join(f'{m:,.0f}/{c:,.0f}' for m, c in pairs)} modelled/counted per run, off by at most "
+        f"{worst:.1%}: {verdict} (tolerance {tolerance:.0%})"
+    )
 
 
 def iteration_rows(result: Result) -> list[dict]:
@@ -681,18 +709,23 @@ def print_report(
     for r in results:
         by_name.setdefault(r.name, []).append(r)
     first = results[0]
-    starts = ", ".join(f"{kind} started {len(seconds)}x, {median(seconds):.1f} s"
-                       for kind, seconds in engine_starts.items() if seconds)  # fmt: skip
+    starts = ", ".join(
+        f"{kind} started {len(seconds)}x, {median(seconds):.1f} s" for kind, seconds in engine_starts.items() if seconds
+    )
     from first_run import cpu_description  # benchmarks/: the script's own folder
 
     model, flags, cores = cpu_description()
     print(f"\nCPU: {model}; {cores} cores; flags: {flags}")
-    print(f"{first.questions} questions ({', '.join(config.data.datasets)}), model {config.engine.model} on "
-          f"{config.engine.backend} ({starts}), enforcement "
-          f"{config.agent.enforcement}, protocol {config.agent.protocol}, {len(by_name[first.name])} repeats; "
-          "per trajectory: median over repeats\n")  # fmt: skip
-    head = (f"{'run':<18}{'n':>4}{'wall s':>8}{'(range)':>13}{'traj/min':>10}{'gen tok/s':>10}{'prompt tok':>11}"
-            f"{'cached':>8}{'prefilled':>10}{'turn tok':>9}{'probe tok':>10}{'retr s':>8}{'engine s':>9}{'F1':>7}")  # fmt: skip
+    print(
+        f"{first.questions} questions ({', '.join(config.data.datasets)}), model {config.engine.model} on "
+        f"{config.engine.backend} ({starts}), enforcement "
+        f"{config.agent.enforcement}, protocol {config.agent.protocol}, {len(by_name[first.name])} repeats; "
+        "per trajectory: median over repeats\n"
+    )
+    head = (
+        f"{'run':<18}{'n':>4}{'wall s':>8}{'(range)':>13}{'traj/min':>10}{'gen tok/s':>10}{'prompt tok':>11}"
+        f"{'cached':>8}{'prefilled':>10}{'turn tok':>9}{'probe tok':>10}{'retr s':>8}{'engine s':>9}{'F1':>7}"
+    )
     print(head)
     print("-" * len(head))
     for name, runs in by_name.items():
@@ -705,14 +738,20 @@ def print_report(
         prompt = median([r.total("prompt_tokens") for r in runs])
         cached = median([r.total("cached_tokens") for r in runs])
         gen_rate = median([(r.total("tokens_generated") + r.total("probe_tokens")) / r.wall_s for r in runs])
-        engine_s = "null" if all(o.trajectory["engine_s"] is None for o in runs[0].outputs) else f"{per('engine_s'):.2f}"
+        engine_s = (
+            "null" if all(o.trajectory["engine_s"] is None for o in runs[0].outputs) else f"{per('engine_s'):.2f}"
+        )
         f1 = median([sum(o.trajectory["final_f1"] for o in r.outputs) / n for r in runs])
-        print(f"{name:<18}{n:>4}{median(walls):>8.1f}{spread(walls):>13}{median([r.per_min for r in runs]):>10.1f}"
-              f"{gen_rate:>10.1f}{per('prompt_tokens'):>11.0f}{cached / prompt if prompt else 0:>8.0%}"
-              f"{per('prefilled_tokens'):>10.0f}{per('tokens_generated'):>9.1f}{per('probe_tokens'):>10.1f}"
-              f"{per('retrieval_s'):>8.2f}{engine_s:>9}{f1:>7.3f}")  # fmt: skip
-    print("\n(engine s: seconds from a request's first scheduling to its last token, summed over its requests; "
-          "concurrent requests overlap)\n")
+        print(
+            f"{name:<18}{n:>4}{median(walls):>8.1f}{spread(walls):>13}{median([r.per_min for r in runs]):>10.1f}"
+            f"{gen_rate:>10.1f}{per('prompt_tokens'):>11.0f}{cached / prompt if prompt else 0:>8.0%}"
+            f"{per('prefilled_tokens'):>10.0f}{per('tokens_generated'):>9.1f}{per('probe_tokens'):>10.1f}"
+            f"{per('retrieval_s'):>8.2f}{engine_s:>9}{f1:>7.3f}"
+        )
+    print(
+        "\n(engine s: seconds from a request's first scheduling to its last token, summed over its requests; "
+        "concurrent requests overlap)\n"
+    )
 
     def ratio(a: str, b: str, label: str, target: str, invert: bool = False) -> None:
         if a not in by_name or b not in by_name:
@@ -722,76 +761,117 @@ def print_report(
         print(f"{label}: {median(values):.2f}x (repeats {spread(values, '.2f')})   ({target})")
 
     ratio("probe", "turn-sync", "trajectories/min of the stage over the turn-synchronous baseline", "target >= 1.25x")
-    ratio("probe", OFFLINE, "trajectories/min of the stage over the peers' own design (turn-synchronous on vLLM's "
-          "offline LLM)", "target >= 1.25x")  # fmt: skip
+    ratio(
+        "probe",
+        OFFLINE,
+        "trajectories/min of the stage over the peers' own design (turn-synchronous on vLLM's offline LLM)",
+        "target >= 1.25x",
+    )
     modelled = {name: runs for name, runs in by_name.items() if all(r.limits and r.counters for r in runs)}
     for name in LOCKSTEP:
         if name not in by_name:
             continue
         fills = [lockstep_fill(iteration_rows(r)) for r in by_name[name]]
-        print(f"{name}: decode slots the barrier leaves filled (tokens / longest x trajectories, per turn and phase): "
-              f"{median(fills):.0%} (repeats {spread([f * 100 for f in fills], '.0f')} %)")  # fmt: skip
+        print(
+            f"{name}: decode slots the barrier leaves filled (tokens / longest x trajectories, per turn and phase): "
+            f"{median(fills):.0%} (repeats {spread([f * 100 for f in fills], '.0f')} %)"
+        )
         if name in modelled:
             concurrency = schedule_of("probe", config)[1]
-            gains = [modelled_gain(iteration_rows(r), r.limits, LOCKSTEP_SCHEDULE, OVERLAP, concurrency)
-                     for r in by_name[name]]  # fmt: skip
-            print(f"{name}: engine steps under the barrier over those of the stage's schedule (probes beside the next "
-                  f"turns), modelled on its rows with prefill: {median(gains):.2f}x (repeats {spread(gains, '.2f')})")
+            gains = [
+                modelled_gain(iteration_rows(r), r.limits, LOCKSTEP_SCHEDULE, OVERLAP, concurrency)
+                for r in by_name[name]
+            ]
+            print(
+                f"{name}: engine steps under the barrier over those of the stage's schedule (probes beside the next "
+                f"turns), modelled on its rows with prefill: {median(gains):.2f}x (repeats {spread(gains, '.2f')})"
+            )
     if "probe-first" in modelled:
         runs = by_name["probe-first"]
         concurrency = schedule_of("probe-first", config)[1]
         gains = [modelled_gain(iteration_rows(r), r.limits, PROBE_FIRST, OVERLAP, concurrency) for r in runs]
-        print(f"probe-first: engine steps with each probe before its next turn over those with the probes beside, "
-              f"modelled on its rows with prefill: {median(gains):.2f}x (repeats {spread(gains, '.2f')})")
+        print(
+            f"probe-first: engine steps with each probe before its next turn over those with the probes beside, "
+            f"modelled on its rows with prefill: {median(gains):.2f}x (repeats {spread(gains, '.2f')})"
+        )
     for slow in (OFFLINE, "turn-sync", "probe-first", "no-probe"):
         if "probe" in modelled and slow in modelled:
             ratios = counted_ratio(by_name["probe"], by_name[slow], "steps")
             print(f"engine steps counted, {slow} over probe: {median(ratios):.2f}x (repeats {spread(ratios, '.2f')})")
     if modelled:
-        print("(a step ratio is the ratio of engine time only where a step costs the same whatever it holds, a GPU "
-              "below saturation at the same scheduler limits; searches and the host's own time do not shrink with it. "
-              "On a CPU a step costs what it computes: see the ms per step below)")  # fmt: skip
+        print(
+            "(a step ratio is the ratio of engine time only where a step costs the same whatever it holds, a GPU "
+            "below saturation at the same scheduler limits; searches and the host's own time do not shrink with it. "
+            "On a CPU a step costs what it computes: see the ms per step below)"
+        )
     if OFFLINE in by_name:
         calls = [f"{len(r.batches)} for {sum(r.batches)} requests (largest {max(r.batches)})" for r in by_name[OFFLINE]]
         print(f"{OFFLINE}: LLM.generate calls per repeat: {'; '.join(calls)}")
-    ratio("probe-subset", "sequential", "trajectories/min of the stage over the sequential baseline (same questions)",
-          "target >= 5x")  # fmt: skip
+    ratio(
+        "probe-subset",
+        "sequential",
+        "trajectories/min of the stage over the sequential baseline (same questions)",
+        "target >= 5x",
+    )
     ratio("probe", "no-probe", "probing overhead (wall with probing / without)", "target <= 1.10x", invert=True)
-    ratio("probe-first", "no-probe", "probing overhead with each probe before its next turn", "for comparison",
-          invert=True)  # fmt: skip
+    ratio(
+        "probe-first",
+        "no-probe",
+        "probing overhead with each probe before its next turn",
+        "for comparison",
+        invert=True,
+    )
     if "probe" in modelled and "no-probe" in modelled:
         probe, plain = by_name["probe"], by_name["no-probe"]
         computed, steps = counted_ratio(plain, probe, "computed"), counted_ratio(plain, probe, "steps")
-        print(f"engine work with probing / without, by the engine's counters: tokens computed {median(computed):.2f}x "
-              f"(repeats {spread(computed, '.2f')}) in {median(steps):.2f}x the steps (repeats {spread(steps, '.2f')})")
-    pairs = [("probe", "no-probe"), ("probe", "probe-first"), ("probe", "turn-sync"), ("probe", OFFLINE), ("turn-sync", OFFLINE),
-             ("probe-subset", "sequential")]  # fmt: skip
+        print(
+            f"engine work with probing / without, by the engine's counters: tokens computed {median(computed):.2f}x "
+            f"(repeats {spread(computed, '.2f')}) in {median(steps):.2f}x the steps (repeats {spread(steps, '.2f')})"
+        )
+    pairs = [
+        ("probe", "no-probe"),
+        ("probe", "probe-first"),
+        ("probe", "turn-sync"),
+        ("probe", OFFLINE),
+        ("turn-sync", OFFLINE),
+        ("probe-subset", "sequential"),
+    ]
     for a, b in pairs:
         if a in by_name and b in by_name:
             counts = [differing(x, y) for x, y in zip(by_name[a], by_name[b])]
-            print(f"agent transcripts that differ, {a} vs {b}: {', '.join(map(str, counts))} of {by_name[a][0].questions} per repeat")
+            print(
+                f"agent transcripts that differ, {a} vs {b}: {', '.join(map(str, counts))} of "
+                f"{by_name[a][0].questions} per repeat"
+            )
             if show_differences:
                 for x, y in zip(by_name[a], by_name[b]):
                     for d in transcript_differences(x, y):
                         where = f"iteration {d.iteration}" if d.iteration is not None else "the transcript (rows agree)"
-                        print(f"  repeat {x.repeat}, {d.qid}, first differs at {where}:\n"
-                              f"    {a + ':':<19}{d.a!r}\n    {b + ':':<19}{d.b!r}")  # fmt: skip
+                        print(
+                            f"  repeat {x.repeat}, {d.qid}, first differs at {where}:\n"
+                            f"    {a + ':':<19}{d.a!r}\n    {b + ':':<19}{d.b!r}"
+                        )
     if len(by_name.get("probe", [])) > 1:
         runs = by_name["probe"]
         counts = [differing(runs[0], r) for r in runs[1:]]
         print(f"agent transcripts that differ between repeats of probe (batch numerics): {', '.join(map(str, counts))}")
     unrecorded = [r for r in results if r.engine.prompt != r.iteration_total("prompt_tokens")]
-    print("prompt tokens of the engine's answers = those in the rows: "
-          f"{'yes' if not unrecorded else 'no (failed turns have no row)'}")
+    print(
+        "prompt tokens of the engine's answers = those in the rows: "
+        f"{'yes' if not unrecorded else 'no (failed turns have no row)'}"
+    )
     for name, runs in by_name.items():
         checks = [counter_problems(r) for r in runs]
         if any(c is None for c in checks):
-            print(f"rows against the engine's own counters, {name}: not checked "
-                  f"({config.engine.backend} keeps none here)")
+            print(
+                f"rows against the engine's own counters, {name}: not checked ({config.engine.backend} keeps none here)"
+            )
             continue
         problems = [p for c in checks for p in c]
-        print(f"rows against the engine's own counters (prompt, cached, requests equal; generated at most), {name}: "
-              f"{'yes' if not problems else 'NO: ' + '; '.join(problems[:3])}")
+        print(
+            f"rows against the engine's own counters (prompt, cached, requests equal; generated at most), {name}: "
+            f"{'yes' if not problems else 'NO: ' + '; '.join(problems[:3])}"
+        )
         print(f"engine steps, {name}: {step_summary(runs)}")
         if name in modelled:
             check = step_check(runs, *schedule_of(name, config))
@@ -836,19 +916,32 @@ def open_index(config: RunConfig):
     from raypipe.runtime.retrieval import open_replica
 
     retrieval = config.retrieval
-    return open_replica(str(ensure_index(config, use_ray=False)), encoder_spec(retrieval), search_params(retrieval),
-                        retrieval.search_threads)  # fmt: skip
+    return open_replica(
+        str(ensure_index(config, use_ray=False)),
+        encoder_spec(retrieval),
+        search_params(retrieval),
+        retrieval.search_threads,
+    )
 
 
 def main() -> None:
     parser = job_parser(__doc__)
     parser.add_argument("--limit", type=int, help="questions per dataset (default: the config's data.limit)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of every variant, in alternating order")
-    parser.add_argument("--sequential-questions", type=int, default=0,
-                        help="also run the sequential baseline (and the stage) on this many of the questions (slow)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {', '.join(VARIANTS)}")
-    parser.add_argument("--show-differences", action="store_true",
-                        help="list where each differing agent transcript first differs between variants")
+    parser.add_argument(
+        "--sequential-questions",
+        type=int,
+        default=0,
+        help="also run the sequential baseline (and the stage) on this many of the questions (slow)",
+    )
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {', '.join(VARIANTS)}"
+    )
+    parser.add_argument(
+        "--show-differences",
+        action="store_true",
+        help="list where each differing agent transcript first differs between variants",
+    )
     parser.add_argument("--job", action="store_true", help="also run jobs/probe.py and measure it")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
@@ -876,12 +969,16 @@ def main() -> None:
     order = {name: i for i, (name, _) in enumerate(plan)}
     results.sort(key=lambda r: (order[r.name], r.repeat))
     print_report(results, config, engines.starts, args.show_differences)
-    print(f"peak memory of the process tree: {gib(memory.peak_pss)} PSS ({gib(memory.peak_rss)} summed RSS)"
-          "   (target < 8 GB)")
+    print(
+        f"peak memory of the process tree: {gib(memory.peak_pss)} PSS ({gib(memory.peak_rss)} summed RSS)"
+        "   (target < 8 GB)"
+    )
     if args.job:
         wall, job_memory, code = run_job(args, [*args.overrides, *extra])
-        print(f"jobs/probe.py: exit {code}, wall {wall:.1f} s, peak memory {gib(job_memory.peak_pss)} PSS "
-              f"({gib(job_memory.peak_rss)} summed RSS)")
+        print(
+            f"jobs/probe.py: exit {code}, wall {wall:.1f} s, peak memory {gib(job_memory.peak_pss)} PSS "
+            f"({gib(job_memory.peak_rss)} summed RSS)"
+        )
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ def search_rate(retriever: LocalRetriever, queries: list[str], batch: int, k: in
 def service_rate(config: RunConfig, index_path, queries: list[str], k: int, callers: int = 64) -> float:
     client = start_retrieval_service(config, index_path)
     try:
+
         async def burst(qs):
             return await asyncio.gather(*(client.search([q], k) for q in qs))
 
@@ -132,8 +133,10 @@ def bench_service_paths(config: RunConfig, args) -> list[dict]:
     try:
         job_client = HttpRetriever.from_config(cfg.model_copy(update={"url": url}))
         rows.append(measure("Serve deployment, raypipe HTTP client", lambda c, qs, k: job_client.search(qs, k)))
-        outside = [HttpRetriever(url, cfg.http_timeout_s, cfg.http_retries, max_batch_size=1, max_wait_ms=0)
-                   for _ in range(max(CLIENTS))]  # fmt: skip
+        outside = [
+            HttpRetriever(url, cfg.http_timeout_s, cfg.http_retries, max_batch_size=1, max_wait_ms=0)
+            for _ in range(max(CLIENTS))
+        ]
         rows.append(measure("Serve deployment, one POST per query", lambda c, qs, k: outside[c].search(qs, k)))
     finally:
         undeploy_retrieval(config)
@@ -150,7 +153,9 @@ def print_service_table(rows: list[dict], passages: int) -> None:
         print(f"| {row['path']} | " + " | ".join(cells) + " |")
     base = rows[0][max(CLIENTS)]["qps"]
     for row in rows[1:]:
-        print(f"\n{row['path']}: {row[max(CLIENTS)]['qps'] / base:.2f}x the in-job throughput at {max(CLIENTS)} clients")
+        print(
+            f"\n{row['path']}: {row[max(CLIENTS)]['qps'] / base:.2f}x the in-job throughput at {max(CLIENTS)} clients"
+        )
 
 
 def bench_config(base: RunConfig, encoder: str, force: bool) -> RunConfig:
@@ -181,8 +186,9 @@ def bench_encoder(base: RunConfig, encoder: str, args) -> dict:
         "vectors": vector_source(idx.manifest),
         "passages": idx.manifest["count"],
         "encode_cpu_s": build.get("encode_cpu_seconds"),
-        "build_s": build_wall if args.force else sum(v for k, v in build.items()
-                                                      if k.endswith("_seconds") and k != "encode_cpu_seconds"),
+        "build_s": build_wall
+        if args.force
+        else sum(v for k, v in build.items() if k.endswith("_seconds") and k != "encode_cpu_seconds"),
         "build_from": "this run" if args.force else "manifest",
         "encode_s": build.get("encode_seconds"),
     }
@@ -235,8 +241,13 @@ def print_table(rows: list[dict]) -> None:
     add("index build s (" + rows[0]["build_from"] + ")", [f"{r['build_s']:.0f}" for r in rows])
     add("  of which encoding s", [f"{r['encode_s'] or 0:.0f}" for r in rows])
     add("  encoder CPU-s (build)", [f"{r['encode_cpu_s']:.0f}" if r["encode_cpu_s"] else "-" for r in rows])
-    add("  passages per CPU-s (build)", [f"{r['passages'] / r['encode_cpu_s']:.1f}" if r["encode_cpu_s"] else "-" for r in rows])
-    add("  encoder CPU-min / 2 cores", [f"{r['encode_cpu_s'] / 2 / 60:.1f}" if r["encode_cpu_s"] else "-" for r in rows])
+    add(
+        "  passages per CPU-s (build)",
+        [f"{r['passages'] / r['encode_cpu_s']:.1f}" if r["encode_cpu_s"] else "-" for r in rows],
+    )
+    add(
+        "  encoder CPU-min / 2 cores", [f"{r['encode_cpu_s'] / 2 / 60:.1f}" if r["encode_cpu_s"] else "-" for r in rows]
+    )
     for batch in (1, 32, 256):
         add(f"search q/s, batch {batch} (in-process)", [f"{r[f'qps@{batch}']:.0f}" for r in rows])
     if "qps_service" in rows[0]:
@@ -252,17 +263,23 @@ def print_table(rows: list[dict]) -> None:
 
 def main() -> None:
     parser = job_parser(__doc__)
-    parser.add_argument("--encoders", default=None,
-                        help="comma-separated encoders, NAME or NAME@QUANTIZATION (minilm@none,minilm@int8); "
-                             "default: retrieval.encoder")
+    parser.add_argument(
+        "--encoders",
+        default=None,
+        help="comma-separated encoders, NAME or NAME@QUANTIZATION (minilm@none,minilm@int8); "
+        "default: retrieval.encoder",
+    )
     parser.add_argument("--sample", type=int, default=1024, help="passages encoded to measure encode speed")
     parser.add_argument("--limit", type=int, default=None, help="questions per dataset for recall (default all)")
     parser.add_argument("--threads", type=int, default=None, help="encoder threads (default: library default)")
     parser.add_argument("--force", action="store_true", help="rebuild the indexes (times the build)")
     parser.add_argument("--no-service", action="store_true", help="skip the Ray service measurement")
     parser.add_argument("--no-ray", action="store_true", help="build in-process and skip the service (no Ray)")
-    parser.add_argument("--service-paths", action="store_true",
-                        help="only compare the in-job actor service with the Serve deployment at 1, 8, 64 clients")
+    parser.add_argument(
+        "--service-paths",
+        action="store_true",
+        help="only compare the in-job actor service with the Serve deployment at 1, 8, 64 clients",
+    )
     parser.add_argument("--service-seconds", type=float, default=10.0, help="measuring time per path and client count")
     parser.add_argument("--port", type=int, default=8000, help="the deployment's HTTP port (--service-paths)")
     args = parser.parse_args()

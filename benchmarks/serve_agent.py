@@ -198,9 +198,15 @@ async def open_loop(send: Send, questions: list[Question], times: list[float], c
 
 def sender(client: httpx.AsyncClient, url: str, policy: dict, name: str) -> Send:
     async def send(question: Question) -> tuple[int, dict | None]:
-        reply = await client.post(f"{url}/v1/answer", json={
-            "question": question.question, "golden_answers": question.golden_answers, "dataset": question.dataset,
-            "policy": policy})  # fmt: skip
+        reply = await client.post(
+            f"{url}/v1/answer",
+            json={
+                "question": question.question,
+                "golden_answers": question.golden_answers,
+                "dataset": question.dataset,
+                "policy": policy,
+            },
+        )
         if reply.status_code not in (200, 429, 503):
             log.warning("%s: HTTP %d %s", name, reply.status_code, reply.text[:200])
         return reply.status_code, reply.json() if reply.status_code == 200 else None
@@ -242,39 +248,50 @@ def print_table(runs: list[Run], warmup: float) -> None:
     def p(group: list[Run], q: float) -> list[float | None]:
         return [percentile(r.latencies, q) for r in group]
 
-    header = (f"{'loop':<6} {'load':>9} {'policy':<10} {'sent':>11} {'answered':>11} {'refused':>9} "
-              f"{'answers/min':>18} {'p50 s':>17} {'p95 s':>17} {'p99 s':>17} {'iters':>5} {'gen tok':>7} "
-              f"{'prefill':>7} {'F1':>5}  vs natural: ans/min / p50")  # fmt: skip
+    header = (
+        f"{'loop':<6} {'load':>9} {'policy':<10} {'sent':>11} {'answered':>11} {'refused':>9} "
+        f"{'answers/min':>18} {'p50 s':>17} {'p95 s':>17} {'p99 s':>17} {'iters':>5} {'gen tok':>7} "
+        f"{'prefill':>7} {'F1':>5}  vs natural: ans/min / p50"
+    )
     print(header)
     print("-" * len(header))
     for (mode, load, policy), group in points.items():
         natural = points.get((mode, load, "natural"))
         vs = ""
         if natural is not None and natural is not group:
-            vs = (f"{saving(middle(rate(group)), middle(rate(natural)), True)} / "
-                  f"{saving(middle(p(group, 50)), middle(p(natural, 50)))}")
+            vs = (
+                f"{saving(middle(rate(group)), middle(rate(natural)), True)} / "
+                f"{saving(middle(p(group, 50)), middle(p(natural, 50)))}"
+            )
         where = f"{load:g} clients" if mode == "closed" else f"{load:.2f}/min"
-        print(f"{mode:<6} {where:>9} {policy:<10} {median_range([len(r.requests) for r in group], '.0f'):>11} "
-              f"{median_range([len(r.answers) for r in group], '.0f'):>11} "
-              f"{median_range([r.refused for r in group], '.0f'):>9} {median_range(rate(group), '.2f'):>18} "
-              f"{median_range(p(group, 50), '.1f'):>17} {median_range(p(group, 95), '.1f'):>17} "
-              f"{median_range(p(group, 99), '.1f'):>17} {per_answer(group, lambda a: a['iterations']):>5.2f} "
-              f"{per_answer(group, lambda a: a['cost']['generated_tokens']):>7.1f} "
-              f"{per_answer(group, lambda a: a['cost']['prefilled_tokens'] or 0):>7.1f} "
-              f"{per_answer(group, lambda a: a['f1'] or 0.0):>5.3f}  {vs}")  # fmt: skip
+        print(
+            f"{mode:<6} {where:>9} {policy:<10} {median_range([len(r.requests) for r in group], '.0f'):>11} "
+            f"{median_range([len(r.answers) for r in group], '.0f'):>11} "
+            f"{median_range([r.refused for r in group], '.0f'):>9} {median_range(rate(group), '.2f'):>18} "
+            f"{median_range(p(group, 50), '.1f'):>17} {median_range(p(group, 95), '.1f'):>17} "
+            f"{median_range(p(group, 99), '.1f'):>17} {per_answer(group, lambda a: a['iterations']):>5.2f} "
+            f"{per_answer(group, lambda a: a['cost']['generated_tokens']):>7.1f} "
+            f"{per_answer(group, lambda a: a['cost']['prefilled_tokens'] or 0):>7.1f} "
+            f"{per_answer(group, lambda a: a['f1'] or 0.0):>5.3f}  {vs}"
+        )
     failed = sum(r.failed for r in runs)
-    print(f"\n(median (range) over repeats; answers/min over the steady-state window: from the completion that ends "
-          f"the first {warmup:.0%} of the requests to the last request sent; a percentile of one repeat's latencies "
-          "only where it has enough answers (p50 >= 2, p95 >= 20, p99 >= 100), [k/n]: shown in k of n repeats; "
-          f"iterations, tokens and F1 per answer over all repeats; failed requests: {failed})")  # fmt: skip
+    print(
+        f"\n(median (range) over repeats; answers/min over the steady-state window: from the completion that ends "
+        f"the first {warmup:.0%} of the requests to the last request sent; a percentile of one repeat's latencies "
+        "only where it has enough answers (p50 >= 2, p95 >= 20, p99 >= 100), [k/n]: shown in k of n repeats; "
+        f"iterations, tokens and F1 per answer over all repeats; failed requests: {failed})"
+    )
 
 
 def capacity(runs: list[Run], policy: str, warmup: float) -> float | None:
     """The policy's capacity: the highest median throughput of its closed-loop points."""
     best = None
     for load in sorted({r.load for r in runs if r.mode == "closed" and r.policy == policy}):
-        rates = [throughput(r.requests, steady_window(r.requests, warmup))
-                 for r in runs if r.mode == "closed" and r.policy == policy and r.load == load]  # fmt: skip
+        rates = [
+            throughput(r.requests, steady_window(r.requests, warmup))
+            for r in runs
+            if r.mode == "closed" and r.policy == policy and r.load == load
+        ]
         rates = [x for x in rates if x is not None]
         if rates and (best is None or statistics.median(rates) > best):
             best = statistics.median(rates)
@@ -288,18 +305,23 @@ def floats(text: str) -> list[float]:
 def main() -> None:
     parser = job_parser(__doc__)
     parser.add_argument("--clients", default="1,4,16", help="closed-loop clients per point, comma-separated")
-    parser.add_argument("--load-factors", default="0.5,1,1.5",
-                        help="open-loop rates as multiples of the policy's closed-loop capacity, comma-separated")
+    parser.add_argument(
+        "--load-factors",
+        default="0.5,1,1.5",
+        help="open-loop rates as multiples of the policy's closed-loop capacity, comma-separated",
+    )
     parser.add_argument("--rates", help="open-loop rates per minute for every policy instead of --load-factors")
     parser.add_argument("--requests", type=int, default=MIN_REQUESTS, help="requests per point and repeat")
     parser.add_argument("--repeats", type=int, default=MIN_REPEATS, help="runs of every point and policy")
-    parser.add_argument("--questions", type=int, default=MIN_REQUESTS,
-                        help="distinct questions, cycled over the requests")
+    parser.add_argument(
+        "--questions", type=int, default=MIN_REQUESTS, help="distinct questions, cycled over the requests"
+    )
     parser.add_argument("--warmup", type=float, default=0.1, help="share of a run's requests left out as warm-up")
     parser.add_argument("--cap", type=int, default=1, help="k of the Cap@k policy (default 1)")
     parser.add_argument("--bundle", metavar="PATH", help="predictor bundle (raypipe train): adds the heuristic policy")
-    parser.add_argument("--stoprag", metavar="PATH",
-                        help="Stop-RAG Q-network (raypipe stoprag): adds the stoprag policy")
+    parser.add_argument(
+        "--stoprag", metavar="PATH", help="Stop-RAG Q-network (raypipe stoprag): adds the stoprag policy"
+    )
     parser.add_argument("--port", type=int, default=8011)
     parser.add_argument("--seed", type=int, default=0, help="seed of the open loop's arrival times")
     args = parser.parse_args()
@@ -373,13 +395,15 @@ def main() -> None:
 
     model, flags, cores = cpu_description()
     print(f"\nCPU: {model}, {cores} logical cores, flags: {flags or 'no AVX2/AVX-512/AMX flags'}")
-    print(f"{args.requests} requests per point ({len(set(q.qid for q in questions))} distinct questions of "
-          f"{', '.join(config.data.datasets)}), {args.repeats} repeats; open loop: Poisson arrivals (seed {args.seed}) "
-          + (f"at {args.rates} per minute" if args.rates else f"at {args.load_factors} x each policy's capacity")
-          + f"; one replica (max_in_flight {config.serve_agent.max_in_flight}, max_queued "
-          f"{config.serve_agent.max_queued}); model {config.engine.model} on {config.engine.backend}, protocol "
-          f"{config.agent.protocol}, max_turns {config.agent.max_turns}; service start (engine and retrieval) "
-          f"{start_s:.0f} s\n")  # fmt: skip
+    print(
+        f"{args.requests} requests per point ({len({q.qid for q in questions})} distinct questions of "
+        f"{', '.join(config.data.datasets)}), {args.repeats} repeats; open loop: Poisson arrivals (seed {args.seed}) "
+        + (f"at {args.rates} per minute" if args.rates else f"at {args.load_factors} x each policy's capacity")
+        + f"; one replica (max_in_flight {config.serve_agent.max_in_flight}, max_queued "
+        f"{config.serve_agent.max_queued}); model {config.engine.model} on {config.engine.backend}, protocol "
+        f"{config.agent.protocol}, max_turns {config.agent.max_turns}; service start (engine and retrieval) "
+        f"{start_s:.0f} s\n"
+    )
     if args.requests < MIN_REQUESTS or args.repeats < MIN_REPEATS:
         print(f"SMOKE RUN, NOT A MEASUREMENT: fewer than {MIN_REQUESTS} requests per point or {MIN_REPEATS} repeats\n")
     print_table(runs, args.warmup)
@@ -391,8 +415,10 @@ def main() -> None:
     if not args.stoprag:
         print("stoprag policy: not run (no --stoprag PATH: a Q-network from `raypipe stoprag`)")
     if config.engine.model == "smollm2":
-        print("The embedded SmolLM2-135M checks the machinery, not the science: its answers and the controller's "
-              "predictions are near noise; Cap@k's saving is the certain one.")  # fmt: skip
+        print(
+            "The embedded SmolLM2-135M checks the machinery, not the science: its answers and the controller's "
+            "predictions are near noise; Cap@k's saving is the certain one."
+        )
 
 
 if __name__ == "__main__":

@@ -118,10 +118,17 @@ def service_rows(work: Path) -> list[Row]:
     corpus = work / "corpus.jsonl"
     with BUNDLED_CORPUS.open() as src:
         corpus.write_text("".join(next(src) for _ in range(PASSAGES)))
-    config = load_config("embedded", [
-        f"data.corpus={corpus}", f"retrieval.index_dir={work / 'index'}", "retrieval.deployment=raypipe-service-faults",
-        "retrieval.num_cpus=0", "retrieval.serve_max_body_bytes=1048576", "retrieval.serve_timeout_s=3",
-    ])  # fmt: skip
+    config = load_config(
+        "embedded",
+        [
+            f"data.corpus={corpus}",
+            f"retrieval.index_dir={work / 'index'}",
+            "retrieval.deployment=raypipe-service-faults",
+            "retrieval.num_cpus=0",
+            "retrieval.serve_max_body_bytes=1048576",
+            "retrieval.serve_timeout_s=3",
+        ],
+    )
     index = ensure_index(config, use_ray=False)
     local = LocalRetriever.open(index, encoder_spec(config.retrieval))
     docs = local.docs.get(range(0, PASSAGES, PASSAGES // GOOD_CLIENTS))
@@ -150,25 +157,41 @@ def bad_requests(config: RunConfig) -> list[tuple[str, Callable[[str], tuple[int
 
     words = " ".join(["retrieval"] * 400)
     return [
-        (f"{cfg.serve_max_queries + 1:,} queries in one request", post("/retrieve", {"queries": ["q"] * (cfg.serve_max_queries + 1)}), 413),
+        (
+            f"{cfg.serve_max_queries + 1:,} queries in one request",
+            post("/retrieve", {"queries": ["q"] * (cfg.serve_max_queries + 1)}),
+            413,
+        ),
         ("topk 10^12", post("/retrieve", {"queries": ["q"], "topk": 10**12}), 422),
-        (f"topk {cfg.serve_max_topk:,} on {PASSAGES} passages (all of them come back)",
-         post("/retrieve", {"queries": ["q"], "topk": cfg.serve_max_topk}), 200),
+        (
+            f"topk {cfg.serve_max_topk:,} on {PASSAGES} passages (all of them come back)",
+            post("/retrieve", {"queries": ["q"], "topk": cfg.serve_max_topk}),
+            200,
+        ),
         ("a 2 MiB body with its Content-Length", post("/retrieve", {"queries": ["x" * 2**21]}), 413),
         ("a 2 MiB body, chunked (no length)", post("/retrieve", {"queries": ["x" * 2**21]}, chunked=True), 413),
         ("malformed JSON", post("/retrieve", b'{"queries": ["unclosed"'), 422),
         ("queries not a list", post("/retrieve", {"queries": "q", "topk": "many"}), 422),
-        (f"{cfg.serve_max_items + 1:,} ids to /raypipe/doc_vectors", post("/raypipe/doc_vectors", {"doc_ids": ["p1"] * (cfg.serve_max_items + 1)}), 413),
+        (
+            f"{cfg.serve_max_items + 1:,} ids to /raypipe/doc_vectors",
+            post("/raypipe/doc_vectors", {"doc_ids": ["p1"] * (cfg.serve_max_items + 1)}),
+            413,
+        ),
         ("an unknown lexicon", post("/raypipe/document_frequencies", {"terms": ["a"], "lexicon": "klingon"}), 400),
         ("no token", post("/retrieve", {"queries": ["q"]}, {"Content-Type": "application/json"}), 401),
         ("a wrong token", post("/retrieve", {"queries": ["q"]}, {**auth, "Authorization": "Bearer guess"}), 401),
-        ("64 texts of 256 tokens to encode (past the 3 s deadline)", post("/raypipe/encode_queries", {"texts": [words] * 64}), 408),
-    ]  # fmt: skip
+        (
+            "64 texts of 256 tokens to encode (past the 3 s deadline)",
+            post("/raypipe/encode_queries", {"texts": [words] * 64}),
+            408,
+        ),
+    ]
 
 
 def run_bad_request(url: str, config: RunConfig, case, expected: dict[str, list[str]]) -> Row:
     name, request, status = case
     client = HttpRetriever(url, timeout_s=30, retries=0, token=TOKEN)
+
     def timed() -> tuple[int, str, float]:
         started = time.perf_counter()
         return (*request(url), time.perf_counter() - started)
@@ -180,8 +203,10 @@ def run_bad_request(url: str, config: RunConfig, case, expected: dict[str, list[
         got, detail, seconds = bad.result()
     right = sum([h.doc_id for h in a.hits] == expected[a.query] for a in answers)
     healthy = send(url + "/health", None, {"Authorization": f"Bearer {TOKEN}"})[0] == 200
-    return Row([name, f"{got}: {detail}", f"{seconds:.2f}", f"{right}/{len(expected)}", "yes" if healthy else "no"],
-               got == status and right == len(expected) and healthy)  # fmt: skip
+    return Row(
+        [name, f"{got}: {detail}", f"{seconds:.2f}", f"{right}/{len(expected)}", "yes" if healthy else "no"],
+        got == status and right == len(expected) and healthy,
+    )
 
 
 # ---- the client ----------------------------------------------------------------------------------------------
@@ -200,11 +225,21 @@ def search_then_answer(request):
 def run_questions(url: str, config: RunConfig) -> tuple[list[dict], float]:
     from raypipe.agents import build_loop
 
-    client = HttpRetriever(url, timeout_s=0.5, retries=1, max_batch_size=4, max_wait_ms=20, backoff_s=0.05,
-                           max_response_bytes=2**20, token=TOKEN)  # fmt: skip
+    client = HttpRetriever(
+        url,
+        timeout_s=0.5,
+        retries=1,
+        max_batch_size=4,
+        max_wait_ms=20,
+        backoff_s=0.05,
+        max_response_bytes=2**20,
+        token=TOKEN,
+    )
     loop = build_loop(config, FakeEngine(search_then_answer), client)
-    questions = [Question(qid=f"id{i}", dataset="toy", question=f"q{i}?", golden_answers=[f"answer q{i}"])
-                 for i in range(QUESTIONS)]  # fmt: skip
+    questions = [
+        Question(qid=f"id{i}", dataset="toy", question=f"q{i}?", golden_answers=[f"answer q{i}"])
+        for i in range(QUESTIONS)
+    ]
 
     async def run_all():
         return await asyncio.gather(*(loop.run(q) for q in questions))
@@ -254,13 +289,18 @@ def client_faults() -> list[tuple[str, Callable[[Received], Reply], str, bool]]:
         ("sends its answer a byte every 20 ms", lambda r: json_reply(search_r1_answer(r), drip_s=0.02), "none", False),
         ("hangs up without answering", lambda r: Reply(hang_up=True), "none", False),
         ("dies after its first answer", well, "some", True),
-        ("503 for its first request, then well", after(1, well, lambda r: Reply(503, b'{"detail": "restarting"}')), "all", False),
+        (
+            "503 for its first request, then well",
+            after(1, well, lambda r: Reply(503, b'{"detail": "restarting"}')),
+            "all",
+            False,
+        ),
         ("answers HTML", lambda r: Reply(body=b"<html>\n<h1>502 Bad Gateway</h1>\n</html>"), "none", False),
         ("answers a JSON list", lambda r: json_reply([1, 2, 3]), "none", False),
         ("answers one result list too few", short, "none", False),
         ("answers 3 MiB (the client's limit: 1 MiB)", huge, "none", False),
         ("refuses the token (401)", lambda r: Reply(401, b'{"detail": "wrong token"}'), "none", False),
-    ]  # fmt: skip
+    ]
 
 
 def run_client_fault(name: str, script, expect: str, dies: bool, config: RunConfig) -> Row:
@@ -288,9 +328,18 @@ def run_client_fault(name: str, script, expect: str, dies: bool, config: RunConf
     complete = len(rows) == QUESTIONS and len(set(qids)) == QUESTIONS and answered + len(failed) == QUESTIONS
     share = {"all": answered == QUESTIONS, "none": answered == 0, "some": 0 < answered < QUESTIONS}[expect]
     outcome = f"{answered} answered, {len(failed)} retrieval_error" + (f": {short(message)}" if message else "")
-    return Row([name, outcome,
-                str(QUESTIONS), str(len(rows)), str(len(qids) - len(set(qids))), f"{len(server.requests)}",
-                f"{seconds:.2f}"], complete and share and one_line)  # fmt: skip
+    return Row(
+        [
+            name,
+            outcome,
+            str(QUESTIONS),
+            str(len(rows)),
+            str(len(qids) - len(set(qids))),
+            f"{len(server.requests)}",
+            f"{seconds:.2f}",
+        ],
+        complete and share and one_line,
+    )
 
 
 def health_row() -> Row:
@@ -311,11 +360,17 @@ def main() -> None:
     try:
         config = load_config("embedded")
         client_rows = [run_client_fault(*case, config) for case in client_faults()] + [health_row()]
-        table("The HTTP client against a misbehaving server (12 questions, each searching once)",
-              ["the server", "what happened", "rows in", "rows out", "duplicates", "requests", "time s"], client_rows)  # fmt: skip
+        table(
+            "The HTTP client against a misbehaving server (12 questions, each searching once)",
+            ["the server", "what happened", "rows in", "rows out", "duplicates", "requests", "time s"],
+            client_rows,
+        )
         server_rows = service_rows(work)
-        table(f"The service against bad requests ({GOOD_CLIENTS} well-formed searches beside each)",
-              ["request", "answer", "its time s", "others answered (in-process ids)", "healthy after"], server_rows)  # fmt: skip
+        table(
+            f"The service against bad requests ({GOOD_CLIENTS} well-formed searches beside each)",
+            ["request", "answer", "its time s", "others answered (in-process ids)", "healthy after"],
+            server_rows,
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     sys.exit(0 if all(r.expected for r in client_rows + server_rows) else 1)

@@ -115,24 +115,37 @@ def main() -> None:
     stopped = run_once("controller", config, questions, retriever, controller)
 
     th = ", ".join(f"{ds}: θ_P={t.theta_p:g} θ_U={t.theta_u:g}" for ds, t in controller.thresholds.items())
-    print(f"\n{len(questions)} unseen questions ({', '.join(config.data.datasets)}), model {config.engine.model} on "
-          f"{config.engine.backend}; controller {args.which} ({th}; {controller.options})\n")  # fmt: skip
+    print(
+        f"\n{len(questions)} unseen questions ({', '.join(config.data.datasets)}), model {config.engine.model} on "
+        f"{config.engine.backend}; controller {args.which} ({th}; {controller.options})\n"
+    )
     print_table(natural, stopped)
 
 
 def print_table(natural: dict, stopped: dict) -> None:
-    head = (f"{'run':<12}{'questions':>10}{'engine start s':>16}{'wall s':>9}{'prefilled':>11}{'turn tok':>10}"
-            f"{'probe tok':>10}{'engine s':>10}{'retrieval s':>13}{'dropped':>9}{'iterations':>12}{'F1':>8}  stop reasons")  # fmt: skip
+    head = (
+        f"{'run':<12}{'questions':>10}{'engine start s':>16}{'wall s':>9}{'prefilled':>11}{'turn tok':>10}"
+        f"{'probe tok':>10}{'engine s':>10}{'retrieval s':>13}{'dropped':>9}{'iterations':>12}{'F1':>8}  stop reasons"
+    )
     print(head)
     print("-" * len(head))
     for r in (natural, stopped):
         stops = ", ".join(f"{k} {v}" for k, v in sorted(r["stops"].items()))
-        print(f"{r['run']:<12}{r['questions']:>10}{r['engine_start_s']:>16.1f}{r['wall_s']:>9.1f}{_cell(r['prefilled'], 11, '.0f')}"
-              f"{_cell(r['turn_tokens'], 10, '.0f')}{_cell(r['probe_tokens'], 10, '.0f')}{_cell(r['engine_s'], 10, '.1f')}"
-              f"{_cell(r['retrieval_s'], 13, '.2f')}{_cell(r['dropped'], 9, '.0f')}{r['iterations']:>12.3f}{r['f1']:>8.3f}  {stops}")  # fmt: skip
+        print(
+            f"{r['run']:<12}{r['questions']:>10}{r['engine_start_s']:>16.1f}{r['wall_s']:>9.1f}"
+            f"{_cell(r['prefilled'], 11, '.0f')}{_cell(r['turn_tokens'], 10, '.0f')}"
+            f"{_cell(r['probe_tokens'], 10, '.0f')}{_cell(r['engine_s'], 10, '.1f')}"
+            f"{_cell(r['retrieval_s'], 13, '.2f')}{_cell(r['dropped'], 9, '.0f')}"
+            f"{r['iterations']:>12.3f}{r['f1']:>8.3f}  {stops}"
+        )
     print("(prefilled: prompt tokens not served from the prefix cache; engine s: summed per-request engine seconds)\n")
-    for label, key in (("prefilled tokens", "prefilled"), ("turn tokens", "turn_tokens"), ("probe tokens", "probe_tokens"),
-                       ("engine seconds", "engine_s"), ("wall time", "wall_s")):  # fmt: skip
+    for label, key in (
+        ("prefilled tokens", "prefilled"),
+        ("turn tokens", "turn_tokens"),
+        ("probe tokens", "probe_tokens"),
+        ("engine seconds", "engine_s"),
+        ("wall time", "wall_s"),
+    ):
         print(f"{label} saved: {_saving(natural[key], stopped[key])}")
     print(f"iterations: {stopped['iterations'] / max(natural['iterations'], 1e-9) - 1:+.1%}")
     share = stopped["f1"] / natural["f1"] if natural["f1"] else float("nan")

@@ -1,4 +1,5 @@
-"""Entry point of the agent-data job for ``python jobs/agent_data.py`` and ``ray job submit -- python jobs/agent_data.py``.
+"""Entry point of the agent-data job for ``python jobs/agent_data.py`` and
+``ray job submit -- python jobs/agent_data.py``.
 
 The job lives in :mod:`raypipe.stages.agent_data` (``raypipe agent-data --help`` lists its options).
 """

@@ -1,4 +1,5 @@
-"""Entry point of the agent-eval job for ``python jobs/agent_eval.py`` and ``ray job submit -- python jobs/agent_eval.py``.
+"""Entry point of the agent-eval job for ``python jobs/agent_eval.py`` and
+``ray job submit -- python jobs/agent_eval.py``.
 
 The job lives in :mod:`raypipe.stages.agent_eval` (``raypipe agent-eval --help`` lists its options).
 """

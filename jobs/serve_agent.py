@@ -1,4 +1,5 @@
-"""Entry point of the serve-agent job for ``python jobs/serve_agent.py`` and ``ray job submit -- python jobs/serve_agent.py``.
+"""Entry point of the serve-agent job for ``python jobs/serve_agent.py`` and
+``ray job submit -- python jobs/serve_agent.py``.
 
 The job lives in :mod:`raypipe.stages.serve_agent` (``raypipe serve-agent --help`` lists its options).
 """

@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 COMMANDS = {
-    name: name
-    for name in ("index", "probe", "features", "train", "sweep", "stoprag", "report", "compare", "dashboard")
+    name: name for name in ("index", "probe", "features", "train", "sweep", "stoprag", "report", "compare", "dashboard")
 }
 COMMANDS["serve-retrieval"] = "serve"
 COMMANDS["serve-agent"] = "serve_agent"

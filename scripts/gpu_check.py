@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from raypipe.retrieval.gpu_memory import GiB, WIKI18_ROWS, Event, clone_events, peak_bytes  # noqa: E402
+from raypipe.retrieval.gpu_memory import WIKI18_ROWS, Event, GiB, clone_events, peak_bytes  # noqa: E402
 
 COSINE_MIN = 0.999  # float16 on the GPU against float32 on the CPU, per text
 WORDS = (
@@ -107,8 +107,9 @@ def check_encoder(device: str, model: Path) -> tuple[bool, str]:
     cosine = float(np.min(np.sum(here * cpu, axis=1) / norms / np.linalg.norm(cpu, axis=1)))
     ok = cosine >= COSINE_MIN and bool(np.all(np.abs(norms - 1) < 1e-3))
     precision = "float16" if device.startswith("cuda") else "float32"
-    return ok, (f"{len(sample)} texts, {precision} on {device} vs float32 on cpu: "
-                f"min cosine {cosine:.5f} (>= {COSINE_MIN})")
+    return ok, (
+        f"{len(sample)} texts, {precision} on {device} vs float32 on cpu: min cosine {cosine:.5f} (>= {COSINE_MIN})"
+    )
 
 
 def check_crossencoder(device: str, model: Path) -> tuple[bool, str]:
@@ -118,8 +119,19 @@ def check_crossencoder(device: str, model: Path) -> tuple[bool, str]:
 
     sample = texts(32, seed=1)
     task = Task("gpu-check", "adjacent_think", sample, [float(i % 2) for i in range(len(sample))])
-    config = {"base": str(model), "tasks": [task], "max_tokens": 128, "batch_size": 8, "accum": 2, "lr": 2e-5,
-              "weight_decay": 0.01, "dropout": 0.1, "epochs": 1, "seed": 0, "threads": 0}
+    config = {
+        "base": str(model),
+        "tasks": [task],
+        "max_tokens": 128,
+        "batch_size": 8,
+        "accum": 2,
+        "lr": 2e-5,
+        "weight_decay": 0.01,
+        "dropout": 0.1,
+        "epochs": 1,
+        "seed": 0,
+        "threads": 0,
+    }
     end = next(CrossEncoderTraining(config, LocalWorker(device=device)).epochs())
     loss = end.metrics["train_loss"]
     return math.isfinite(loss), f"1 epoch, {len(sample)} pairs, 2 optimizer steps on {device}: loss {loss:.4f}"
@@ -134,8 +146,10 @@ def check_qnetwork(device: str, model: Path) -> tuple[bool, str]:
     from raypipe.stoprag.train import QNetTraining, loop_config
 
     states = texts(16, seed=2)
-    samples = [Sample(state=i, reward=(i % 3) / 2, future_rewards=((i + 1) % 3 / 2, (i + 2) % 3 / 2),
-                      future_states=(i + 1,)) for i in range(len(states) - 1)]
+    samples = [
+        Sample(state=i, reward=(i % 3) / 2, future_rewards=((i + 1) % 3 / 2, (i + 2) % 3 / 2), future_states=(i + 1,))
+        for i in range(len(states) - 1)
+    ]
     cfg = StopRagConfig(max_length=128, batch_size=4, epochs=1, use_gpu=device != "cpu")
     config = loop_config(states, samples, cfg, model, seed=0, meta={})
     end = next(QNetTraining(config, LocalWorker(device=torch.device(device))).epochs())
@@ -185,8 +199,11 @@ def check_clone_replay(device: str, rows: int, dim: int, caps_gib: list[float]) 
             fraction = min(1.0, cap / card)
             torch.cuda.set_per_process_memory_fraction(fraction, device)
             cap = int(fraction * card)
-        for label, fp16, method in (("faiss cloner, float16", True, "copy"), ("paged add, float16", True, "paged"),
-                                    ("paged add, float32", False, "paged")):
+        for label, fp16, method in (
+            ("faiss cloner, float16", True, "copy"),
+            ("paged add, float16", True, "paged"),
+            ("paged add, float32", False, "paged"),
+        ):
             events = clone_events(rows, dim, fp16, method)
             peak = peak_bytes(events)
 
@@ -241,11 +258,13 @@ def check_search(device: str, rows: int, dim: int, queries: int = 256, k: int = 
     seconds = (time.perf_counter() - start) / repeats
     other_scores, _ = search(max(1, block_rows // 3))  # other block boundaries, the same exact result
     same = torch.allclose(scores, other_scores, atol=1e-3)
-    del matrix
+    matrix = None  # frees it before empty_cache (not del: search, a closure, reads the name)
     if device != "cpu":
         torch.cuda.empty_cache()
-    return same, (f"{queries} queries x {rows:,} x {dim} ({str(dtype).removeprefix('torch.')}), top-{k}: "
-                  f"{seconds * 1000:.1f} ms per batch, {queries / seconds:,.0f} queries/s; other blocks agree: {same}")
+    return same, (
+        f"{queries} queries x {rows:,} x {dim} ({str(dtype).removeprefix('torch.')}), top-{k}: "
+        f"{seconds * 1000:.1f} ms per batch, {queries / seconds:,.0f} queries/s; other blocks agree: {same}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,8 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     size = args.model_size or ("base" if on_gpu else "tiny")
     caps = [float(c) for c in args.caps.split(",")]
     where = torch.cuda.get_device_name(args.device) if on_gpu else "cpu"
-    print(f"gpu_check on {where}: torch {torch.__version__}, rows {rows:,} x {args.dim}, {size} BERT (random weights)",
-          flush=True)
+    print(
+        f"gpu_check on {where}: torch {torch.__version__}, rows {rows:,} x {args.dim}, {size} BERT (random weights)",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="raypipe-gpu-check-") as tmp:
         model = random_bert(Path(tmp) / "bert", size)
         results = [

@@ -27,8 +27,9 @@ def is_set(settings: dict[str, str], name: str) -> bool:
 
 def pip_settings() -> dict[str, str]:
     """pip's effective value of each configured key."""
-    listing = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
-                             capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
+    ).stdout
     found: dict[str, dict[str, str]] = {}
     for line in listing.splitlines():
         key, sep, value = line.partition("=")

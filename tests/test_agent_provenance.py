@@ -18,15 +18,23 @@ def artifact(tmp_path, dev=None):
     folder = tmp_path / "artifact"
     folder.mkdir()
     (folder / ADAPTER_FILE).write_bytes(b"factors")
-    manifest = {"adapter_sha256": sha256_of(folder / ADAPTER_FILE), "note": "made by raypipe tune-agent",
-                "question_ids": ["a", "b", "c"], "steps": 7, "seed": 0, "dev": dev or {}}  # fmt: skip
+    manifest = {
+        "adapter_sha256": sha256_of(folder / ADAPTER_FILE),
+        "note": "made by raypipe tune-agent",
+        "question_ids": ["a", "b", "c"],
+        "steps": 7,
+        "seed": 0,
+        "dev": dev or {},
+    }
     (folder / MANIFEST_FILE).write_text(json.dumps(manifest))
     return folder
 
 
 def test_an_untuned_run_says_so(tmp_path):
     assert agent_info(None) == {"tuned": False}
-    (tmp_path / "probe_info.yaml").write_text(yaml.safe_dump({"engine": {"model": "smollm2"}, "agent": agent_info(None)}))
+    (tmp_path / "probe_info.yaml").write_text(
+        yaml.safe_dump({"engine": {"model": "smollm2"}, "agent": agent_info(None)})
+    )
     assert agent_line(tmp_path) == "Agent: smollm2 as published (no tuned-agent artifact)."
     assert "check raypipe's machinery" in embedded_llm_note("smollm2")
 

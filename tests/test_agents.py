@@ -20,16 +20,18 @@ SEARCH_R1_USER = (
 
 R1_V1 = (
     "The User asks a question, and the Assistant solves it.\n"
-    "The Assistant first thinks about the reasoning process in the mind and then provides the User with the final answer.\n"
-    'The output format of reasoning process and final answer are enclosed within <think> </think> and <answer> </answer> '
-    'tags, respectively, i.e., "<think> reasoning process here </think>\n\n<answer> final answer here </answer>".\n'
+    "The Assistant first thinks about the reasoning process in the mind and then provides the User with the final "
+    "answer.\n"
+    "The output format of reasoning process and final answer are enclosed within <think> </think> and <answer> "
+    '</answer> tags, respectively, i.e., "<think> reasoning process here </think>\n\n<answer> final answer here '
+    '</answer>".\n'
     "During the reasoning process, the Assistant will break down the original question into sub-questions and address "
     "them step by step.\n"
-    'For each sub-question, **the Assistant can perform searching** for uncertain knowledge using the format: '
+    "For each sub-question, **the Assistant can perform searching** for uncertain knowledge using the format: "
     '"<|begin_of_query|> keyword1\tkeyword2\t... <|end_of_query|>".\n'
     '**The query must consist of straightforward and essential keywords separated by "\t"**. Furthermore, **the query '
     "must involve only a single triple to address a sub-question**.\n"
-    'Then, the search system will provide the Assistant with relevant information with the format of '
+    "Then, the search system will provide the Assistant with relevant information with the format of "
     '"<|begin_of_documents|> ...search results... <|end_of_documents|>".\n\n'
     "User:Who wrote Hamlet\nAssistant: <think>"
 )
@@ -51,7 +53,7 @@ def test_r1_searcher_prompts_are_raw_and_versioned():
     assert v3.endswith("The final answer **must be yes or no**.\n\nUser:Is it?\nAssistant: <think>")
     for version in ("v0", "v2"):
         text = R1Searcher(prompt_version=version).prompt("Q", ENGINE.apply_chat_template)
-        assert text.endswith("<|end_of_documents|>\".\n\nUser:Q\nAssistant: <think>")
+        assert text.endswith('<|end_of_documents|>".\n\nUser:Q\nAssistant: <think>')
     with pytest.raises(ValueError, match="prompt version"):
         R1Searcher(prompt_version="v9")
 
@@ -142,7 +144,9 @@ def test_search_r1_action_parsing_original(output, expected):
 
 def test_r1_searcher_query_cleaning_and_answers():
     p = R1Searcher()
-    assert p.parse_action(' x <|begin_of_query|> "Hamlet"\tauthor ... <|end_of_query|>') == Action(SEARCH, "Hamlet author")
+    assert p.parse_action(' x <|begin_of_query|> "Hamlet"\tauthor ... <|end_of_query|>') == Action(
+        SEARCH, "Hamlet author"
+    )
     assert p.parse_action("x </think>\n\n<answer> Shakespeare </answer>") == Action(ANSWER, "Shakespeare")
     assert p.parse_action("just text") == Action(INVALID)
 
@@ -168,7 +172,7 @@ def test_r1_searcher_pyterrier_query_extraction(output, expected):
 @pytest.mark.parametrize(
     "output, expected",
     [
-        ("a <|begin_of_query|> x <|begin_of_query|> \"Ham\"\tlet... <|end_of_query|>", Action(SEARCH, " Ham let ")),
+        ('a <|begin_of_query|> x <|begin_of_query|> "Ham"\tlet... <|end_of_query|>', Action(SEARCH, " Ham let ")),
         ("<|begin_of_query|> no close", Action(INVALID)),  # did not stop at <|end_of_query|>
         ("r </think>\n\n<answer> a <answer> b </answer>", Action(ANSWER, " b ")),  # after the LAST <answer>
         ("r </think>\n\n<answer> cut off", Action(INVALID)),  # did not stop at </answer>
@@ -240,7 +244,10 @@ def test_enforcement_regexes_match_valid_turns_and_force_a_first_search():
     assert p.enforcement_regex(first_agent, 1) == free
     assert p.enforcement_regex(AgentConfig(), 0) is None
     # whatever the regex lets through parses as the action it encodes, closing tag cut by the stop string or not
-    for text, stop in (("<think> x </think>\n<search> who ", "</search>"), ("<think> x </think>\n<search> who </search>", None)):
+    for text, stop in (
+        ("<think> x </think>\n<search> who ", "</search>"),
+        ("<think> x </think>\n<search> who </search>", None),
+    ):
         assert p.parse_action(p.restore_stop(text, stop)) == Action(SEARCH, "who")
     r1 = R1Searcher()
     r1_first = r1.enforcement_regex(first_agent, 0)
@@ -275,7 +282,9 @@ def test_build_loop_reads_the_run_config():
 
 
 def test_build_protocol_from_config():
-    config = load_config("embedded", ["agent.protocol=r1_searcher", "agent.prompt_version=v2", "agent.observation_format=original"])
+    config = load_config(
+        "embedded", ["agent.protocol=r1_searcher", "agent.prompt_version=v2", "agent.observation_format=original"]
+    )
     p = build_protocol(config.agent)
     assert isinstance(p, R1Searcher) and p.prompt_version == "v2" and p.observation_format == "original"
     with pytest.raises(ValueError, match="observation format"):

@@ -15,8 +15,10 @@ from raypipe.testing.fakes import FakeEngine, FakeRetriever, ScriptedController
 
 BLOCK = 4  # words per cached block of the fake prefix cache
 HOPS = [0, 1, 2, 3, 1, 2]  # searches before each question's answer
-QUESTIONS = [Question(qid=f"q{i}", dataset="toy", question=f"Question number {i}", golden_answers=[f"answer {i}"])
-             for i in range(len(HOPS))]  # fmt: skip
+QUESTIONS = [
+    Question(qid=f"q{i}", dataset="toy", question=f"Question number {i}", golden_answers=[f"answer {i}"])
+    for i in range(len(HOPS))
+]
 TIMES = {"wall_s", "retrieval_s", "queue_s", "engine_s"}  # vary from run to run
 
 
@@ -46,10 +48,16 @@ class PrefixCacheEngine(FakeEngine):
         shared = max((_common_prefix(words, old) for old in self.seen), default=0)
         self.seen.append(words)
         cached = min(shared, len(words) - 1) // BLOCK * BLOCK
-        return Generation(text=gen.text, token_ids=gen.token_ids, token_logprobs=gen.token_logprobs,
-                          stop_string=gen.stop_string, prompt_tokens=gen.prompt_tokens,
-                          cached_prompt_tokens=cached if self.report_cache else None,
-                          queue_s=0.001, engine_s=0.01 * (1 + len(gen.token_ids)))  # fmt: skip
+        return Generation(
+            text=gen.text,
+            token_ids=gen.token_ids,
+            token_logprobs=gen.token_logprobs,
+            stop_string=gen.stop_string,
+            prompt_tokens=gen.prompt_tokens,
+            cached_prompt_tokens=cached if self.report_cache else None,
+            queue_s=0.001,
+            engine_s=0.01 * (1 + len(gen.token_ids)),
+        )
 
 
 def _common_prefix(a: list[str], b: list[str]) -> int:
@@ -70,8 +78,16 @@ class SlowRetriever(FakeRetriever):
 
 
 def make_loop(engine, retriever=None, controller=None, barrier=None, agent=None):
-    return AgentLoop(engine, retriever or SlowRetriever(n=5), SearchR1("pyterrier"), agent or AgentConfig(max_turns=5),
-                     top_k=3, deep_k=5, controller=controller, barrier=barrier)  # fmt: skip
+    return AgentLoop(
+        engine,
+        retriever or SlowRetriever(n=5),
+        SearchR1("pyterrier"),
+        agent or AgentConfig(max_turns=5),
+        top_k=3,
+        deep_k=5,
+        controller=controller,
+        barrier=barrier,
+    )
 
 
 async def _run_all(loop, questions):
@@ -182,25 +198,36 @@ def _without_times(outputs):
     return [(strip(o.trajectory), [strip(r) for r in o.iterations]) for o in outputs]
 
 
-@pytest.mark.parametrize("agent", [AgentConfig(max_turns=5), AgentConfig(max_turns=3, at_limit="forced"),
-                                   AgentConfig(max_turns=5, probe=False)], ids=["probe", "forced", "no-probe"])  # fmt: skip
+@pytest.mark.parametrize(
+    "agent",
+    [AgentConfig(max_turns=5), AgentConfig(max_turns=3, at_limit="forced"), AgentConfig(max_turns=5, probe=False)],
+    ids=["probe", "forced", "no-probe"],
+)
 def test_every_schedule_gives_the_same_trajectories(agent):
     """Concurrent with search beside probe, turn-synchronous, and one question at a time: same rows."""
     concurrent = asyncio.run(_run_all(make_loop(PrefixCacheEngine(), agent=agent), QUESTIONS))
 
     async def turn_synchronous():
-        return await _run_all(make_loop(PrefixCacheEngine(), barrier=TurnBarrier(len(QUESTIONS)), agent=agent), QUESTIONS)
+        return await _run_all(
+            make_loop(PrefixCacheEngine(), barrier=TurnBarrier(len(QUESTIONS)), agent=agent), QUESTIONS
+        )
 
     async def one_at_a_time():
         loop = make_loop(PrefixCacheEngine(), agent=agent)
         return [await loop.run(q) for q in QUESTIONS]
 
     synchronous, sequential = asyncio.run(turn_synchronous()), asyncio.run(one_at_a_time())
+
     # the prefix cache sees other prompts first under other schedules: compare everything else
     def uncached(outputs):
         cache = {"cached_tokens", "prefilled_tokens", "probe_cached_tokens"}
-        return [({k: v for k, v in t.items() if k not in cache}, [{k: v for k, v in r.items() if k not in cache} for r in its])
-                for t, its in _without_times(outputs)]  # fmt: skip
+        return [
+            (
+                {k: v for k, v in t.items() if k not in cache},
+                [{k: v for k, v in r.items() if k not in cache} for r in its],
+            )
+            for t, its in _without_times(outputs)
+        ]
 
     assert uncached(concurrent) == uncached(synchronous) == uncached(sequential)
     assert max(o.trajectory["n_iterations"] for o in concurrent) >= 2  # real multi-turn trajectories
@@ -226,7 +253,19 @@ def test_the_turn_barrier_runs_every_generation_then_every_search_then_every_pro
     phases = [kind for kind, _ in events]
     collapsed = [k for i, k in enumerate(phases) if i == 0 or phases[i - 1] != k]
     # each turn: one block of generations, one block of searches (while some still search), one of probes
-    assert collapsed == ["turn", "search", "probe", "turn", "search", "probe", "turn", "search", "probe", "turn", "probe"]
+    assert collapsed == [
+        "turn",
+        "search",
+        "probe",
+        "turn",
+        "search",
+        "probe",
+        "turn",
+        "search",
+        "probe",
+        "turn",
+        "probe",
+    ]
     assert barrier.parties == 0 and barrier.phases == 3 * 4  # 4 turns of 3 phases (the longest trajectory's)
 
 
@@ -252,9 +291,21 @@ def test_turn_barrier_releases_waiters_when_a_party_leaves():
 
 
 def test_cost_columns_are_optional_for_hand_built_tables():
-    row = {"qid": "a", "dataset": "d", "iteration": 0, "query": None, "doc_ids": None, "doc_scores": None,
-           "reasoning": "r", "probe_answer": "x", "probe_token_logprobs": [-1.0], "probe_f1": 0.0, "utility": None,
-           "tokens_generated": 3, "probe_tokens": 1}  # fmt: skip
+    row = {
+        "qid": "a",
+        "dataset": "d",
+        "iteration": 0,
+        "query": None,
+        "doc_ids": None,
+        "doc_scores": None,
+        "reasoning": "r",
+        "probe_answer": "x",
+        "probe_token_logprobs": [-1.0],
+        "probe_f1": 0.0,
+        "utility": None,
+        "tokens_generated": 3,
+        "probe_tokens": 1,
+    }
     table = conform([row], "iterations")
     assert all(table.column(c).null_count == 1 for c in COST_COLUMNS)
     with pytest.raises(ValueError, match="missing \\['probe_tokens'\\]"):

@@ -77,7 +77,7 @@ def test_contexts_and_probes_share_the_trajectory_prefix():
         "</information>\n\n"
     )
     assert probes[1].prompt == agent[1].prompt + "\n\n<think> Check again. </think>\n\n<answer>"
-    assert out.trajectory["transcript"] == agent[2].prompt[len(prompt):] + "\n\n" + ANSWER
+    assert out.trajectory["transcript"] == agent[2].prompt[len(prompt) :] + "\n\n" + ANSWER
 
 
 def test_turn_limit_gives_no_answer_and_reads_no_documents_after_the_last_search():
@@ -155,9 +155,11 @@ def test_invalid_action_stops_pyterrier_and_is_corrected_in_search_r1_original()
     out, engine = run(["<think> hmm </think>", SEARCH_1, ANSWER], protocol=SearchR1("original"))
     assert out.trajectory["stop_reason"] == "answer"
     agent = [r for r in engine.requests if not r.prompt.endswith("<answer>")]
-    assert agent[1].prompt.endswith("<think> hmm </think>\nMy previous action is invalid. If I want to search, I should "
+    assert agent[1].prompt.endswith(
+        "<think> hmm </think>\nMy previous action is invalid. If I want to search, I should "
         "put the query between <search> and </search>. If I want to give the final answer, I should put the answer "
-        "between <answer> and </answer>. Let me try again.\n")  # fmt: skip
+        "between <answer> and </answer>. Let me try again.\n"
+    )
     assert out.iterations[1]["query"] is None  # no retrieval before turn 1
     assert out.iterations[2]["query"] == "Hamlet author" and out.trajectory["n_iterations"] == 1
 
@@ -181,7 +183,9 @@ def test_a_bug_is_an_internal_error_not_a_crash():
     out, _ = run([SEARCH_1, RuntimeError("boom")])  # an engine wrapper raising outside its contract
     assert out.trajectory["stop_reason"] == "internal_error" and out.trajectory["error"] == "RuntimeError: boom"
     out, _ = run([SEARCH_1, SEARCH_2, ANSWER], controller=ScriptedController(at=1, answer_iteration=5))
-    assert out.trajectory["stop_reason"] == "internal_error" and "controller named iteration 5" in out.trajectory["error"]
+    assert (
+        out.trajectory["stop_reason"] == "internal_error" and "controller named iteration 5" in out.trajectory["error"]
+    )
 
 
 def test_a_prompt_that_cannot_be_built_is_an_internal_error():
@@ -261,8 +265,10 @@ def test_enforcement_regex_per_turn():
 
 
 def test_r1_searcher_trajectory():
-    turns = [" I need the author. <|begin_of_query|> Hamlet\tauthor <|end_of_query|>",
-             " It is Shakespeare. </think>\n\n<answer> William Shakespeare </answer>"]  # fmt: skip
+    turns = [
+        " I need the author. <|begin_of_query|> Hamlet\tauthor <|end_of_query|>",
+        " It is Shakespeare. </think>\n\n<answer> William Shakespeare </answer>",
+    ]
     agent = AgentConfig(max_turns=10)
     out, engine = run(turns, agent, protocol=R1Searcher("pyterrier"), probe=" Shakespeare </answer>", top_k=5)
     assert out.trajectory["stop_reason"] == "answer" and out.iterations[1]["query"] == "Hamlet author"

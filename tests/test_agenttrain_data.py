@@ -9,11 +9,11 @@ import re
 import pytest
 
 from raypipe.agents.factory import build_protocol, visible_docs
-from raypipe.data.split import bundled_split
 from raypipe.agenttrain.trajectories import AGENT, CONTEXT, PROMPT, contains, run_build, summarize, write_outputs
 from raypipe.core.config import load_config
 from raypipe.core.models import resolve_llm
 from raypipe.data.loaders import load_corpus
+from raypipe.data.split import bundled_split
 from raypipe.llm.common import LocalTokenizer
 
 
@@ -23,8 +23,9 @@ def built():
     from raypipe.runtime.index_build import ensure_index
 
     config = load_config("embedded")
-    retriever = LocalRetriever.open(ensure_index(config, use_ray=False), encoder_spec(config.retrieval),
-                                    search_params(config.retrieval))  # fmt: skip
+    retriever = LocalRetriever.open(
+        ensure_index(config, use_ray=False), encoder_spec(config.retrieval), search_params(config.retrieval)
+    )
     tokenizer = LocalTokenizer(resolve_llm(config.engine.model))
     train = bundled_split(config.agent_train.dev_percent).train
     questions = train[:12] + train[230:242] + train[-6:]  # each dataset

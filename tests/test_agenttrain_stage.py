@@ -25,11 +25,24 @@ def test_tune_agent_on_ray_train_writes_the_artifact_and_a_rerun_resumes(tmp_pat
     out = tmp_path / "out"
 
     def tune(steps: int) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, str(ROOT / "jobs" / "tune_agent.py"), str(data), str(out),
-               "--set", f"engine.model={model}",
-               "--set", f"agent_train.max_steps={steps}", "--set", "agent_train.grad_accum=1",
-               "--set", "agent_train.checkpoint_steps=1", "--set", "agent_train.cpus_per_worker=1",
-               "--set", "ray.num_cpus=2"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            str(ROOT / "jobs" / "tune_agent.py"),
+            str(data),
+            str(out),
+            "--set",
+            f"engine.model={model}",
+            "--set",
+            f"agent_train.max_steps={steps}",
+            "--set",
+            "agent_train.grad_accum=1",
+            "--set",
+            "agent_train.checkpoint_steps=1",
+            "--set",
+            "agent_train.cpus_per_worker=1",
+            "--set",
+            "ray.num_cpus=2",
+        ]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
 

@@ -26,7 +26,8 @@ def test_interval_narrows_with_more_questions_and_widens_with_confidence():
     width = lambda ci: ci[2] - ci[1]  # noqa: E731
     assert width(ratio_ci(large, np.ones(2000), 400, 0)) < width(ratio_ci(small, np.ones(20), 400, 0))
     assert width(ratio_ci(small, np.ones(20), 400, 0, confidence=0.99)) > width(
-        ratio_ci(small, np.ones(20), 400, 0, confidence=0.5))
+        ratio_ci(small, np.ones(20), 400, 0, confidence=0.5)
+    )
 
 
 def test_constant_values_give_a_point_interval_and_ratio_of_sums():

@@ -149,8 +149,14 @@ def _frame():
 
 
 def test_frame_api_compares_every_policy_per_group_and_corrects_per_family():
-    result = paired_comparisons(_frame(), {"f1": "continuous", "iterations": "count"}, "natural",
-                                system_column="policy", by=["dataset"], samples=300)  # fmt: skip
+    result = paired_comparisons(
+        _frame(),
+        {"f1": "continuous", "iterations": "count"},
+        "natural",
+        system_column="policy",
+        by=["dataset"],
+        samples=300,
+    )
     assert len(result) == 2 * 2 * 2  # datasets x metrics x policies
     assert list(result.columns[:5]) == ["dataset", "metric", "baseline", "system", "n"]
     row = result[(result["dataset"] == "hotpotqa") & (result["metric"] == "f1") & (result["system"] == "heuristic")]
@@ -167,14 +173,16 @@ def test_frame_api_compares_every_policy_per_group_and_corrects_per_family():
     assert set(result["correction"]) == {"holm"}
     iterations = result[result["metric"] == "iterations"]
     assert set(iterations["test"]) == {SIGNED_RANK_EXACT} and iterations["t_p"].isna().all()
-    bh = paired_comparisons(_frame(), {"f1": "continuous"}, "natural", system_column="policy", correction="bh",
-                            samples=100)  # fmt: skip
+    bh = paired_comparisons(
+        _frame(), {"f1": "continuous"}, "natural", system_column="policy", correction="bh", samples=100
+    )
     assert len(bh) == 2 and set(bh["correction"]) == {"bh"} and (bh["t_p_adj"] <= bh["t_p"] * 2 + 1e-12).all()
 
 
 def test_against_each_other_adds_the_pairs_of_systems_to_the_family():
-    result = paired_comparisons(_frame(), {"f1": "continuous"}, "natural", system_column="policy",
-                                against_each_other=True, samples=100)  # fmt: skip
+    result = paired_comparisons(
+        _frame(), {"f1": "continuous"}, "natural", system_column="policy", against_each_other=True, samples=100
+    )
     assert list(zip(result["baseline"], result["system"])) == [
         ("natural", "heuristic"),
         ("natural", "cap@1"),
@@ -201,8 +209,9 @@ def test_one_family_over_every_test_of_the_call():
     kinds = {"f1": "continuous", "iterations": "count"}
     per_metric = paired_comparisons(frame, kinds, "natural", system_column="policy", by=["dataset"], samples=50)
     assert (per_metric["test_p_adj"] == per_metric["test_p"]).all()  # families of one test: Holm = raw
-    together = paired_comparisons(frame, kinds, "natural", system_column="policy", by=["dataset"], family=(),
-                                  samples=50)  # fmt: skip
+    together = paired_comparisons(
+        frame, kinds, "natural", system_column="policy", by=["dataset"], family=(), samples=50
+    )
     assert len(together) == 4 and set(together["family_size"]) == {4}
     assert together["test_p_adj"].to_numpy() == pytest.approx(adjust_pvalues(together["test_p"].to_numpy()))
     assert (together["test_p_adj"] > together["test_p"]).any()
@@ -210,8 +219,9 @@ def test_one_family_over_every_test_of_the_call():
 
 
 def test_summary_table_formats_intervals_and_p_values():
-    result = paired_comparisons(_frame(), {"f1": "continuous"}, "natural", system_column="policy", by=["dataset"],
-                                samples=100)  # fmt: skip
+    result = paired_comparisons(
+        _frame(), {"f1": "continuous"}, "natural", system_column="policy", by=["dataset"], samples=100
+    )
     table = summary_table(result)
     assert list(table.columns) == [
         "dataset",

@@ -82,7 +82,10 @@ def test_net_utility_groups_by_hand(summary):
 
 def test_quality_by_iteration_by_hand(frames, summary):
     curves = stats.quality_by_iteration(frames[0], summary, pooled=True)
-    got = {(g, i): (m, n) for g, i, m, n in curves[["net_group", "iteration", "mean_p", "trajectories"]].itertuples(index=False)}
+    got = {
+        (g, i): (m, n)
+        for g, i, m, n in curves[["net_group", "iteration", "mean_p", "trajectories"]].itertuples(index=False)
+    }
     assert got[("positive", 0)] == (pytest.approx(0.0), 2)
     assert got[("positive", 1)] == (pytest.approx(0.75), 2)
     assert got[("positive", 3)] == (pytest.approx(1.0), 1)
@@ -118,10 +121,26 @@ def test_epsilon_decides_zero_utility():
 
 
 def test_oracle_with_tolerance_reaches_final_within_epsilon():
-    its = pd.DataFrame({"agent": "a", "dataset": "d", "qid": "q", "iteration": [0, 1, 2],
-                        "probe_f1": [0.495, 0.3, 0.5], "utility": [None, -0.195, 0.2]})
-    traj = pd.DataFrame({"agent": ["a"], "dataset": ["d"], "qid": ["q"], "final_f1": [0.5], "n_iterations": [2],
-                         "stop_reason": ["answer"]})
+    its = pd.DataFrame(
+        {
+            "agent": "a",
+            "dataset": "d",
+            "qid": "q",
+            "iteration": [0, 1, 2],
+            "probe_f1": [0.495, 0.3, 0.5],
+            "utility": [None, -0.195, 0.2],
+        }
+    )
+    traj = pd.DataFrame(
+        {
+            "agent": ["a"],
+            "dataset": ["d"],
+            "qid": ["q"],
+            "final_f1": [0.5],
+            "n_iterations": [2],
+            "stop_reason": ["answer"],
+        }
+    )
     assert stats.trajectory_summary(its, traj, 1e-6)["oracle_iteration"].item() == 2
     assert stats.trajectory_summary(its, traj, 0.01)["oracle_iteration"].item() == 0
 
@@ -143,11 +162,36 @@ def test_missing_columns_are_named():
 def test_failed_trajectories_are_left_out_but_partial_iterations_do_not_leak(frames):
     iterations, trajectories = frames
     # G: two probes, then the engine died; its iterations must not enter U_i or the curves.
-    its = pd.concat([iterations, pd.DataFrame({"agent": "search_r1", "dataset": "musique", "qid": "G",
-                                               "iteration": [0, 1], "probe_f1": [0.0, 1.0], "utility": [None, 1.0]})])
-    trajs = pd.concat([trajectories, pd.DataFrame({"agent": ["search_r1"], "dataset": ["musique"], "qid": ["G"],
-                                                   "final_f1": [0.0], "n_iterations": [1],
-                                                   "stop_reason": ["engine_error"]})])
+    its = pd.concat(
+        [
+            iterations,
+            pd.DataFrame(
+                {
+                    "agent": "search_r1",
+                    "dataset": "musique",
+                    "qid": "G",
+                    "iteration": [0, 1],
+                    "probe_f1": [0.0, 1.0],
+                    "utility": [None, 1.0],
+                }
+            ),
+        ]
+    )
+    trajs = pd.concat(
+        [
+            trajectories,
+            pd.DataFrame(
+                {
+                    "agent": ["search_r1"],
+                    "dataset": ["musique"],
+                    "qid": ["G"],
+                    "final_f1": [0.0],
+                    "n_iterations": [1],
+                    "stop_reason": ["engine_error"],
+                }
+            ),
+        ]
+    )
     summary = stats.trajectory_summary(its, trajs, EPS)
     assert row(stats.table2(summary), "musique")["errors"] == 2
     assert row(stats.utility_distribution(summary), "musique")["iterations"] == 0

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from raypipe.core.config import DEFAULT_PRESET, load_config
-
 from tests.helpers.benchmarks import imported_benchmark
-
 
 
 @pytest.fixture(scope="module")

@@ -57,21 +57,36 @@ def test_lockstep_fill_without_tokens_is_full(bench):
     assert bench.lockstep_fill([]) == 1.0
 
 
-def vllm_registry(prompt: float, cached: float, generated: float, requests: dict[str, float],
-                  step_tokens: tuple[int, ...] = (), preemptions: float = 0):  # fmt: skip
+def vllm_registry(
+    prompt: float,
+    cached: float,
+    generated: float,
+    requests: dict[str, float],
+    step_tokens: tuple[int, ...] = (),
+    preemptions: float = 0,
+):
     """A registry with vLLM's counters and its histogram of tokens per engine step, labelled as vLLM labels them."""
     prometheus = pytest.importorskip("prometheus_client")  # vLLM's dependency
     CollectorRegistry, Counter = prometheus.CollectorRegistry, prometheus.Counter
     registry = CollectorRegistry()
     labels = ["model_name", "engine"]
-    for name, value in (("prompt_tokens", prompt), ("prompt_tokens_cached", cached), ("generation_tokens", generated),
-                        ("num_preemptions", preemptions)):  # fmt: skip
+    for name, value in (
+        ("prompt_tokens", prompt),
+        ("prompt_tokens_cached", cached),
+        ("generation_tokens", generated),
+        ("num_preemptions", preemptions),
+    ):
         Counter(f"vllm:{name}", name, labels, registry=registry).labels("m", "0").inc(value)
     success = Counter("vllm:request_success", "finished", [*labels, "finished_reason"], registry=registry)
     for reason, count in requests.items():
         success.labels("m", "0", reason).inc(count)
-    steps = prometheus.Histogram("vllm:iteration_tokens_total", "tokens per step", labels, registry=registry,
-                                 buckets=[1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048])  # fmt: skip
+    steps = prometheus.Histogram(
+        "vllm:iteration_tokens_total",
+        "tokens per step",
+        labels,
+        registry=registry,
+        buckets=[1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048],
+    )
     for tokens in step_tokens:
         steps.labels("m", "0").observe(tokens)
     return registry
@@ -80,8 +95,13 @@ def vllm_registry(prompt: float, cached: float, generated: float, requests: dict
 def test_engine_counters_read_vllms_totals_or_none(bench):
     registry = vllm_registry(1200, 800, 90, {"stop": 5, "length": 2}, step_tokens=(400, 12, 12, 3), preemptions=1)
     assert bench.engine_counters(registry) == {
-        "prompt": 1200, "cached": 800, "generated": 90, "requests": 7, "steps": 4, "preemptions": 1,
-    }  # fmt: skip
+        "prompt": 1200,
+        "cached": 800,
+        "generated": 90,
+        "requests": 7,
+        "steps": 4,
+        "preemptions": 1,
+    }
     assert bench.settled_counters(registry, wait_s=0.01) == bench.engine_counters(registry)
     assert bench.engine_counters(pytest.importorskip("prometheus_client").CollectorRegistry()) is None  # not checked
 
@@ -139,7 +159,10 @@ def test_cpu_summary_is_median_and_range_over_the_runs(bench):
     runs = [result(bench, None), result(bench, None), result(bench, None)]
     for run, cpu, steal in zip(runs, (100.0, 130.0, 110.0), (0.0, 4.0, 1.5)):
         run.cpu_s, run.steal_s = cpu, steal
-    assert bench.cpu_summary(runs) == "110.0 CPU s of the process tree (100.0-130.0), 1.5 s stolen from the machine (0.0-4.0)"
+    assert (
+        bench.cpu_summary(runs)
+        == "110.0 CPU s of the process tree (100.0-130.0), 1.5 s stolen from the machine (0.0-4.0)"
+    )
 
 
 def step_rows(*trajectories: list[tuple[int, int, int, int]]) -> list[dict]:
@@ -148,11 +171,19 @@ def step_rows(*trajectories: list[tuple[int, int, int, int]]) -> list[dict]:
     out = []
     for t, turns in enumerate(trajectories):
         for i, (turn_prefill, generated, probe_prefill, probe) in enumerate(turns):
-            out.append({"qid": f"t{t}", "iteration": i, "tokens_generated": generated, "probe_tokens": probe,
-                        "prompt_tokens": turn_prefill + probe_prefill, "cached_tokens": 0,
-                        "probe_prompt_tokens": probe_prefill, "probe_cached_tokens": 0})  # fmt: skip
+            out.append(
+                {
+                    "qid": f"t{t}",
+                    "iteration": i,
+                    "tokens_generated": generated,
+                    "probe_tokens": probe,
+                    "prompt_tokens": turn_prefill + probe_prefill,
+                    "cached_tokens": 0,
+                    "probe_prompt_tokens": probe_prefill,
+                    "probe_cached_tokens": 0,
+                }
+            )
     return out
-
 
 
 @pytest.fixture
@@ -183,7 +214,8 @@ def test_the_barrier_makes_every_phase_its_longest_request(bench, wide):
     assert bench.modelled_steps(rows, bench.LOCKSTEP_SCHEDULE, wide, lag=0) == 22
     assert bench.modelled_steps(rows, bench.OVERLAP, wide, lag=0) == 12
     assert bench.modelled_gain(rows, wide, bench.LOCKSTEP_SCHEDULE, bench.OVERLAP) == pytest.approx(
-        bench.modelled_steps(rows, bench.LOCKSTEP_SCHEDULE, wide) / bench.modelled_steps(rows, bench.OVERLAP, wide))
+        bench.modelled_steps(rows, bench.LOCKSTEP_SCHEDULE, wide) / bench.modelled_steps(rows, bench.OVERLAP, wide)
+    )
 
 
 def test_prefill_takes_steps_of_its_own_when_prompts_crowd_a_step(bench):
@@ -215,15 +247,18 @@ def step_result(bench, steps: float, name: str = "probe"):
     counters with ``steps`` steps."""
     outputs = [TrajectoryOutput({"qid": "t0"}, step_rows([(10, 12, 0, 0)]))]
     counters = {"prompt": 10, "cached": 0, "generated": 12, "requests": 1, "steps": steps}
-    return bench.Result(name, 0, 1.0, outputs, bench.SharedEngine(engine=None), counters,
-                        limits=bench.Limits(10_000, 256))
+    return bench.Result(
+        name, 0, 1.0, outputs, bench.SharedEngine(engine=None), counters, limits=bench.Limits(10_000, 256)
+    )
 
 
 def test_step_check_flags_a_model_off_the_engines_count(bench):
     assert bench.step_check([step_result(bench, 12), step_result(bench, 13)], bench.OVERLAP, None) == (
-        "12/12, 12/13 modelled/counted per run, off by at most 7.7%: ok (tolerance 10%)")
+        "12/12, 12/13 modelled/counted per run, off by at most 7.7%: ok (tolerance 10%)"
+    )
     assert bench.step_check([step_result(bench, 12), step_result(bench, 20)], bench.OVERLAP, None).endswith(
-        "off by at most 40.0%: MISMATCH (tolerance 10%)")
+        "off by at most 40.0%: MISMATCH (tolerance 10%)"
+    )
 
 
 def test_counted_ratio_is_the_engines_own_work(bench):
@@ -239,9 +274,16 @@ def test_scheduler_limits_read_vllms_own_config(bench):
 
     from vllm.config import SchedulerConfig
 
-    scheduler = SchedulerConfig(max_model_len=2048, is_encoder_decoder=False, max_num_batched_tokens=4096,
-                                max_num_seqs=64, enable_chunked_prefill=False)  # fmt: skip
+    scheduler = SchedulerConfig(
+        max_model_len=2048,
+        is_encoder_decoder=False,
+        max_num_batched_tokens=4096,
+        max_num_seqs=64,
+        enable_chunked_prefill=False,
+    )
     vllm = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=scheduler))
     assert bench.scheduler_limits(SimpleNamespace(_llm=vllm)) == bench.Limits(4096, 64, chunked=False)  # async engine
-    assert bench.scheduler_limits(SimpleNamespace(llm=SimpleNamespace(llm_engine=vllm))) == bench.Limits(4096, 64, False)
+    assert bench.scheduler_limits(SimpleNamespace(llm=SimpleNamespace(llm_engine=vllm))) == bench.Limits(
+        4096, 64, False
+    )
     assert bench.scheduler_limits(SimpleNamespace()) is None  # another engine (the fake)

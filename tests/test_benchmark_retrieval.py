@@ -35,8 +35,10 @@ def bench():
 
 def job_config(corpus, index_dir, *extra):
     """The embedded preset `make run` uses, over a small corpus and index folder."""
-    return load_config("embedded", [f"data.corpus={corpus}", f"retrieval.index_dir={index_dir}",
-                                    "retrieval.build_block_rows=16", *extra])
+    return load_config(
+        "embedded",
+        [f"data.corpus={corpus}", f"retrieval.index_dir={index_dir}", "retrieval.build_block_rows=16", *extra],
+    )
 
 
 @pytest.mark.slow  # builds two small indexes (about 25 s on 2 busy cores)
@@ -67,5 +69,9 @@ def test_each_column_uses_the_index_folder_a_job_with_its_encoder_uses(bench):
     assert index_dir_for(bench.bench_config(job, "minilm", force=False)) == default
     assert index_dir_for(bench.bench_config(job, "minilm@none", force=False)) == default
     int8 = bench.bench_config(job, "minilm@int8", force=False)  # its own folder: no clash with the job's fp32 index
-    assert index_dir_for(int8) == index_dir_for(load_config("embedded", ["retrieval.encoder_quantization=int8"])) != default
+    assert (
+        index_dir_for(int8)
+        == index_dir_for(load_config("embedded", ["retrieval.encoder_quantization=int8"]))
+        != default
+    )
     assert bench.bench_config(job, "minilm", force=False).retrieval.shipped_vectors is True

@@ -11,7 +11,6 @@ import pytest
 from tests.helpers.benchmarks import imported_benchmark
 
 
-
 @pytest.fixture(scope="module")
 def bench():
     """benchmarks/serve_agent.py, imported by path (benchmarks/ is no package; it imports first_run beside it)."""
@@ -124,8 +123,9 @@ def test_the_table_shows_a_percentile_only_where_supported(bench, capsys):
     answer = {"iterations": 2, "cost": {"generated_tokens": 100, "prefilled_tokens": 50}, "f1": 0.5}
 
     def run(policy: str, n: int, repeat: int):
-        return bench.Run("closed", 1, policy, repeat,
-                         [bench.Request(10.0 * i, 10.0 * i + 10, 200, answer) for i in range(n)])  # fmt: skip
+        return bench.Run(
+            "closed", 1, policy, repeat, [bench.Request(10.0 * i, 10.0 * i + 10, 200, answer) for i in range(n)]
+        )
 
     bench.print_table([run("natural", 20, 0), run("natural", 19, 1), run("cap1", 5, 0)], warmup=0.1)
     rows = {line.split()[3]: line for line in capsys.readouterr().out.splitlines() if line.startswith("closed")}

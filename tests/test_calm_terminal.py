@@ -47,7 +47,7 @@ def test_the_driver_line_comes_every_15_s_from_engine_start_to_the_last_trajecto
         **{70 + 9 * i: (lambda i=i: ledger.finished(f"q{i}")) for i in range(12)},
     }
     lines = []
-    for second in range(0, 200):
+    for second in range(200):
         if second in events:
             asyncio.run(events[second]())
         if second and second % HEARTBEAT_S == 0:  # the driver thread's beat
@@ -75,7 +75,8 @@ def test_the_eta_counts_the_turns_in_flight_so_side_by_side_trajectories_do_not_
     asyncio.run(_start(early, ["a", "b"]))
     early.turn_done("a")  # less than one trajectory's work in all (1 of 5 turns): no ETA yet
     assert GenerationReporter(2, clock=clock, turn_limit=4).line(asyncio.run(early.status())) == (
-        "generation: 0/2 trajectories, 0.0/min, ETA ?, 2 in flight")
+        "generation: 0/2 trajectories, 0.0/min, ETA ?, 2 in flight"
+    )
     asyncio.run(_start(ledger, [f"q{i}" for i in range(12)]))
     for second in range(1, 32):  # every trajectory a turn each 10 s; q0 answers after its third
         clock.now += 1
@@ -161,7 +162,9 @@ def test_a_step_with_nothing_to_count_says_what_it_waits_for(caplog):
 
 def test_the_generation_actor_tells_the_ledger_its_engine_start():
     ledger = CrashLedger()
-    stage = probe.GenerateStage(load_config("embedded"), FakeRetriever(), engine_factory=_fake_engine, crash_ledger=ledger)
+    stage = probe.GenerateStage(
+        load_config("embedded"), FakeRetriever(), engine_factory=_fake_engine, crash_ledger=ledger
+    )
     status = asyncio.run(ledger.status())
     stage.close()
     assert (status.engines_starting, status.engines_ready) == (0, 1)
@@ -190,13 +193,21 @@ def test_off_verbose_the_driver_does_not_relay_the_workers_and_logs_to_the_run(t
     from raypipe.data.loaders import Question
 
     question = [Question(qid="q", dataset="toy", question="q?", golden_answers=["a"])]
-    for relay, expected in ((False, [("route", tmp_path / "a" / "logs"), ("init_ray", False)]),
-                            (True, [("init_ray", True)])):  # fmt: skip
+    for relay, expected in (
+        (False, [("route", tmp_path / "a" / "logs"), ("init_ray", False)]),
+        (True, [("init_ray", True)]),
+    ):
         calls.clear()
         run = RunDir(tmp_path / ("b" if relay else "a"))
         try:
-            probe.run_probe(load_config("embedded"), run, question, retriever=FakeRetriever(),
-                            engine_factory=_fake_engine, relay_worker_logs=relay)  # fmt: skip
+            probe.run_probe(
+                load_config("embedded"),
+                run,
+                question,
+                retriever=FakeRetriever(),
+                engine_factory=_fake_engine,
+                relay_worker_logs=relay,
+            )
         except Stop:
             pass
         assert calls == expected
@@ -224,8 +235,13 @@ def test_a_generation_actor_given_a_log_dir_keeps_its_process_output_off_the_ter
     assert done.stdout == "" and "chatter" not in done.stderr
     (log_file,) = (tmp_path / "logs").glob("generation-pid*.log")
     text = log_file.read_text()
-    for line in ("INFO vllm chatter on stdout", "WARNING vllm chatter", "C library chatter on fd 2",
-                 "engine core process chatter", "generation actor ready in"):  # fmt: skip
+    for line in (
+        "INFO vllm chatter on stdout",
+        "WARNING vllm chatter",
+        "C library chatter on fd 2",
+        "engine core process chatter",
+        "generation actor ready in",
+    ):
         assert line in text
 
 
@@ -249,8 +265,13 @@ def test_setup_logging_keeps_other_libraries_info_off_the_terminal():
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert "raypipe info" in done.stderr and "onnx warning" in done.stderr
     assert "faiss info" not in done.stderr
-    verbose = subprocess.run([sys.executable, "-c", script.replace("setup_logging(False)", "setup_logging(True)")],
-                             cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    verbose = subprocess.run(
+        [sys.executable, "-c", script.replace("setup_logging(False)", "setup_logging(True)")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "faiss info" in verbose.stderr
 
 
@@ -269,10 +290,20 @@ def test_the_driver_log_file_gets_everything_and_rays_info_leaves_the_terminal(t
     ray_logger.warning("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out.")
     ray_logger.warning("Token authentication is disabled for this Ray cluster. Anyone with network access ...")
     root.info("faiss loaded")
-    assert console.getvalue() == "a worker died\nToken authentication is disabled for this Ray cluster. Anyone with network access ...\n"
+    assert (
+        console.getvalue()
+        == "a worker died\nToken authentication is disabled for this Ray cluster. Anyone with network access ...\n"
+    )
     text = path.read_text()
-    assert all(line in text for line in ("Started a local Ray instance.", "a worker died", "faiss loaded",
-                                         "Token authentication is enabled"))  # fmt: skip
+    assert all(
+        line in text
+        for line in (
+            "Started a local Ray instance.",
+            "a worker died",
+            "faiss loaded",
+            "Token authentication is enabled",
+        )
+    )
     route_driver_logs(tmp_path / "logs", logger=root, ray_logger=ray_logger)  # a second run adds no second filter
     assert [type(f) for h in ray_logger.handlers for f in h.filters] == [NoActionNotices]
     for logger in (root, ray_logger):

@@ -59,7 +59,12 @@ def test_cluster_node_types(cluster):
 
 def test_cluster_installs_the_pinned_gpu_extra(cluster):
     pyproject = (ROOT / "pyproject.toml").read_text()
-    for pin in ('"vllm==0.33.0"', '"torch==2.14.0"', '"faiss-gpu==1.15.1"', '"ray[data,train,tune,serve,default]==2.60.0"'):
+    for pin in (
+        '"vllm==0.33.0"',
+        '"torch==2.14.0"',
+        '"faiss-gpu==1.15.1"',
+        '"ray[data,train,tune,serve,default]==2.60.0"',
+    ):
         assert pin in pyproject
     for command in cluster["head_start_ray_commands"] + cluster["worker_start_ray_commands"]:
         if "ray start" in command:
@@ -166,8 +171,11 @@ def _run_initialization(cluster, tmp_path, replace=None):
     bin_dir.mkdir()
     log = tmp_path / "calls.log"
     # sudo records its command; `sudo tee -a FILE` writes what it is given to tmp_path/tee instead of FILE.
-    for tool, body in {"sudo": f'echo "sudo $*" >> {log}; [ "$1" != tee ] || cat >> {tmp_path / "tee"}',
-                       "mountpoint": "exit 1", "dpkg": "exit 0"}.items():
+    for tool, body in {
+        "sudo": f'echo "sudo $*" >> {log}; [ "$1" != tee ] || cat >> {tmp_path / "tee"}',
+        "mountpoint": "exit 1",
+        "dpkg": "exit 0",
+    }.items():
         (bin_dir / tool).write_text(f"#!/usr/bin/env bash\n{body}\n")
         (bin_dir / tool).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
@@ -231,8 +239,12 @@ def test_setup_runs_the_installer_with_the_images_python(cluster):
     script = args.index("scripts/install.sh")
     assert args[script - 1] == "bash" and args[script + 2] == "gpu"
     assert (ROOT / "scripts" / "install.sh").exists()
-    for command in (*cluster["initialization_commands"], *cluster["setup_commands"],
-                    *cluster["head_start_ray_commands"], *cluster["worker_start_ray_commands"]):
+    for command in (
+        *cluster["initialization_commands"],
+        *cluster["setup_commands"],
+        *cluster["head_start_ray_commands"],
+        *cluster["worker_start_ray_commands"],
+    ):
         assert subprocess.run(["bash", "-n", "-c", command]).returncode == 0, command
 
 

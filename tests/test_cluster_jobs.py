@@ -28,9 +28,24 @@ DATASETS = ("hotpotqa", "2wikimultihopqa", "musique")
 
 
 def job_args(corpus: Path, out: Path) -> list[str]:
-    settings = ["engine.dtype=float32", "generation.max_concurrent_trajectories=1", *PROMPT_ALONE_ENGINE, "agent.max_turns=2",
-                "agent.max_new_tokens=96", "agent.enforce_think_chars=150", f"data.corpus={corpus}"]  # fmt: skip
-    return [sys.executable, "jobs/probe.py", "--limit", "1", "--out", str(out), *(a for s in settings for a in ("--set", s))]
+    settings = [
+        "engine.dtype=float32",
+        "generation.max_concurrent_trajectories=1",
+        *PROMPT_ALONE_ENGINE,
+        "agent.max_turns=2",
+        "agent.max_new_tokens=96",
+        "agent.enforce_think_chars=150",
+        f"data.corpus={corpus}",
+    ]
+    return [
+        sys.executable,
+        "jobs/probe.py",
+        "--limit",
+        "1",
+        "--out",
+        str(out),
+        *(a for s in settings for a in ("--set", s)),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +78,12 @@ def test_submit_on_one_node_then_place_actors_on_two_nodes(cluster, paragraph_co
 
     cluster.add_node(num_cpus=1, resources={"raypipe_generation": 1})
     placed = tmp_path / "two-nodes"
-    resources = ["--set", "generation.resources={raypipe_generation: 1}", "--set", "retrieval.resources={raypipe_retrieval: 1}"]
+    resources = [
+        "--set",
+        "generation.resources={raypipe_generation: 1}",
+        "--set",
+        "retrieval.resources={raypipe_retrieval: 1}",
+    ]
     submit(cluster, job_args(corpus, placed) + resources, "raypipe-two-nodes")
     info = yaml.safe_load((placed / "probe_info.yaml").read_text())
     generation_nodes = {engine["node_id"] for engine in info["engines"]}

@@ -136,8 +136,9 @@ def test_command_prints_the_table_and_writes_the_page(runs, tmp_path, capsys, mo
     monkeypatch.setattr(sys, "argv", sys.argv[:])
     base, other = runs
     out = tmp_path / "page"
-    cli.main(["compare", str(other), "--baseline", str(base), "--out", str(out),
-              "--set", "report.bootstrap_samples=50"])  # fmt: skip
+    cli.main(
+        ["compare", str(other), "--baseline", str(base), "--out", str(out), "--set", "report.bootstrap_samples=50"]
+    )
     printed = capsys.readouterr().out
     assert printed.startswith("4 questions compared against base")
     assert "| base | 6 | 1 | 1 | 4 | hotpotqa, musique |" in printed  # the questions left out, per run
@@ -170,11 +171,20 @@ def _decisive(gain: bool):
         for i in range(12):
             exact = gain or i >= 10
             rows[f"Q{i}"] = {
-                "qid": f"Q{i}", "dataset": "hotpotqa", "question": f"q{i}?", "golden_answers": ["x"],
-                "final_answer": "x" if exact else "y", "final_f1": 1.0 if exact else 0.0,
-                "n_iterations": 1 + i % 2 if gain else 3, "stop_reason": "answer", "error": None,
-                "tokens_generated": 20 + i if gain else 40 + i, "probe_tokens": 3, "wall_s": 1.0, "transcript": "t",
-            }  # fmt: skip
+                "qid": f"Q{i}",
+                "dataset": "hotpotqa",
+                "question": f"q{i}?",
+                "golden_answers": ["x"],
+                "final_answer": "x" if exact else "y",
+                "final_f1": 1.0 if exact else 0.0,
+                "n_iterations": 1 + i % 2 if gain else 3,
+                "stop_reason": "answer",
+                "error": None,
+                "tokens_generated": 20 + i if gain else 40 + i,
+                "probe_tokens": 3,
+                "wall_s": 1.0,
+                "transcript": "t",
+            }
 
     return edit
 
@@ -188,10 +198,16 @@ def test_one_correction_family_over_metrics_and_datasets(tmp_path):
     _rewrite_trajectories(base, _decisive(False))
     _rewrite_trajectories(other, _decisive(True))
     result = compare_runs([base.path, other.path], samples=50).result.set_index("metric")
-    assert result["test_p"].to_dict() == pytest.approx({
-        "final F1": 2 / 2**10, "EM": 2 / 2**10, "iterations": 2 / 2**12, "tokens_generated": 2 / 2**12,
-        "probe_tokens": 1.0, "wall_s": 1.0,
-    })  # fmt: skip
+    assert result["test_p"].to_dict() == pytest.approx(
+        {
+            "final F1": 2 / 2**10,
+            "EM": 2 / 2**10,
+            "iterations": 2 / 2**12,
+            "tokens_generated": 2 / 2**12,
+            "probe_tokens": 1.0,
+            "wall_s": 1.0,
+        }
+    )
     assert set(result["family_size"]) == {6}
     assert result["test_p_adj"].to_numpy() == pytest.approx(adjust_pvalues(result["test_p"].to_numpy()))
     assert result.loc["iterations", "test_p_adj"] == pytest.approx(6 * 2 / 2**12)
@@ -216,8 +232,18 @@ def test_runs_scored_under_different_metric_rules_are_refused_unless_allowed(run
     assert allowed.mixed_metrics.startswith("WARNING: the runs were scored under different agent.metric rules")
     html, md = write_comparison(allowed, tmp_path / "page")
     assert "WARNING: the runs were scored under different agent.metric rules" in md.read_text()
-    cli.main(["compare", str(base), str(other.path), "--allow-mixed-metrics", "--out", str(tmp_path / "cli"),
-              "--set", "report.bootstrap_samples=20"])  # fmt: skip
+    cli.main(
+        [
+            "compare",
+            str(base),
+            str(other.path),
+            "--allow-mixed-metrics",
+            "--out",
+            str(tmp_path / "cli"),
+            "--set",
+            "report.bootstrap_samples=20",
+        ]
+    )
     assert "WARNING: the runs were scored under different agent.metric rules" in capsys.readouterr().err
 
 

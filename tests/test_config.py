@@ -57,5 +57,8 @@ def test_enforced_turn_must_fit_in_max_new_tokens():
     # 398 + 98 + 64 tag characters = 560 characters, about 140 tokens: the embedded 256 fits, 100 does not
     with pytest.raises(ConfigError, match=r"max_new_tokens=100 cannot hold the longest turn.*140 tokens"):
         load_config("embedded", ["agent.max_new_tokens=100"])
-    assert load_config("embedded", ["agent.max_new_tokens=100", "agent.enforce_think_chars=150"]).agent.max_new_tokens == 100
+    assert (
+        load_config("embedded", ["agent.max_new_tokens=100", "agent.enforce_think_chars=150"]).agent.max_new_tokens
+        == 100
+    )
     assert load_config("embedded", ["agent.max_new_tokens=100", "agent.enforcement=none"]).agent.enforcement == "none"

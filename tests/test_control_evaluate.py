@@ -178,8 +178,10 @@ def test_trajectories_from_tables_rejects_gaps():
 
 
 def test_exact_match_is_scored_from_the_recorded_answers_under_the_runs_rule():
-    rows = [{**_iteration_row("a", i, f), "probe_answer": ans}
-            for i, (f, ans) in enumerate([(0.0, None), (0.5, "The Paris"), (1.0, "paris_france")])]  # fmt: skip
+    rows = [
+        {**_iteration_row("a", i, f), "probe_answer": ans}
+        for i, (f, ans) in enumerate([(0.0, None), (0.5, "The Paris"), (1.0, "paris_france")])
+    ]
     trs = [{**_trajectory_row("a", 2, 1.0, 21, 9), "golden_answers": ["Paris France", "Paris"], "final_answer": "yes"}]
     its, trs = conform(rows, "iterations"), conform(trs, "trajectories")
     (hotpot,), _ = trajectories_from_tables(its, trs)

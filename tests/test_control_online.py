@@ -99,8 +99,12 @@ def test_pickles_without_its_loaded_state():
 
 def test_from_selected_checks_the_head(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"feature_group": "unsup+sup", "window": 3}))
-    entry = {"feature_group": "unsup+sup", "window": 3, "variant": "delta_p",
-             "thresholds": {"*": {"theta_p": 0.2, "theta_u": 0.1}, "musique": {"theta_p": 0.4, "theta_u": 0.0}}}  # fmt: skip
+    entry = {
+        "feature_group": "unsup+sup",
+        "window": 3,
+        "variant": "delta_p",
+        "thresholds": {"*": {"theta_p": 0.2, "theta_u": 0.1}, "musique": {"theta_p": 0.4, "theta_u": 0.0}},
+    }
     selected = tmp_path / "selected.json"
     selected.write_text(json.dumps({"best": entry, "faithful": {**entry, "window": 1}}))
     ctl = OnlineController.from_selected(selected, tmp_path, "best")
@@ -148,7 +152,13 @@ class ProbePredictor:
 def run_loop(controller):
     engine = FakeEngine(agent_turns([SEARCH_1, SEARCH_2, SEARCH_3, ANSWER], probe))
     loop = AgentLoop(
-        engine, FakeRetriever(n=5), SearchR1("pyterrier"), AgentConfig(max_turns=5), top_k=3, deep_k=5, controller=controller
+        engine,
+        FakeRetriever(n=5),
+        SearchR1("pyterrier"),
+        AgentConfig(max_turns=5),
+        top_k=3,
+        deep_k=5,
+        controller=controller,
     )
     return asyncio.run(loop.run(Q)), engine
 
@@ -181,8 +191,13 @@ def test_with_a_real_predictor_bundle(tmp_path):
     for short, y in (("p", x[:, 0]), ("u", x[:, 0] - 0.5)):  # P̂ follows the signal, Û = signal - 0.5
         with open(tmp_path / f"head_{short}.pkl", "wb") as fh:
             pk.dump(fit_head(x, y, cfg), fh)
-    manifest = {"feature_group": "prob", "window": 1, "feature_columns": ["signal"], "crossencoders": {},
-                "train": {"max_tokens": 64, "field_chars": 256, "title_chars": 128}}  # fmt: skip
+    manifest = {
+        "feature_group": "prob",
+        "window": 1,
+        "feature_columns": ["signal"],
+        "crossencoders": {},
+        "train": {"max_tokens": 64, "field_chars": 256, "title_chars": 128},
+    }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     ctl = OnlineController(None, Thresholds(0.6, 0.0), predictor_factory=lambda: PredictorBundle.load(tmp_path))
     history = [{**r, "signal": s} for r, s in zip(rows(3), [None, 0.2, 0.3, 0.95])]

@@ -26,8 +26,16 @@ def iteration_rows(qid: str, n: int) -> list[dict]:
 def write_run(path, parts: dict[str, list[tuple[str, str]]]) -> RunDir:
     run = RunDir(path)
     for part, rows in parts.items():
-        run.write_part("iterations", pa.Table.from_pylist([r for q, _ in rows for r in iteration_rows(q, 2)], schema=ITERATIONS), part)
-        run.write_part("trajectories", pa.Table.from_pylist([trajectory(q, reason) for q, reason in rows], schema=TRAJECTORIES), part)
+        run.write_part(
+            "iterations",
+            pa.Table.from_pylist([r for q, _ in rows for r in iteration_rows(q, 2)], schema=ITERATIONS),
+            part,
+        )
+        run.write_part(
+            "trajectories",
+            pa.Table.from_pylist([trajectory(q, reason) for q, reason in rows], schema=TRAJECTORIES),
+            part,
+        )
     return run
 
 
@@ -45,8 +53,13 @@ def test_a_rerun_keeps_the_questions_own_failures_and_removes_nothing_before_the
     """Deterministic failures (a bug or refused request: internal_error; a query that crashed its replica alone:
     query_crash) are not retried; planning the retry removes nothing (the rows go only once the rerun's engine
     and retrieval answer, :func:`retry.drop_retried`)."""
-    run = write_run(tmp_path / "run", {"part-a": [("a1", "internal_error"), ("a2", "query_crash"), ("a3", "engine_error")],
-                                       "part-b": [("b1", "retrieval_error"), ("b2", "engine_crash")]})
+    run = write_run(
+        tmp_path / "run",
+        {
+            "part-a": [("a1", "internal_error"), ("a2", "query_crash"), ("a3", "engine_error")],
+            "part-b": [("b1", "retrieval_error"), ("b2", "engine_crash")],
+        },
+    )
     caplog.set_level("INFO")
     planned = retry.plan_retry(run)
     assert planned == {"a3": "engine_error", "b1": "retrieval_error"}
@@ -54,15 +67,25 @@ def test_a_rerun_keeps_the_questions_own_failures_and_removes_nothing_before_the
     assert qids(run, "trajectories") == ["a1", "a2", "a3", "b1", "b2"]  # nothing removed yet
     assert len(qids(run, "iterations")) == 10
     assert retry.drop_retried(run, planned) == 2
-    assert qids(run, "trajectories") == ["a1", "a2", "b2"] and qids(run, "iterations") == ["a1", "a1", "a2", "a2", "b2", "b2"]
+    assert qids(run, "trajectories") == ["a1", "a2", "b2"] and qids(run, "iterations") == [
+        "a1",
+        "a1",
+        "a2",
+        "a2",
+        "b2",
+        "b2",
+    ]
 
 
 def test_retry_takes_out_exactly_the_transient_rows_from_both_tables(tmp_path, caplog):
-    run = write_run(tmp_path / "run", {
-        "part-a": [("a1", "answer"), ("a2", "retrieval_error"), ("a3", "engine_crash")],
-        "part-b": [("b1", "engine_error"), ("b2", "retrieval_error")],  # every row goes: the part is deleted
-        "part-c": [("c1", "max_turns"), ("c2", "context_overflow")],
-    })
+    run = write_run(
+        tmp_path / "run",
+        {
+            "part-a": [("a1", "answer"), ("a2", "retrieval_error"), ("a3", "engine_crash")],
+            "part-b": [("b1", "engine_error"), ("b2", "retrieval_error")],  # every row goes: the part is deleted
+            "part-c": [("c1", "max_turns"), ("c2", "context_overflow")],
+        },
+    )
     caplog.set_level("INFO")
     failed = retry.plan_retry(run)
     assert failed == {"a2": "retrieval_error", "b1": "engine_error", "b2": "retrieval_error"}

@@ -22,8 +22,16 @@ def test_frame_markdown_writes_cells_as_they_are():
 def test_stoprag_comparison_escapes_a_note_with_a_pipe():
     from raypipe.stoprag.comparison import markdown
 
-    row = {"controller": "stoprag", "questions": 4, "mean_iterations": 1.0, "iterations_change": -0.25, "mean_f1": 0.5,
-           "f1_share": 0.9, "tokens_saved": 0.1, "note": "q-net | tuned"}  # fmt: skip
+    row = {
+        "controller": "stoprag",
+        "questions": 4,
+        "mean_iterations": 1.0,
+        "iterations_change": -0.25,
+        "mean_f1": 0.5,
+        "f1_share": 0.9,
+        "tokens_saved": 0.1,
+        "note": "q-net | tuned",
+    }
     text = markdown(pd.DataFrame([row]), "Title\nmore")
     assert text.splitlines()[0] == "Title more"
     assert text.splitlines()[-1] == "| stoprag | 4 | 1.000 | -25.0% | 0.500 | 90.0% | +10.0% | q-net \\| tuned |"

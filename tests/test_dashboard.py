@@ -76,8 +76,13 @@ def _tiny_sweep(run: Path) -> list[str]:
 
     def trial(config):
         for step in range(3):
-            tune.report({"variant_index": step, "test_mean_f1": 0.1 * step + len(config["head"]) / 100,
-                         "test_iterations_change": -0.1 * step})  # fmt: skip
+            tune.report(
+                {
+                    "variant_index": step,
+                    "test_mean_f1": 0.1 * step + len(config["head"]) / 100,
+                    "test_iterations_change": -0.1 * step,
+                }
+            )
 
     tuner = tune.Tuner(
         tune.with_resources(trial, {"cpu": 1}),
@@ -125,8 +130,13 @@ def test_dashboard_serves_the_sweeps_trials_in_a_browser(tmp_path, ray_local):
     assert len(trials) == len(HEADS)
     log = tmp_path / "dashboard.log"
     with log.open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "raypipe", "dashboard", str(run), "--port", "0"], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=stderr, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "raypipe", "dashboard", str(run), "--port", "0"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
     lines = _stdout_lines(proc)
     try:
         url = _read_url(proc, lines)

@@ -116,7 +116,9 @@ def test_a_presets_limit_cuts_bundled_datasets_only_and_an_explicit_limit_every_
     mine = str(write_jsonl([q(str(i)) for i in range(7)], name="mine.jsonl"))
 
     def run(limit: int | None = None) -> dict[str, int]:
-        args = argparse.Namespace(dataset=[f"hotpotqa,{mine}"], limit=limit, no_probe=False, no_retry=False)  # --dataset, --limit
+        args = argparse.Namespace(
+            dataset=[f"hotpotqa,{mine}"], limit=limit, no_probe=False, no_retry=False
+        )  # --dataset, --limit
         data = load_config("embedded", flag_overrides(args)).data
         questions = load_datasets(data.datasets, data.limit, data.limit_files)
         return {name: sum(x.dataset == name for x in questions) for name in ("hotpotqa", "mine")}

@@ -57,13 +57,16 @@ def test_torch_held_to_avx2_stays_within_the_measured_spread_between_instruction
     Runtime under an emulated AVX2 CPU included)."""
     passages, questions = bundled_texts(8)
     out = tmp_path / "capped.npy"
-    script = ("import sys, numpy as np; from raypipe.retrieval.encoders import EncoderSpec; "
-              "e = EncoderSpec(backend='torch', device='cpu', threads=1).load(); "
-              "np.save(sys.argv[1], np.concatenate([e.encode_passages(sys.argv[2].split('\\x1f')), "
-              "e.encode_queries(sys.argv[3].split('\\x1f'))]))")
+    script = (
+        "import sys, numpy as np; from raypipe.retrieval.encoders import EncoderSpec; "
+        "e = EncoderSpec(backend='torch', device='cpu', threads=1).load(); "
+        "np.save(sys.argv[1], np.concatenate([e.encode_passages(sys.argv[2].split('\\x1f')), "
+        "e.encode_queries(sys.argv[3].split('\\x1f'))]))"
+    )
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    subprocess.run([sys.executable, "-c", script, str(out), "\x1f".join(passages), "\x1f".join(questions)],
-                   env=env, check=True)
+    subprocess.run(
+        [sys.executable, "-c", script, str(out), "\x1f".join(passages), "\x1f".join(questions)], env=env, check=True
+    )
     encoder = EncoderSpec(threads=1).load()
     native = np.concatenate([encoder.encode_passages(passages), encoder.encode_queries(questions)])
     assert distances(np.load(out), native).max() < ISA_SPREAD
@@ -104,7 +107,9 @@ def test_an_int8_index_records_its_kernels_and_warns_on_a_cpu_with_others(tmp_pa
         check_encoder(manifest, fp32, tmp_path)  # fp32 queries never search an int8 index unasked
 
 
-@pytest.mark.parametrize(("quantization", "name"), [("none", "minilm"), ("int8", "minilm-int8"), ("auto", "minilm-int8")])
+@pytest.mark.parametrize(
+    ("quantization", "name"), [("none", "minilm"), ("int8", "minilm-int8"), ("auto", "minilm-int8")]
+)
 def test_a_run_keeps_the_encoder_it_ran_with(tmp_path, quantization, name):
     """Runs made while ``auto`` (int8 for minilm) was the default say so in their config.yaml and keep it."""
     path = tmp_path / "config.yaml"

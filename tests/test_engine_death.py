@@ -45,7 +45,9 @@ def test_the_vllm_engine_tells_a_dead_engine_from_a_failed_request():
     exited = subprocess.Popen([sys.executable, "-c", "pass"])
     exited.wait()
     processes = [SimpleNamespace(pid=os.getpid()), SimpleNamespace(pid=exited.pid)]
-    engine._llm.engine_core = SimpleNamespace(resources=SimpleNamespace(engine_manager=SimpleNamespace(processes=processes)))
+    engine._llm.engine_core = SimpleNamespace(
+        resources=SimpleNamespace(engine_manager=SimpleNamespace(processes=processes))
+    )
     assert engine.core_pids() == [os.getpid()]
     with pytest.raises(EngineDiedError, match=r"EngineCore errored\): RuntimeError: socket closed"):
         engine._check_alive(RuntimeError("socket closed"))
@@ -134,8 +136,11 @@ def job_state(proc: subprocess.Popen, out: Path, tmp_path: Path) -> str:
     for process, role in engine_processes(out).items():
         with contextlib.suppress(psutil.Error):
             engines.append(f"  {role} {process.pid}, parents {[p.pid for p in process.parents()]}")
-    return (f"job {proc.pid} exit code {proc.poll()}; parts: {RunDir(out).has('trajectories')}; processes under the job:\n"
-            f"{tree}\nengine processes named in the logs:\n{chr(10).join(engines)}\n{(tmp_path / 'job.log').read_text()[-3000:]}")
+    return (
+        f"job {proc.pid} exit code {proc.poll()}; parts: {RunDir(out).has('trajectories')}; processes under the "
+        f"job:\n{tree}\nengine processes named in the "
+        f"logs:\n{chr(10).join(engines)}\n{(tmp_path / 'job.log').read_text()[-3000:]}"
+    )
 
 
 @pytest.mark.slow
@@ -147,8 +152,17 @@ def test_sigint_during_generation_stops_the_job_within_5_s_and_the_rerun_resumes
     _, reference = killed_once
     out = tmp_path / "run"
     # 3N questions in batches of two: the job is still generating when its first part lands
-    cmd = [sys.executable, str(ROOT / "jobs" / "probe.py"), "--dataset", "hotpotqa", "--limit", str(3 * N), "--out", str(out),
-           *[a for s in [*SETTINGS, f"data.corpus={config.data.corpus}"] for a in ("--set", s)]]
+    cmd = [
+        sys.executable,
+        str(ROOT / "jobs" / "probe.py"),
+        "--dataset",
+        "hotpotqa",
+        "--limit",
+        str(3 * N),
+        "--out",
+        str(out),
+        *[a for s in [*SETTINGS, f"data.corpus={config.data.corpus}"] for a in ("--set", s)],
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(tmp_path / "job.log", "wb") as log:
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -178,8 +192,13 @@ def test_sigint_during_generation_stops_the_job_within_5_s_and_the_rerun_resumes
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"{3 * N - before} new trajectories" in again.stdout
     resumed = RunDir(out)
-    assert check_run("resumed", resumed, load_questions("hotpotqa", limit=3 * N), 0.0,
-                     expect={r["qid"]: r["stop_reason"] for r in resumed.read("trajectories").to_pylist()}).passed
+    assert check_run(
+        "resumed",
+        resumed,
+        load_questions("hotpotqa", limit=3 * N),
+        0.0,
+        expect={r["qid"]: r["stop_reason"] for r in resumed.read("trajectories").to_pylist()},
+    ).passed
     # the first N (the batch written before the signal, the one it cut short) equal the reference run's
     first = {q.qid for q in load_questions("hotpotqa", limit=N)}
     others = {q.qid for q in load_questions("hotpotqa", limit=3 * N)} - first

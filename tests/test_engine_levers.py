@@ -11,8 +11,16 @@ from raypipe.core.config import ConfigError, EngineConfig, known_presets, load_c
 LEVER_KEYS = {"max_num_batched_tokens", "enable_chunked_prefill", "speculative_config"}
 # engine_kwargs' keys before the levers existed, for every preset: the common ones, the device's, the preset's own
 COMMON_KEYS = {
-    "model", "tokenizer", "dtype", "max_model_len", "tensor_parallel_size", "enable_prefix_caching", "seed",
-    "enforce_eager", "structured_outputs_config", "disable_log_stats",
+    "model",
+    "tokenizer",
+    "dtype",
+    "max_model_len",
+    "tensor_parallel_size",
+    "enable_prefix_caching",
+    "seed",
+    "enforce_eager",
+    "structured_outputs_config",
+    "disable_log_stats",
 }
 DEVICE_KEYS = {True: {"kv_cache_memory_bytes"}, False: {"gpu_memory_utilization"}}
 PRESET_KEYS = {
@@ -41,7 +49,10 @@ def test_each_lever_is_passed_alone_under_vllms_name():
     speculative = engine_kwargs(EngineConfig(speculative_ngram_tokens=3))
     assert speculative.keys() & LEVER_KEYS == {"speculative_config"}
     assert speculative["speculative_config"] == {
-        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
     }
     window = engine_kwargs(EngineConfig(speculative_ngram_tokens=5, speculative_ngram_max=6, speculative_ngram_min=6))
     lookup = window["speculative_config"]
@@ -58,8 +69,9 @@ def test_every_argument_is_one_vllm_accepts(on_cpu):
     arg_utils = pytest.importorskip("vllm.engine.arg_utils")
     from vllm.config import SpeculativeConfig
 
-    everything = EngineConfig(max_num_seqs=8, max_num_batched_tokens=8192, enable_chunked_prefill=True,
-                              speculative_ngram_tokens=3)
+    everything = EngineConfig(
+        max_num_seqs=8, max_num_batched_tokens=8192, enable_chunked_prefill=True, speculative_ngram_tokens=3
+    )
     kwargs = engine_kwargs(everything, on_cpu)
     assert LEVER_KEYS <= kwargs.keys()
     assert kwargs.keys() <= {f.name for f in dataclasses.fields(arg_utils.AsyncEngineArgs)}

@@ -46,9 +46,16 @@ DOCS = {  # id -> (vector, text)
     "c": ([1.0, 1.0], "the stratford town"),
     "d": ([-1.0, 0.5], "macbeth play"),
 }
-QUERY_VECTORS = {"Who wrote Hamlet?": [1.0, 0.2], "hamlet author": [0.5, 0.5], "shakespeare birthplace": [0.0, 1.0],
-                 "hamlet": [0.5, 0.5], "hamlet play": [0.5, 0.5], "Hamlet play": [0.5, 0.5], "playing": [0.5, 0.5],
-                 "the hamlet": [0.5, 0.5]}
+QUERY_VECTORS = {
+    "Who wrote Hamlet?": [1.0, 0.2],
+    "hamlet author": [0.5, 0.5],
+    "shakespeare birthplace": [0.0, 1.0],
+    "hamlet": [0.5, 0.5],
+    "hamlet play": [0.5, 0.5],
+    "Hamlet play": [0.5, 0.5],
+    "playing": [0.5, 0.5],
+    "the hamlet": [0.5, 0.5],
+}
 
 
 @pytest.fixture
@@ -81,8 +88,16 @@ def row(i, query, ids, scores, reasoning, logprobs, f1=0.0, utility=None, qid="q
 def trajectory():
     return [
         row(0, None, [], [], "r0", [-1.0, -1.0, -1.0, -1.0, -1.0, -3.0]),
-        row(1, "hamlet author", ["a", "b", "c"], [3.0, 2.0, 1.0], "<think> r1 </think>\n<search>", [-0.5] * 6,
-            f1=0.5, utility=0.5),  # fmt: skip
+        row(
+            1,
+            "hamlet author",
+            ["a", "b", "c"],
+            [3.0, 2.0, 1.0],
+            "<think> r1 </think>\n<search>",
+            [-0.5] * 6,
+            f1=0.5,
+            utility=0.5,
+        ),
         row(2, "shakespeare birthplace", ["c", "d", "b"], [2.0, 1.5, 0.5], "r2", [-0.2] * 7, f1=1.0, utility=0.5),
         row(3, "", [], [], "r3", [-0.1, -0.1], f1=1.0, utility=0.0),  # empty query: no retrieval
     ]
@@ -130,7 +145,7 @@ def test_rbo_against_previous_lists_and_the_question(corpus):
     assert one["rbo_ext_question_20"] == pytest.approx(overlap.rbo_extrapolated(["a", "b", "c"], question_list, 20))
     # Iteration 2 vs iteration 1: [c, d, b] vs [a, b, c]: X = 0, 0, 2.
     expected = overlap.rbo_truncated(["c", "d", "b"], ["a", "b", "c"], 3)
-    weights = [0.99 ** i for i in range(1000)]
+    weights = [0.99**i for i in range(1000)]
     tail = sum(w * 2 / (i + 1) for i, w in enumerate(weights) if i >= 3)
     assert expected == pytest.approx((weights[2] * 2 / 3 + tail) / sum(weights))
     assert two["rbo_prev_3"] == pytest.approx(expected)
@@ -302,7 +317,9 @@ def test_extract_many_batches_the_calls_and_matches_one_by_one(corpus):
     batched = extract_many(pairs, counting, encoder)
     assert encoder.calls == 1
     assert {k: counting.calls[k] for k in ("doc_vectors", "encode_queries", "search")} == {
-        "doc_vectors": 1, "encode_queries": 1, "search": 1
+        "doc_vectors": 1,
+        "encode_queries": 1,
+        "search": 1,
     }
     one_by_one = [extract_trajectory(rows, q, corpus, DictEncoder(SENTENCES)) for rows, q in pairs]
     assert batched == one_by_one
@@ -311,7 +328,14 @@ def test_extract_many_batches_the_calls_and_matches_one_by_one(corpus):
 
 def test_signal_settings_default_to_the_seed_papers():
     cfg = FeaturesConfig()
-    seed = {"rbo_p": 0.99, "nqc_depth": 100, "nqc_k": 100, "a_pair_depth": 50, "dense_qpp_k": 3, "confidence_drop_last": 4}
+    seed = {
+        "rbo_p": 0.99,
+        "nqc_depth": 100,
+        "nqc_k": 100,
+        "a_pair_depth": 50,
+        "dense_qpp_k": 3,
+        "confidence_drop_last": 4,
+    }
     assert cfg.model_dump(include=set(seed)) == seed
     assert (qpp.SEED.nqc_depth, qpp.SEED.nqc_k, qpp.SEED.a_pair_depth, qpp.SEED.dense_qpp_k) == (100, 100, 50, 3)
     assert overlap.SEED_P == 0.99

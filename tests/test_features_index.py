@@ -58,8 +58,17 @@ def test_extractor_end_to_end_on_a_real_index(corpus):
     rows = trajectory_rows(corpus, "q")
     out = extract_trajectory(rows, "Who wrote Hamlet?", corpus, SbertEncoder("minilm"))
     second = out[2]
-    for name in ("nqc_seed", "nqc_shtok", "a_pair_ratio", "dense_qpp", "rbo_prev_3", "rbo_question_20",
-                 "sim_question_query", "sim_reasoning_prev", "sim_reasoning_first"):  # fmt: skip
+    for name in (
+        "nqc_seed",
+        "nqc_shtok",
+        "a_pair_ratio",
+        "dense_qpp",
+        "rbo_prev_3",
+        "rbo_question_20",
+        "sim_question_query",
+        "sim_reasoning_prev",
+        "sim_reasoning_first",
+    ):
         assert second[name] is not None and np.isfinite(second[name]), name
     assert out[1]["sim_question_query"] > out[2]["sim_question_query"]  # "Hamlet author" is closer
     # "hamlet author": author is unknown (df counts as 1) -> max IDF = log 6
@@ -69,15 +78,33 @@ def test_extractor_end_to_end_on_a_real_index(corpus):
 def trajectory_rows(corpus, qid, f1=(0.0, 1.0, 1.0)):
     hits = corpus.retriever.search_batch(["Hamlet author", "Shakespeare birthplace"], 6)
     return [
-        {"qid": "q", "dataset": "d", "iteration": 0, "query": None, "doc_ids": [], "doc_scores": [],
-         "reasoning": "I need to find who wrote Hamlet.", "probe_token_logprobs": [-0.1] * 6,
-         "probe_f1": 0.0, "utility": None},
+        {
+            "qid": "q",
+            "dataset": "d",
+            "iteration": 0,
+            "query": None,
+            "doc_ids": [],
+            "doc_scores": [],
+            "reasoning": "I need to find who wrote Hamlet.",
+            "probe_token_logprobs": [-0.1] * 6,
+            "probe_f1": 0.0,
+            "utility": None,
+        },
     ] + [
-        {"qid": "q", "dataset": "d", "iteration": i + 1, "query": r.query, "doc_ids": [h.doc_id for h in r.hits],
-         "doc_scores": [h.score for h in r.hits], "reasoning": f"Step {i + 1}: the documents mention Shakespeare.",
-         "probe_token_logprobs": [-0.2] * 6, "probe_f1": 1.0, "utility": 1.0 if i == 0 else 0.0}
+        {
+            "qid": "q",
+            "dataset": "d",
+            "iteration": i + 1,
+            "query": r.query,
+            "doc_ids": [h.doc_id for h in r.hits],
+            "doc_scores": [h.score for h in r.hits],
+            "reasoning": f"Step {i + 1}: the documents mention Shakespeare.",
+            "probe_token_logprobs": [-0.2] * 6,
+            "probe_f1": 1.0,
+            "utility": 1.0 if i == 0 else 0.0,
+        }
         for i, r in enumerate(hits)
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.slow
@@ -96,23 +123,47 @@ def test_features_job_on_a_run_dir(index_config, corpus, tmp_path):
     for n, (qid, f1) in enumerate([("a", (0.0, 0.5, 1.0)), ("b", (0.2, 0.2, 0.0)), ("c", (1.0, 0.0, 0.5))]):
         rows = trajectory_rows(corpus, qid)
         for row, value in zip(rows, f1):
-            row.update(qid=qid, probe_f1=value, probe_answer="x", tokens_generated=5, probe_tokens=6,
-                       probe_token_logprobs=[-0.1 * (n + 1)] * 6)  # fmt: skip
+            row.update(
+                qid=qid,
+                probe_f1=value,
+                probe_answer="x",
+                tokens_generated=5,
+                probe_tokens=6,
+                probe_token_logprobs=[-0.1 * (n + 1)] * 6,
+            )
         for prev, row in zip(rows, rows[1:]):
             row["utility"] = row["probe_f1"] - prev["probe_f1"]
         iterations += rows
-        trajectories.append({"qid": qid, "dataset": "d", "question": "Who wrote Hamlet?", "golden_answers": ["x"],
-                             "final_answer": "x", "final_f1": f1[-1], "n_iterations": 2, "stop_reason": STOP_ANSWER,
-                             "error": None, "tokens_generated": 10, "probe_tokens": 18, "wall_s": 1.0,
-                             "transcript": ""})  # fmt: skip
+        trajectories.append(
+            {
+                "qid": qid,
+                "dataset": "d",
+                "question": "Who wrote Hamlet?",
+                "golden_answers": ["x"],
+                "final_answer": "x",
+                "final_f1": f1[-1],
+                "n_iterations": 2,
+                "stop_reason": STOP_ANSWER,
+                "error": None,
+                "tokens_generated": 10,
+                "probe_tokens": 18,
+                "wall_s": 1.0,
+                "transcript": "",
+            }
+        )
     run.write_part("iterations", conform(iterations, "iterations"), "part-0")
     run.write_part("trajectories", conform(trajectories, "trajectories"), "part-0")
     run.write_config(index_config)
 
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=str(root))
-    done = subprocess.run([sys.executable, str(root / "jobs" / "features.py"), str(run.path)], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(root / "jobs" / "features.py"), str(run.path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert run.read("features").num_rows == 9
     assert "r(P_i)" in done.stdout and "probe_conf" in done.stdout

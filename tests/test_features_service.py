@@ -44,7 +44,10 @@ class FakeTransport:
 
     def search(self, texts, k):
         self.calls.append(("search", len(texts), k))
-        return [SearchResult(t, [SearchHit(d, 1.0, "", "") for d in ids]) for t, ids in zip(texts, self.corpus.search(texts, k))]
+        return [
+            SearchResult(t, [SearchHit(d, 1.0, "", "") for d in ids])
+            for t, ids in zip(texts, self.corpus.search(texts, k))
+        ]
 
     def named(self, method):
         return [c for c in self.calls if c[0] == method]
@@ -61,7 +64,9 @@ def test_frequencies_are_fetched_once_per_lexicon_and_cached():
         ("document_frequencies", ("castle", "king"), "terrier"),
     ]
     plain = transport.corpus.document_frequency("castle")
-    assert corpus.document_frequency("castle") == plain and corpus.document_frequency("castle", "terrier") == plain + 1000
+    assert (
+        corpus.document_frequency("castle") == plain and corpus.document_frequency("castle", "terrier") == plain + 1000
+    )
     assert corpus.document_frequency("zzz") == 0
     corpus.prefetch_terms(["river", "zzz"])
     assert len(transport.named("document_frequencies")) == 2  # nothing new to fetch

@@ -101,10 +101,19 @@ def test_features_through_the_retrieval_service_equal_an_in_process_index(ray_lo
     from raypipe.testing.synthetic import _doc_text
 
     corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"id": f"doc{j}", "contents": f'"T{j}"\n{_doc_text(j)}'}) + "\n"
-                              for j in range(200)))
-    config = load_config("embedded", [f"data.corpus={corpus}", f"retrieval.index_dir={tmp_path / 'idx'}",
-                                      "retrieval.encoder=hash:32", "features.actors=1", "retrieval.replicas=2"])
+    corpus.write_text(
+        "".join(json.dumps({"id": f"doc{j}", "contents": f'"T{j}"\n{_doc_text(j)}'}) + "\n" for j in range(200))
+    )
+    config = load_config(
+        "embedded",
+        [
+            f"data.corpus={corpus}",
+            f"retrieval.index_dir={tmp_path / 'idx'}",
+            "retrieval.encoder=hash:32",
+            "features.actors=1",
+            "retrieval.replicas=2",
+        ],
+    )
     ensure_index(config, use_ray=False)
     run = write_synthetic_run(tmp_path / "run", n_questions=5, deep_k=20, n_docs=200, parts=2)
     rows = run_features(run, config, sentence_factory=HashEncoder)

@@ -24,8 +24,13 @@ runpy.run_path(%r, run_name="__main__")
 
 
 def test_gpu_check_runs_small_on_cpu_without_the_cluster_stack(tmp_path):
-    done = subprocess.run([sys.executable, "-c", RUN_WITHOUT % str(ROOT / "scripts" / "gpu_check.py")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_WITHOUT % str(ROOT / "scripts" / "gpu_check.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[-1] == "11 of 11 checks passed"

@@ -68,13 +68,13 @@ class FakeGpu:
     def get_num_gpus(self):
         return self.n_gpus
 
-    def StandardGpuResources(self):  # noqa: N802 (faiss's names)
+    def StandardGpuResources(self):  # faiss's names
         return object()
 
-    def GpuIndexFlatConfig(self):  # noqa: N802
+    def GpuIndexFlatConfig(self):
         return types.SimpleNamespace(device=None, useFloat16=False)
 
-    def GpuIndexFlat(self, resources, d, metric, config):  # noqa: N802
+    def GpuIndexFlat(self, resources, d, metric, config):
         record = {"device": config.device, "fp16": config.useFloat16, "adds": []}
         self.made.append(record)
 
@@ -176,7 +176,8 @@ def test_free_memory_from_nvidia_smi_for_the_visible_gpus(monkeypatch):
 
 
 def test_indexes_faiss_clones_are_not_checked(gpu_index_dir, monkeypatch):
-    (gpu_index_dir / "manifest.json").write_text(json.dumps({"count": WIKI18_ROWS, "dimension": 768,
-                                                             "factory": "IVF16384,PQ96x8"}))
+    (gpu_index_dir / "manifest.json").write_text(
+        json.dumps({"count": WIKI18_ROWS, "dimension": 768, "factory": "IVF16384,PQ96x8"})
+    )
     monkeypatch.setattr(index_mod, "free_gpu_memory", lambda gpus: pytest.fail("asked for free memory"))
     IndexDir(gpu_index_dir).check_gpu_memory(shard=True, gpus=1)

@@ -41,11 +41,15 @@ ray.shutdown()
 
 
 def test_zero_gpu_workers_see_no_gpu_on_a_gpu_node(tmp_path):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO")
+    }
     env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["task"] == "" and seen["cpu_actor"] == ""  # not unset: CUDA would show them every GPU

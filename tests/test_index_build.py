@@ -30,8 +30,16 @@ def corpus(tmp_path_factory):
 
 
 def config_for(corpus, index_dir, *extra):
-    return load_config("embedded", [f"data.corpus={corpus}", f"retrieval.index_dir={index_dir}",
-                                    "retrieval.encoder=hash:32", "retrieval.build_block_rows=10", *extra])
+    return load_config(
+        "embedded",
+        [
+            f"data.corpus={corpus}",
+            f"retrieval.index_dir={index_dir}",
+            "retrieval.encoder=hash:32",
+            "retrieval.build_block_rows=10",
+            *extra,
+        ],
+    )
 
 
 def test_hash_encoder_is_deterministic_unit_and_prefix_sensitive():
@@ -49,7 +57,7 @@ def test_hash_encoder_is_deterministic_unit_and_prefix_sensitive():
     with pytest.raises(ValueError, match="hash:DIM"):
         EncoderSpec("hash:big").dimension()
     with pytest.raises(ValueError, match="no int8"):
-        EncoderSpec("hash:8", quantization="int8").resolved_quantization
+        EncoderSpec("hash:8", quantization="int8").resolved_quantization  # noqa: B018 - the property raises
 
 
 def test_blocks_cover_the_corpus_in_order(corpus):
@@ -83,8 +91,15 @@ def test_minilm_build_equals_corpus_order_encoding(corpus, tmp_path, quantizatio
     """The embedded encoder, fp32 (the default) and int8: whatever the blocks (20 rows here, longest first
     inside each), every row is its passage's vector encoded alone in corpus order, bit for bit, because the
     ONNX encoder runs one passage per call (int8's dynamic quantisation is per call)."""
-    config = load_config("embedded", [f"data.corpus={corpus}", f"retrieval.index_dir={tmp_path / 'idx'}",
-                                      f"retrieval.encoder_quantization={quantization}", "retrieval.build_block_rows=20"])
+    config = load_config(
+        "embedded",
+        [
+            f"data.corpus={corpus}",
+            f"retrieval.index_dir={tmp_path / 'idx'}",
+            f"retrieval.encoder_quantization={quantization}",
+            "retrieval.build_block_rows=20",
+        ],
+    )
     idx = load_index_dir(ensure_index(config, use_ray=False))
     passages = list(iter_corpus(corpus))
     texts = [passage_text(p.title, p.text) for p in passages]
@@ -115,8 +130,9 @@ def test_interrupted_build_resumes_and_equals_an_uninterrupted_one(corpus, tmp_p
     target = tmp_path / "resumed"
     from raypipe.retrieval.index import expected_manifest, file_sha256
 
-    manifest = expected_manifest(encoder_spec(config.retrieval), build_module.index_settings(config.retrieval),
-                                 corpus, file_sha256(corpus))
+    manifest = expected_manifest(
+        encoder_spec(config.retrieval), build_module.index_settings(config.retrieval), corpus, file_sha256(corpus)
+    )
     with pytest.raises(Interrupted):
         build_module.build_index(config, target, manifest, encode=dies_after_two)
     blocks = tmp_path / ".resumed.build" / "blocks"
@@ -154,8 +170,9 @@ def test_chunked_ivf_equals_a_one_shot_build():
     one, _ = build_faiss(x, settings)
     from raypipe.retrieval.index import build_faiss_chunked
 
-    chunked, factory = build_faiss_chunked(lambda: (x[i : i + 70] for i in range(0, 400, 70)), 400, 16, settings,
-                                           sample=lambda rows: x[rows])
+    chunked, factory = build_faiss_chunked(
+        lambda: (x[i : i + 70] for i in range(0, 400, 70)), 400, 16, settings, sample=lambda rows: x[rows]
+    )
     one.nprobe = chunked.nprobe = 4
     assert factory == "IVF4,Flat"
     assert np.array_equal(one.search(x[:20], 5)[1], chunked.search(x[:20], 5)[1])

@@ -64,8 +64,15 @@ def test_good_import_records_the_source_and_searches(published, tmp_path):
     row = retriever.index.search(vectors[9:10], 1)[1][0][0]
     assert retriever.docs.get([int(row)])[0].doc_id == "9"
     # the probe's ensure_index over the same settings takes the imported directory as it is
-    config = load_config("embedded", [f"data.corpus={corpus}", f"retrieval.encoder=hash:{DIM}",
-                                      "retrieval.encoder_prefixes=e5", f"retrieval.index_dir={out}"])
+    config = load_config(
+        "embedded",
+        [
+            f"data.corpus={corpus}",
+            f"retrieval.encoder=hash:{DIM}",
+            "retrieval.encoder_prefixes=e5",
+            f"retrieval.index_dir={out}",
+        ],
+    )
     assert ensure_index(config, use_ray=False) == out
 
 
@@ -96,15 +103,43 @@ def test_wrong_encoder_or_prefix_fails_naming_the_rows(published, tmp_path):
 def test_cli_import_without_verification(published, tmp_path, monkeypatch, capsys):
     corpus, index_file, _ = published
     out = tmp_path / "cli"
-    monkeypatch.setattr(sys, "argv", ["raypipe index", "--import-faiss", str(index_file), "--corpus", str(corpus),
-                                      "--encoder", "hash:32", "--set", "retrieval.encoder_prefixes=none",
-                                      "--out", str(out), "--no-verify"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "raypipe index",
+            "--import-faiss",
+            str(index_file),
+            "--corpus",
+            str(corpus),
+            "--encoder",
+            "hash:32",
+            "--set",
+            "retrieval.encoder_prefixes=none",
+            "--out",
+            str(out),
+            "--no-verify",
+        ],
+    )
     index_stage.main()  # the wrong prefix goes unnoticed without verification: recorded as such
     imported = load_index_dir(out).manifest["import"]
     assert imported["verified"] is False and imported["skipped"] is True and "cosine_min" not in imported
     assert "not verified" in capsys.readouterr().out
-    monkeypatch.setattr(sys, "argv", ["raypipe index", "--import-faiss", str(index_file), "--corpus", str(corpus),
-                                      "--encoder", "hash:48", "--out", str(tmp_path / "bad")])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "raypipe index",
+            "--import-faiss",
+            str(index_file),
+            "--corpus",
+            str(corpus),
+            "--encoder",
+            "hash:48",
+            "--out",
+            str(tmp_path / "bad"),
+        ],
+    )
     with pytest.raises(SystemExit, match="error: .*dimension 32"):
         index_stage.main()
 
@@ -128,11 +163,21 @@ def test_probe_run_over_an_imported_index(published, ray_local, tmp_path):
 
     corpus, index_file, _ = published
     out = import_faiss(index_file, corpus, e5_hash(), tmp_path / "imported")
-    config = load_config("embedded", [f"data.corpus={corpus}", f"retrieval.encoder=hash:{DIM}",
-                                      "retrieval.encoder_prefixes=e5", f"retrieval.index_dir={out}",
-                                      "generation.batch_size=2", "retrieval.deep_k=5"])
-    questions = [Question(qid=f"q{i}", dataset="toy", question=f"what is passage {i}?", golden_answers=["done"])
-                 for i in range(3)]
+    config = load_config(
+        "embedded",
+        [
+            f"data.corpus={corpus}",
+            f"retrieval.encoder=hash:{DIM}",
+            "retrieval.encoder_prefixes=e5",
+            f"retrieval.index_dir={out}",
+            "generation.batch_size=2",
+            "retrieval.deep_k=5",
+        ],
+    )
+    questions = [
+        Question(qid=f"q{i}", dataset="toy", question=f"what is passage {i}?", golden_answers=["done"])
+        for i in range(3)
+    ]
     run = RunDir(tmp_path / "run")
     assert run_probe(config, run, questions, engine_factory=search_then_answer) == 3
     iterations = run.read("iterations").to_pylist()

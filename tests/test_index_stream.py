@@ -4,10 +4,10 @@ the one faiss writes for the filled index, so searches return what they returned
 import numpy as np
 import pytest
 
+from raypipe.data.loaders import iter_corpus
 from raypipe.retrieval import IndexSettings, encoder_spec, load_index_dir, passage_text
 from raypipe.retrieval import build as build_module
 from raypipe.retrieval.index import build_faiss
-from raypipe.data.loaders import iter_corpus
 from raypipe.runtime.index_build import ensure_index
 from tests.test_index_build import config_for, corpus  # noqa: F401  (the module's corpus fixture)
 
@@ -23,8 +23,9 @@ def test_streamed_flat_file_equals_faiss_write_index(tmp_path, fp16):
 
     rows, settings = unit_rows(103, 24), IndexSettings("flat", fp16=fp16)
     streamed = tmp_path / "streamed.faiss"
-    factory = build_module.stream_flat_index(lambda: (rows[i : i + 10] for i in range(0, 103, 10)), 103, 24, settings,
-                                             streamed)  # fmt: skip
+    factory = build_module.stream_flat_index(
+        lambda: (rows[i : i + 10] for i in range(0, 103, 10)), 103, 24, settings, streamed
+    )
     index, expected_factory = build_faiss(rows, settings)
     faiss.write_index(index, str(tmp_path / "whole.faiss"))
     assert factory == expected_factory

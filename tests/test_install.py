@@ -18,19 +18,35 @@ ROOT = Path(__file__).resolve().parents[1]
 def installed(tmp_path_factory) -> Path:
     """raypipe built as a wheel and installed (without dependencies) into a folder of its own."""
     work = tmp_path_factory.mktemp("install")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(work / "wheel"), str(ROOT)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(work / "wheel"),
+            str(ROOT),
+        ],
+        check=True,
+    )
     wheel = next((work / "wheel").glob("raypipe-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(work / "site"),
-                    str(wheel)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(work / "site"), str(wheel)],
+        check=True,
+    )
     return work
 
 
 def run_installed(installed: Path, *args: str) -> subprocess.CompletedProcess:
     """``python -m raypipe ARGS`` with the installed copy first on the path, run outside the checkout."""
     env = {**os.environ, "PYTHONPATH": str(installed / "site")}
-    return subprocess.run([sys.executable, "-m", "raypipe", *args], cwd=installed, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "raypipe", *args], cwd=installed, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_wheel_carries_presets_and_bundled_data(installed):
@@ -42,8 +58,13 @@ def test_wheel_carries_presets_and_bundled_data(installed):
 
 
 def test_installed_commands_find_their_presets(installed):
-    where = subprocess.run([sys.executable, "-c", "import raypipe; print(raypipe.__file__)"], cwd=installed,
-                           env={**os.environ, "PYTHONPATH": str(installed / "site")}, capture_output=True, text=True)
+    where = subprocess.run(
+        [sys.executable, "-c", "import raypipe; print(raypipe.__file__)"],
+        cwd=installed,
+        env={**os.environ, "PYTHONPATH": str(installed / "site")},
+        capture_output=True,
+        text=True,
+    )
     assert where.stdout.strip().startswith(str(installed / "site")), where.stdout + where.stderr
 
     listing = run_installed(installed, "--help")

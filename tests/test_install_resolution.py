@@ -48,18 +48,38 @@ def index_reachable():
 
 def compile_extra(extra: str, python: str, tmp_path: Path, *extra_args: str) -> str:
     assert UV.exists(), f"{UV} is missing: scripts/install.sh installs uv into the environment (RAYPIPE_INSTALLER=uv)"
-    command = [str(UV), "pip", "compile", str(PYPROJECT), "--extra", extra, "--extra", "test", "--no-config",
-               "--python-version", python, "--python-platform", PLATFORM, "--only-binary", ":all:",
-               "--no-header", "--no-annotate", "-q", *extra_args]
+    command = [
+        str(UV),
+        "pip",
+        "compile",
+        str(PYPROJECT),
+        "--extra",
+        extra,
+        "--extra",
+        "test",
+        "--no-config",
+        "--python-version",
+        python,
+        "--python-platform",
+        PLATFORM,
+        "--only-binary",
+        ":all:",
+        "--no-header",
+        "--no-annotate",
+        "-q",
+        *extra_args,
+    ]
     env = {**os.environ, "UV_HTTP_TIMEOUT": "30"}
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=tmp_path)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"uv pip compile of the {extra} extra for Python {python} took over {TIMEOUT_S} s: "
-                    f"is {INDEX} reachable?")
+        pytest.fail(
+            f"uv pip compile of the {extra} extra for Python {python} took over {TIMEOUT_S} s: is {INDEX} reachable?"
+        )
     assert result.returncode == 0, (
         f"the {extra} extra does not resolve for Python {python} on {PLATFORM} (this test needs {INDEX}):\n"
-        + result.stderr[-3000:])
+        + result.stderr[-3000:]
+    )
     return result.stdout
 
 

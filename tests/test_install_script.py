@@ -60,8 +60,13 @@ echo "[\\"uv\\"]" >> {tmp_path / "calls.jsonl"}
 def run_installer(tmp_path: Path, extra: str, installer: str, *, faiss_gpu: bool):
     venv, stubs, env = make_environment(tmp_path, faiss_gpu=faiss_gpu)
     env["RAYPIPE_INSTALLER"] = installer
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), str(venv), extra], env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install.sh"), str(venv), extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     log = tmp_path / "calls.jsonl"
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return result, calls, stubs
@@ -104,8 +109,13 @@ def check(tmp_path: Path, extra: str, *, faiss_gpu: bool, remove: tuple[str, ...
     for name in remove:
         (stubs / name / "__init__.py").unlink()
         (stubs / name).rmdir()
-    return subprocess.run([str(venv / "bin" / "python"), str(ROOT / "scripts" / "install_check.py"), extra, "check"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [str(venv / "bin" / "python"), str(ROOT / "scripts" / "install_check.py"), extra, "check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_check_refuses_a_cpu_environment_that_kept_the_vision_packages(tmp_path):

@@ -48,17 +48,31 @@ def test_pip_settings_rank_environment_over_install_over_global(pip_listing):
 
 def test_uv_gets_every_index_link_and_constraint_and_the_best_match_across_indexes(pip_listing):
     arguments = uv_pip.uv_arguments(uv_pip.pip_settings())
-    assert arguments == ["--extra-index-url", "file:///opt/a/simple", "--extra-index-url", "file:///opt/b/simple",
-                         "--find-links", "/opt/wheels", "--constraint", "/etc/pip/constraints.txt",
-                         "--index-strategy", "unsafe-best-match"]
+    assert arguments == [
+        "--extra-index-url",
+        "file:///opt/a/simple",
+        "--extra-index-url",
+        "file:///opt/b/simple",
+        "--find-links",
+        "/opt/wheels",
+        "--constraint",
+        "/etc/pip/constraints.txt",
+        "--index-strategy",
+        "unsafe-best-match",
+    ]
     assert uv_pip.uv_arguments({"index-url": "https://pypi.org/simple"}) == ["--index-url", "https://pypi.org/simple"]
 
 
 def test_pips_no_index_reaches_uv_and_drops_the_indexes(pip_listing):
     """PIP_NO_INDEX=1 (scripts/gpu_smoke.sh installs from a wheel folder only): uv must not look at any index."""
     settings = {**uv_pip.pip_settings(), "no-index": "1", "index-url": "https://pypi.org/simple"}
-    assert uv_pip.uv_arguments(settings) == ["--no-index", "--find-links", "/opt/wheels",
-                                             "--constraint", "/etc/pip/constraints.txt"]
+    assert uv_pip.uv_arguments(settings) == [
+        "--no-index",
+        "--find-links",
+        "/opt/wheels",
+        "--constraint",
+        "/etc/pip/constraints.txt",
+    ]
     assert "--no-index" not in uv_pip.uv_arguments({**settings, "no-index": "false"})
 
 
@@ -74,9 +88,15 @@ def test_uv_runs_with_pips_certificate_and_timeout(pip_listing, monkeypatch):
         seen.update(command=command, env=env)
         return subprocess.CompletedProcess(command, 3)
 
-    monkeypatch.setattr(uv_pip.subprocess, "run", lambda command, **kw: (
-        fake_uv(command, kw["env"]) if command[0] == "uv" else
-        subprocess.CompletedProcess(command, 0, stdout=LISTING, stderr="")))
+    monkeypatch.setattr(
+        uv_pip.subprocess,
+        "run",
+        lambda command, **kw: (
+            fake_uv(command, kw["env"])
+            if command[0] == "uv"
+            else subprocess.CompletedProcess(command, 0, stdout=LISTING, stderr="")
+        ),
+    )
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     monkeypatch.delenv("UV_HTTP_TIMEOUT", raising=False)
     monkeypatch.setattr(sys, "argv", ["uv_pip.py", "uv", "/venv/bin/python", "-q", "-e", ".[cpu]"])

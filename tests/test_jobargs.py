@@ -27,8 +27,12 @@ def loaded(path):
 
 @pytest.mark.parametrize("batch, alpha, decay", [(256, 0.01, 7.8125e-05), (64, 0.01, 3.125e-04), (256, 0.128, 1e-3)])
 def test_an_old_refits_alpha_becomes_the_equivalent_weight_decay(tmp_path, batch, alpha, decay):
-    old_run(tmp_path, [{"head_hidden": [32, 16], "head_alpha": alpha}, {"head_hidden": [8]}], head="sklearn",
-            head_batch_size=batch)  # fmt: skip
+    old_run(
+        tmp_path,
+        [{"head_hidden": [32, 16], "head_alpha": alpha}, {"head_hidden": [8]}],
+        head="sklearn",
+        head_batch_size=batch,
+    )
     config = loaded(tmp_path)
     converted, untouched = config.stopping.refits
     assert converted.head_weight_decay == pytest.approx(decay, rel=1e-12)  # 2 x alpha / B, by hand

@@ -14,9 +14,36 @@ PACKAGE = Path(__file__).resolve().parents[1] / "raypipe"
 JOBS = PACKAGE.parent / "jobs"
 
 # Lowest first. A module may import its own layer and the layers before it, never one after it.
-DOMAIN = ["core", "data", "llm", "retrieval", "agents", "features", "predict", "stopping", "stoprag", "analysis", "agenttrain"]
+DOMAIN = [
+    "core",
+    "data",
+    "llm",
+    "retrieval",
+    "agents",
+    "features",
+    "predict",
+    "stopping",
+    "stoprag",
+    "analysis",
+    "agenttrain",
+]
 LAYERS = [*DOMAIN, "runtime", "stages", "cli", "testing"]
-STAGE_JOBS = {"index", "probe", "features", "train", "sweep", "stoprag", "report", "serve", "serve_agent", "compare", "dashboard", "agent_data", "tune_agent", "agent_eval"}
+STAGE_JOBS = {
+    "index",
+    "probe",
+    "features",
+    "train",
+    "sweep",
+    "stoprag",
+    "report",
+    "serve",
+    "serve_agent",
+    "compare",
+    "dashboard",
+    "agent_data",
+    "tune_agent",
+    "agent_eval",
+}
 
 
 def layer_of(module: str) -> str | None:
@@ -36,8 +63,11 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module))
             # `from raypipe.x import y`: y may be a module
-            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names
-                      if node.module.split(".")[0] == "raypipe"]  # fmt: skip
+            found += [
+                (node.lineno, f"{node.module}.{alias.name}")
+                for alias in node.names
+                if node.module.split(".")[0] == "raypipe"
+            ]
     return found
 
 
@@ -168,8 +198,12 @@ def capability_probes(source: str) -> list[tuple[int, str]]:
     """(line, call) for every getattr/hasattr in ``source`` that probes an engine, retriever or client."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2):  # fmt: skip
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2
+        ):
             continue
         target, attribute = node.args[0], node.args[1]
         # the name the first argument ends in: engine, self.engine, self._retrieval_client
@@ -181,11 +215,16 @@ def capability_probes(source: str) -> list[tuple[int, str]]:
 
 
 def test_the_probe_check_finds_what_it_forbids():
-    source = "\n".join([
-        'getattr(engine, "supports_regex", True)', 'hasattr(self.client, "anything")',
-        'getattr(corpus, "prefetch_terms", None)', "getattr(self._retriever, name)",
-        'getattr(config, "model", None)', 'hasattr(loader.sampler, "set_epoch")',
-    ])  # fmt: skip
+    source = "\n".join(
+        [
+            'getattr(engine, "supports_regex", True)',
+            'hasattr(self.client, "anything")',
+            'getattr(corpus, "prefetch_terms", None)',
+            "getattr(self._retriever, name)",
+            'getattr(config, "model", None)',
+            'hasattr(loader.sampler, "set_epoch")',
+        ]
+    )
     assert [line for line, _ in capability_probes(source)] == [1, 2, 3, 4]
 
 

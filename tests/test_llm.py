@@ -63,8 +63,16 @@ def _vllm():
 
 def test_vllm_sampling_params_follow_the_request():
     params = _vllm().sampling_params(
-        GenerationRequest(prompt="p", max_tokens=64, temperature=0.7, top_p=0.9, stop=("</search>",),
-                          logprobs=True, regex="a+", seed=3),
+        GenerationRequest(
+            prompt="p",
+            max_tokens=64,
+            temperature=0.7,
+            top_p=0.9,
+            stop=("</search>",),
+            logprobs=True,
+            regex="a+",
+            seed=3,
+        ),
         max_tokens=10,
     )
     assert params.max_tokens == 10
@@ -77,14 +85,17 @@ def test_vllm_sampling_params_follow_the_request():
 
 
 def _request_output(text="hi", token_ids=(5, 6), finish="stop", stop_reason=None, logprobs=None, cached=0):
-    completion = SimpleNamespace(text=text, token_ids=list(token_ids), finish_reason=finish,
-                                 stop_reason=stop_reason, logprobs=logprobs)
+    completion = SimpleNamespace(
+        text=text, token_ids=list(token_ids), finish_reason=finish, stop_reason=stop_reason, logprobs=logprobs
+    )
     return SimpleNamespace(outputs=[completion], prompt_token_ids=[1, 2, 3], num_cached_tokens=cached)
 
 
 def test_vllm_output_becomes_a_generation():
-    logprobs = [{5: SimpleNamespace(logprob=-0.5), 9: SimpleNamespace(logprob=-3.0)},
-                {6: SimpleNamespace(logprob=-1.25)}]
+    logprobs = [
+        {5: SimpleNamespace(logprob=-0.5), 9: SimpleNamespace(logprob=-3.0)},
+        {6: SimpleNamespace(logprob=-1.25)},
+    ]
     gen = _vllm().to_generation(_request_output(stop_reason="</search>", logprobs=logprobs, cached=32), True)
     assert gen.text == "hi" and gen.token_ids == [5, 6]
     assert gen.token_logprobs == [-0.5, -1.25]
@@ -122,7 +133,12 @@ def test_vllm_engine_arguments_on_cpu_and_gpu():
     config = EngineConfig(kv_cache_gib=1.5, block_size=32, dtype="float32", max_num_seqs=8)
     cpu = module.engine_kwargs(config, "/m", on_cpu=True)
     assert cpu["kv_cache_memory_bytes"] == int(1.5 * 2**30) and "gpu_memory_utilization" not in cpu
-    assert (cpu["block_size"], cpu["dtype"], cpu["max_num_seqs"], cpu["enable_prefix_caching"]) == (32, "float32", 8, True)
+    assert (cpu["block_size"], cpu["dtype"], cpu["max_num_seqs"], cpu["enable_prefix_caching"]) == (
+        32,
+        "float32",
+        8,
+        True,
+    )
     assert cpu["structured_outputs_config"] == {"backend": "xgrammar"}
     gpu = module.engine_kwargs(EngineConfig(block_size=None, tensor_parallel_size=2), "/m", on_cpu=False)
     assert "kv_cache_memory_bytes" not in gpu and "block_size" not in gpu
@@ -135,8 +151,10 @@ def test_vllm_environment(monkeypatch):
     monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
     env = _vllm().vllm_environment
     assert env(EngineConfig(cpu_threads="0-1", regex_compile_timeout_s=30), on_cpu=True) == {
-        "VLLM_REGEX_COMPILATION_TIMEOUT_S": "30", "VLLM_USE_AOT_COMPILE": "0",
-        "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_REGEX_COMPILATION_TIMEOUT_S": "30",
+        "VLLM_USE_AOT_COMPILE": "0",
+        "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
     }
     default = env(EngineConfig(), on_cpu=True)  # every core, none reserved for the frontend
     assert (default["VLLM_CPU_OMP_THREADS_BIND"], default["VLLM_CPU_NUM_OF_RESERVED_CPU"]) == ("auto", "0")
@@ -222,8 +240,9 @@ def test_vllm_engine_serves_callers_on_any_event_loop(fake_vllm_engine):
     first = asyncio.run(engine.generate(GenerationRequest(prompt="a b c", max_tokens=5)))
 
     async def many():
-        return await asyncio.gather(*(engine.generate(GenerationRequest(prompt="a " * n, max_tokens=100))
-                                      for n in range(1, 4)))
+        return await asyncio.gather(
+            *(engine.generate(GenerationRequest(prompt="a " * n, max_tokens=100)) for n in range(1, 4))
+        )
 
     rest = asyncio.run(many())  # a second, different caller loop
     assert first.text == "3 tokens" and [g.text for g in rest] == ["1 tokens", "2 tokens", "3 tokens"]

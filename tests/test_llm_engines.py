@@ -24,7 +24,10 @@ SEARCH_R1 = (
     "example, <answer> Beijing </answer>. Question: {question}\n"
 )
 STOPS = ("</search>", "</answer>")
-FORMAT = r"<think> ?[^\s<>][^<>]{0,120}</think>\n(<search> ?[^\s<>][^<>\n]{0,60}</search>|<answer> ?[^\s<>][^<>\n]{0,40}</answer>)"
+FORMAT = (
+    r"<think> ?[^\s<>][^<>]{0,120}</think>\n"
+    r"(<search> ?[^\s<>][^<>\n]{0,60}</search>|<answer> ?[^\s<>][^<>\n]{0,40}</answer>)"
+)
 
 
 def run(coro):
@@ -49,8 +52,11 @@ def hf_engine():
 
 @pytest.fixture(scope="module")
 def vllm_engine():
-    engine = build_engine(EngineConfig(backend="vllm", dtype="float32", max_model_len=1024, kv_cache_gib=0.5,
-                                       block_size=32, enforce_eager=True))
+    engine = build_engine(
+        EngineConfig(
+            backend="vllm", dtype="float32", max_model_len=1024, kv_cache_gib=0.5, block_size=32, enforce_eager=True
+        )
+    )
     yield engine
     run(engine.close())
 

@@ -13,8 +13,14 @@ from raypipe.llm.base import ContextOverflowError, EngineError, EngineUnavailabl
 from raypipe.llm.openai_engine import OpenAIEngine
 
 OK_BODY = {
-    "choices": [{"text": " Paris", "finish_reason": "stop", "stop_reason": "</answer>",
-                 "logprobs": {"tokens": [" Paris"], "token_logprobs": [-0.25]}}],
+    "choices": [
+        {
+            "text": " Paris",
+            "finish_reason": "stop",
+            "stop_reason": "</answer>",
+            "logprobs": {"tokens": [" Paris"], "token_logprobs": [-0.25]},
+        }
+    ],
     "usage": {"prompt_tokens": 7, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 4}},
 }
 
@@ -28,7 +34,7 @@ class FakeServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's naming)
+            def do_POST(self):  # http.server's naming
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append((self.path, dict(self.headers), body))
                 status, reply, delay = server.script.pop(0) if server.script else (200, OK_BODY, 0.0)
@@ -67,8 +73,14 @@ def server():
 
 def make_engine(server, monkeypatch, **overrides):
     monkeypatch.setenv("RAYPIPE_TEST_KEY", "sekret")
-    fields = dict(backend="openai", base_url=server.url + "/", model="served-name", api_key_env="RAYPIPE_TEST_KEY",
-                  max_retries=2, request_timeout_s=5)
+    fields = dict(
+        backend="openai",
+        base_url=server.url + "/",
+        model="served-name",
+        api_key_env="RAYPIPE_TEST_KEY",
+        max_retries=2,
+        request_timeout_s=5,
+    )
     fields.update(overrides)
     return OpenAIEngine(EngineConfig(**fields), backoff_s=0.01)
 
@@ -83,8 +95,9 @@ def run(engine, request):
     return asyncio.run(go())
 
 
-REQUEST = GenerationRequest(prompt="Q: capital of France?", max_tokens=16, stop=("</search>", "</answer>"),
-                            logprobs=True, seed=1)
+REQUEST = GenerationRequest(
+    prompt="Q: capital of France?", max_tokens=16, stop=("</search>", "</answer>"), logprobs=True, seed=1
+)
 
 
 def test_completion_request_and_response(server, monkeypatch):
@@ -92,8 +105,16 @@ def test_completion_request_and_response(server, monkeypatch):
     path, headers, body = server.requests[0]
     assert path == "/v1/completions"
     assert headers["Authorization"] == "Bearer sekret"
-    assert body == {"model": "served-name", "prompt": "Q: capital of France?", "max_tokens": 16, "temperature": 0.0,
-                    "top_p": 1.0, "stop": ["</search>", "</answer>"], "seed": 1, "logprobs": 0}
+    assert body == {
+        "model": "served-name",
+        "prompt": "Q: capital of France?",
+        "max_tokens": 16,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "stop": ["</search>", "</answer>"],
+        "seed": 1,
+        "logprobs": 0,
+    }
     assert gen.text == " Paris" and gen.token_logprobs == [-0.25]
     assert (gen.finish_reason, gen.stop_string) == ("stop", "</answer>")
     assert (gen.prompt_tokens, gen.cached_prompt_tokens) == (7, 4)
@@ -110,8 +131,10 @@ def test_regex_is_sent_as_vllm_structured_outputs_and_no_key_means_no_auth(serve
 
 
 def test_length_finish_and_unknown_stop_reason(server, monkeypatch):
-    server.script = [(200, {"choices": [{"text": "abc", "finish_reason": "length"}]}, 0.0),
-                     (200, {"choices": [{"text": "abc", "finish_reason": "stop", "stop_reason": 2}]}, 0.0)]
+    server.script = [
+        (200, {"choices": [{"text": "abc", "finish_reason": "length"}]}, 0.0),
+        (200, {"choices": [{"text": "abc", "finish_reason": "stop", "stop_reason": 2}]}, 0.0),
+    ]
     first = run(make_engine(server, monkeypatch), REQUEST)
     assert (first.finish_reason, first.stop_string, first.cached_prompt_tokens) == ("length", None, None)
     second = run(make_engine(server, monkeypatch), REQUEST)
@@ -140,8 +163,12 @@ def test_timeout_is_retried(server, monkeypatch):
 @pytest.mark.parametrize(
     "status, reply, error, message",
     [
-        (400, {"error": {"message": "This model's maximum context length is 2048 tokens"}}, ContextOverflowError,
-         "maximum context length"),
+        (
+            400,
+            {"error": {"message": "This model's maximum context length is 2048 tokens"}},
+            ContextOverflowError,
+            "maximum context length",
+        ),
         (400, {"error": "n must be at least 1"}, EngineError, "HTTP 400"),  # the request refused: its own
         (422, {"error": "bad field"}, EngineError, "HTTP 422"),
         (401, {"error": "bad key"}, EngineUnavailableError, "HTTP 401"),  # the server's setup: an outage
@@ -161,7 +188,8 @@ def test_failures_become_engine_errors_without_retry(server, monkeypatch, status
 
 
 def test_unreachable_server(monkeypatch):
-    engine = OpenAIEngine(EngineConfig(backend="openai", base_url="http://127.0.0.1:9/v1", model="m", max_retries=1),
-                          backoff_s=0.01)
+    engine = OpenAIEngine(
+        EngineConfig(backend="openai", base_url="http://127.0.0.1:9/v1", model="m", max_retries=1), backoff_s=0.01
+    )
     with pytest.raises(EngineUnavailableError, match="after 2 attempts"):
         run(engine, REQUEST)

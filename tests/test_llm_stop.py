@@ -91,18 +91,33 @@ def test_tolerant_default_is_configurable():
 def test_system_prompt_is_the_reference_text():
     """prompts.py l.87-312 (STOP_DECISION_SYSTEM_PROMPT) and l.315 (STOP_DECISION_USER_PROMPT), verbatim: the
     digest is the reference string's at commit e2da463; it has seven worked examples over three questions."""
-    assert hashlib.sha256(SYSTEM_PROMPT.encode()).hexdigest() == "01bc6d25f6f4277521e740854d04ce4602a94fd45c9035bb183f37e9d8b9eebe"
+    assert (
+        hashlib.sha256(SYSTEM_PROMPT.encode()).hexdigest()
+        == "01bc6d25f6f4277521e740854d04ce4602a94fd45c9035bb183f37e9d8b9eebe"
+    )
     assert SYSTEM_PROMPT.startswith("\nGiven an original question and a series of follow-up questions each paired")
-    assert "Format your response as:\nAnalysis: [Step-by-step reasoning about information completeness]\nDecision: <STOP> or <CONTINUE>\n" in SYSTEM_PROMPT
+    assert (
+        "Format your response as:\nAnalysis: [Step-by-step reasoning about information completeness]\nDecision: "
+        "<STOP> or <CONTINUE>\n" in SYSTEM_PROMPT
+    )
     assert SYSTEM_PROMPT.count("## Input\nMain Question: ") == 7 and SYSTEM_PROMPT.count("## Output\nAnalysis: ") == 7
     assert SYSTEM_PROMPT.count("Decision: <STOP>\n") == 3 and SYSTEM_PROMPT.count("Decision: <CONTINUE>\n") == 4
-    assert USER_INSTRUCTION == ("Based on the information provided, give a short analysis of whether the original question "
-                                "can be answered. Then, decide whether to stop or continue gathering information")
+    assert USER_INSTRUCTION == (
+        "Based on the information provided, give a short analysis of whether the original question "
+        "can be answered. Then, decide whether to stop or continue gathering information"
+    )
 
 
 ROUNDS = [
-    Round("who directed X", (("d1", "X (film)", "X is a film   by Ann Lee."), ("d2", "Other", "unused")), "r", "Ann Lee"),
-    Round("where was Ann Lee born", (("d1", "X (film)", "X is a film   by Ann Lee."), ("d3", "Ann Lee", "Born in Oslo.")), "r", "Oslo"),
+    Round(
+        "who directed X", (("d1", "X (film)", "X is a film   by Ann Lee."), ("d2", "Other", "unused")), "r", "Ann Lee"
+    ),
+    Round(
+        "where was Ann Lee born",
+        (("d1", "X (film)", "X is a film   by Ann Lee."), ("d3", "Ann Lee", "Born in Oslo.")),
+        "r",
+        "Oslo",
+    ),
 ]
 
 
@@ -124,8 +139,17 @@ def test_user_message_is_the_reference_trace():
 def _history(n):
     rows = [{"iteration": 0, "query": None, "doc_ids": [], "doc_titles": [], "doc_texts": [], "probe_answer": "a0"}]
     for i in range(1, n + 1):
-        rows.append({"iteration": i, "query": f"q{i}", "doc_ids": [f"d{i}"], "doc_titles": [f"T{i}"],
-                     "doc_texts": [f"text {i}"], "probe_answer": f"a{i}", "reasoning": ""})
+        rows.append(
+            {
+                "iteration": i,
+                "query": f"q{i}",
+                "doc_ids": [f"d{i}"],
+                "doc_titles": [f"T{i}"],
+                "doc_texts": [f"text {i}"],
+                "probe_answer": f"a{i}",
+                "reasoning": "",
+            }
+        )
     return rows
 
 

@@ -35,7 +35,13 @@ def test_normalize_answer(rule, text, expected):
         ("True", ["yes"], 0.0, 0.0, 1.0),
         ("False", ["no"], 0.0, 0.0, 1.0),
         # Punctuation to space vs removed.
-        ("Greenwich Village New-York City", ["Greenwich Village, New York City"], 2 * 0.75 * 0.6 / 1.35, 2 * 0.75 * 0.6 / 1.35, 1.0),
+        (
+            "Greenwich Village New-York City",
+            ["Greenwich Village, New York City"],
+            2 * 0.75 * 0.6 / 1.35,
+            2 * 0.75 * 0.6 / 1.35,
+            1.0,
+        ),
         # Articles and case.
         ("the Eiffel tower", ["Eiffel Tower"], 1.0, 1.0, 1.0),
         # Maximum over golden answers.

@@ -21,8 +21,10 @@ from raypipe.testing.fakes import TEMPLATE, FakeRetriever
 
 ROOT = Path(__file__).resolve().parents[1]
 HOPS = [0, 1, 2, 3]  # searches before each question's answer
-QUESTIONS = [Question(qid=f"q{i}", dataset="toy", question=f"Question number {i}", golden_answers=[f"answer {i}"])
-             for i in range(len(HOPS))]  # fmt: skip
+QUESTIONS = [
+    Question(qid=f"q{i}", dataset="toy", question=f"Question number {i}", golden_answers=[f"answer {i}"])
+    for i in range(len(HOPS))
+]
 
 
 def load(name: str, file: str):
@@ -94,10 +96,12 @@ class FakeLLM:
         tokens = list(range(len(out.split())))
         logprobs = [{t: SimpleNamespace(logprob=-0.5)} for t in tokens] if params.logprobs is not None else None
         finish = "abort" if text in self.aborted else "stop"
-        completion = SimpleNamespace(text=out, token_ids=tokens, logprobs=logprobs, finish_reason=finish,
-                                     stop_reason=stop_string)  # fmt: skip
-        return SimpleNamespace(outputs=[completion], prompt_token_ids=prompt["prompt_token_ids"], num_cached_tokens=0,
-                               metrics=None)  # fmt: skip
+        completion = SimpleNamespace(
+            text=out, token_ids=tokens, logprobs=logprobs, finish_reason=finish, stop_reason=stop_string
+        )
+        return SimpleNamespace(
+            outputs=[completion], prompt_token_ids=prompt["prompt_token_ids"], num_cached_tokens=0, metrics=None
+        )
 
 
 def engine_over(offline, llm: FakeLLM):
@@ -106,8 +110,15 @@ def engine_over(offline, llm: FakeLLM):
 
 def run_lockstep(engine, questions: list[Question]) -> list[TrajectoryOutput]:
     async def lock_step():
-        loop = AgentLoop(engine, FakeRetriever(n=5), SearchR1("pyterrier"), AgentConfig(max_turns=5),
-                         top_k=3, deep_k=5, barrier=engine.lockstep_barrier(len(questions)))  # fmt: skip
+        loop = AgentLoop(
+            engine,
+            FakeRetriever(n=5),
+            SearchR1("pyterrier"),
+            AgentConfig(max_turns=5),
+            top_k=3,
+            deep_k=5,
+            barrier=engine.lockstep_barrier(len(questions)),
+        )
         return list(await asyncio.wait_for(asyncio.gather(*(loop.run(q) for q in questions)), timeout=30))
 
     return asyncio.run(lock_step())
@@ -119,7 +130,8 @@ def test_one_generate_call_per_phase_over_every_live_trajectory(offline):
     outputs = run_lockstep(engine, QUESTIONS)
     # each caller got its own output: every question ends with its own answer after its own number of searches
     assert [(o.trajectory["final_answer"], o.trajectory["n_iterations"]) for o in outputs] == [
-        (f"answer {i}", hops) for i, hops in enumerate(HOPS)]  # fmt: skip
+        (f"answer {i}", hops) for i, hops in enumerate(HOPS)
+    ]
     assert [o.iterations[-1]["probe_answer"] for o in outputs] == [f"answer {hops}" for hops in HOPS]
     # per turn one call with every live trajectory's turn, then one with all their probes; an answered
     # trajectory leaves, so the next turn's batch is one smaller
@@ -197,17 +209,37 @@ def test_without_a_barrier_every_request_is_its_own_call(offline):
 
 def result(bench, name: str, trajectories: dict[str, tuple[list[str], str]]):
     """A run of trajectories (qid -> (each row's reasoning, the transcript's tail)), transcripts built from them."""
-    outputs = [TrajectoryOutput({"qid": qid, "transcript": "".join(reasoning) + tail},
-                                [{"iteration": i, "reasoning": r} for i, r in enumerate(reasoning)])
-               for qid, (reasoning, tail) in trajectories.items()]  # fmt: skip
+    outputs = [
+        TrajectoryOutput(
+            {"qid": qid, "transcript": "".join(reasoning) + tail},
+            [{"iteration": i, "reasoning": r} for i, r in enumerate(reasoning)],
+        )
+        for qid, (reasoning, tail) in trajectories.items()
+    ]
     return bench.Result(name, 0, 1.0, outputs, bench.SharedEngine(engine=None))
 
 
 def test_transcript_differences_name_the_first_differing_iteration(bench):
-    a = result(bench, "probe", {"same": (["a", "b"], ""), "turn": (["x" * 30, "search Paris"], ""),
-                                "longer": (["a"], ""), "tail": (["a"], " forced Paris")})  # fmt: skip
-    b = result(bench, "offline-turn-sync", {"same": (["a", "b"], ""), "turn": (["x" * 30, "search Rome"], ""),
-                                            "longer": (["a", "b"], ""), "tail": (["a"], " forced Rome")})  # fmt: skip
+    a = result(
+        bench,
+        "probe",
+        {
+            "same": (["a", "b"], ""),
+            "turn": (["x" * 30, "search Paris"], ""),
+            "longer": (["a"], ""),
+            "tail": (["a"], " forced Paris"),
+        },
+    )
+    b = result(
+        bench,
+        "offline-turn-sync",
+        {
+            "same": (["a", "b"], ""),
+            "turn": (["x" * 30, "search Rome"], ""),
+            "longer": (["a", "b"], ""),
+            "tail": (["a"], " forced Rome"),
+        },
+    )
     assert bench.differing(a, b) == 3
     differences = {d.qid: d for d in bench.transcript_differences(a, b)}
     assert differences.keys() == {"turn", "longer", "tail"}

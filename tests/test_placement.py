@@ -24,8 +24,14 @@ def ray_fake_gpus():
     from tests.helpers.local_ray import ship_tests_by_value
 
     ship_tests_by_value()
-    ray.init(num_cpus=2, num_gpus=FAKE_GPUS, resources={"raypipe_generation": 1}, object_store_memory=300_000_000,
-             include_dashboard=False, log_to_driver=False)  # fmt: skip
+    ray.init(
+        num_cpus=2,
+        num_gpus=FAKE_GPUS,
+        resources={"raypipe_generation": 1},
+        object_store_memory=300_000_000,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
     yield ray
     ray.shutdown()
 
@@ -65,20 +71,26 @@ def test_llm_stop_calls_its_engine_in_an_actor_on_the_cpu_by_default(tmp_path, r
     config = load_config(overrides=["stoprag.split=[0.5,0.25,0.25]", "stoprag.llm_stop_max_questions=3"])
     assert config.generation.actor_num_gpus == 0
     stoprag_without_training(run, config, monkeypatch)
-    (pid, gpus, _), = answered_by(run.path / "stoprag" / "llm_stop.parquet")
+    ((pid, gpus, _),) = answered_by(run.path / "stoprag" / "llm_stop.parquet")
     assert pid != str(os.getpid())  # the driver built no engine
     assert gpus == "[]"  # the local default: a CPU actor
 
 
 def test_stoprag_engines_run_in_an_actor_holding_a_gpu(tmp_path, ray_fake_gpus, monkeypatch):
     run = write_stoprag_run(tmp_path / "run", n_questions=20)
-    config = load_config(overrides=[
-        "stoprag.split=[0.5,0.25,0.25]", "stoprag.llm_stop_max_questions=3", "stoprag.reward_source=generator",
-        "stoprag.reward_samples=1", "generation.actor_num_gpus=1", "generation.resources={raypipe_generation: 1}",
-    ])  # fmt: skip
+    config = load_config(
+        overrides=[
+            "stoprag.split=[0.5,0.25,0.25]",
+            "stoprag.llm_stop_max_questions=3",
+            "stoprag.reward_source=generator",
+            "stoprag.reward_samples=1",
+            "generation.actor_num_gpus=1",
+            "generation.resources={raypipe_generation: 1}",
+        ]
+    )
     stoprag_without_training(run, config, monkeypatch)
     for table in ("llm_stop.parquet", "rewards.parquet"):  # LLM-Stop and the reward generator
-        (pid, gpus, cuda), = answered_by(run.path / "stoprag" / table)
+        ((pid, gpus, cuda),) = answered_by(run.path / "stoprag" / table)
         assert pid != str(os.getpid()), table
         assert len(gpus.strip("[]").split(",")) == 1 and gpus != "[]", table
         assert cuda == gpus.strip("[]"), table
@@ -128,8 +140,16 @@ def test_train_workers_hold_one_gpu_each_and_checkpoint_into_ray_storage_path(tm
     config = load_config(overrides=[f"ray.storage_path={tmp_path / 'shared' / 'train'}"])
     storage = storage_location(config.ray.storage_path, tmp_path / "run", "stoprag/ray_train")
     (tmp_path / "record").mkdir()
-    trainer = torch_trainer(one_step_loop, {"record": str(tmp_path / "record")}, name="q", storage=storage,
-                            num_workers=FAKE_GPUS, use_gpu=True, cpus_per_worker=0.5, keep=1)  # fmt: skip
+    trainer = torch_trainer(
+        one_step_loop,
+        {"record": str(tmp_path / "record")},
+        name="q",
+        storage=storage,
+        num_workers=FAKE_GPUS,
+        use_gpu=True,
+        cpus_per_worker=0.5,
+        keep=1,
+    )
     result = trainer.fit()
     held = sorted((tmp_path / "record" / f"rank{r}").read_text().split() for r in range(FAKE_GPUS))
     assert [gpus for gpus, _, _ in held] == ["0", "1"]  # one GPU each, not the same one
@@ -145,8 +165,9 @@ def test_a_gpu_worker_whose_torch_sees_no_cuda_fails_with_one_line(tmp_path, ray
 
     monkeypatch.delenv(SIMULATED_GPUS, raising=False)
     with pytest.raises(RuntimeError, match=r"holds GPU \d \(use_gpu\) but torch sees no CUDA device: install the GPU"):
-        torch_trainer(one_step_loop, {}, name="q", storage=tmp_path, num_workers=1, use_gpu=True, cpus_per_worker=0.5,
-                      keep=1)  # fmt: skip
+        torch_trainer(
+            one_step_loop, {}, name="q", storage=tmp_path, num_workers=1, use_gpu=True, cpus_per_worker=0.5, keep=1
+        )
 
 
 def test_storage_follows_the_run_directory_or_ray_storage_path(tmp_path):
@@ -175,8 +196,14 @@ def test_stoprag_trains_into_ray_storage_path(tmp_path, monkeypatch):
 
     monkeypatch.setattr(stoprag, "torch_trainer", record)
     run = write_stoprag_run(tmp_path / "run", n_questions=20)
-    config = load_config(overrides=["stoprag.split=[0.5,0.25,0.25]", "stoprag.max_length=64", "stoprag.use_gpu=true",
-                                    f"ray.storage_path={tmp_path / 'shared'}"])  # fmt: skip
+    config = load_config(
+        overrides=[
+            "stoprag.split=[0.5,0.25,0.25]",
+            "stoprag.max_length=64",
+            "stoprag.use_gpu=true",
+            f"ray.storage_path={tmp_path / 'shared'}",
+        ]
+    )
     with pytest.raises(Built):
         stoprag.run_stoprag(run, config, llm_stop=False)
     assert asked["storage"] == str(tmp_path / "shared" / "run" / "stoprag" / "ray_train") and asked["use_gpu"]
@@ -189,8 +216,10 @@ def test_gpu_presets_keep_runs_index_and_training_on_the_shared_mount(preset):
     config = load_config(preset)
     assert config.runs_dir == "/mnt/raypipe/runs"
     assert config.retrieval.index_dir.startswith("/mnt/raypipe/index/")
-    assert storage_location(config.ray.storage_path, "/mnt/raypipe/runs/x", "stoprag/ray_train") == \
-        "/mnt/raypipe/train/x/stoprag/ray_train"
+    assert (
+        storage_location(config.ray.storage_path, "/mnt/raypipe/runs/x", "stoprag/ray_train")
+        == "/mnt/raypipe/train/x/stoprag/ray_train"
+    )
     gen = config.generation  # where LLM-Stop's engine runs: a generation node's GPU
     assert gen.actor_num_gpus == 1 and gen.resources == {"raypipe_generation": 1}
     assert config.train.use_gpu and config.stoprag.use_gpu
@@ -204,7 +233,9 @@ def test_train_and_sweep_stages_pass_ray_storage_path_on(tmp_path, monkeypatch):
     from raypipe.stages import sweep, train
 
     asked = {}
-    monkeypatch.setattr(train, "run_train", lambda *args, trainer, **kw: asked.update(train=trainer.keywords["storage"]))
+    monkeypatch.setattr(
+        train, "run_train", lambda *args, trainer, **kw: asked.update(train=trainer.keywords["storage"])
+    )
     monkeypatch.setattr(sweep, "run_sweep", lambda *args, storage, **kw: asked.update(sweep=storage))
     config = load_config(overrides=["ray.storage_path=s3://bucket/train"])
     stage = StageRun(argparse.Namespace(), RunDir(tmp_path / "r7"), config)

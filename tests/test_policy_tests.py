@@ -40,17 +40,41 @@ PREDICTIONS = {
 }
 # (F1, iterations, tokens) per policy and question, worked out by hand from the replay's cost accounting
 EXPECTED = {
-    "natural": {"q1": (1.0, 2, 30), "q2": (0.2, 3, 20), "q3": (1.0, 0, 4), "q4": (0.5, 2, 24), "q5": (0.9, 3, 24),
-                "q6": (0.0, 1, 14)},
-    "cap@1": {"q1": (0.5, 1, 20), "q2": (0.2, 1, 10), "q3": (1.0, 0, 4), "q4": (1.0, 1, 16), "q5": (0.3, 1, 12),
-              "q6": (0.0, 1, 14)},
+    "natural": {
+        "q1": (1.0, 2, 30),
+        "q2": (0.2, 3, 20),
+        "q3": (1.0, 0, 4),
+        "q4": (0.5, 2, 24),
+        "q5": (0.9, 3, 24),
+        "q6": (0.0, 1, 14),
+    },
+    "cap@1": {
+        "q1": (0.5, 1, 20),
+        "q2": (0.2, 1, 10),
+        "q3": (1.0, 0, 4),
+        "q4": (1.0, 1, 16),
+        "q5": (0.3, 1, 12),
+        "q6": (0.0, 1, 14),
+    },
     # rollback at 2 to answer 1: decided at the last iteration, so natural cost
-    "heuristic[paper] g/w1 θ=(0.5, 0)": {"q1": (0.5, 1, 20), "q2": (0.2, 3, 20), "q3": (1.0, 0, 4),
-                                          "q4": (1.0, 2, 24), "q5": (0.6, 2, 18), "q6": (0.0, 1, 14)},
+    "heuristic[paper] g/w1 θ=(0.5, 0)": {
+        "q1": (0.5, 1, 20),
+        "q2": (0.2, 3, 20),
+        "q3": (1.0, 0, 4),
+        "q4": (1.0, 2, 24),
+        "q5": (0.6, 2, 18),
+        "q6": (0.0, 1, 14),
+    },
     # musique's own θ never stops: q5 as natural stopping
-    "heuristic[paper] g/w1 per_dataset": {"q1": (0.5, 1, 20), "q2": (0.2, 3, 20), "q3": (1.0, 0, 4),
-                                          "q4": (1.0, 2, 24), "q5": (0.9, 3, 24), "q6": (0.0, 1, 14)},
-}  # fmt: skip
+    "heuristic[paper] g/w1 per_dataset": {
+        "q1": (0.5, 1, 20),
+        "q2": (0.2, 3, 20),
+        "q3": (1.0, 0, 4),
+        "q4": (1.0, 2, 24),
+        "q5": (0.9, 3, 24),
+        "q6": (0.0, 1, 14),
+    },
+}
 
 
 def em(f1: float) -> float:
@@ -59,8 +83,10 @@ def em(f1: float) -> float:
 
 
 def trajectories() -> list[Trajectory]:
-    return [Trajectory(q, ds, p, tokens, final, sum(tokens), tuple(map(em, p)), em(final))
-            for q, (ds, p, tokens, final) in TRAJECTORIES.items()]  # fmt: skip
+    return [
+        Trajectory(q, ds, p, tokens, final, sum(tokens), tuple(map(em, p)), em(final))
+        for q, (ds, p, tokens, final) in TRAJECTORIES.items()
+    ]
 
 
 def expected(policy: str, qid: str, metric: str) -> float:
@@ -70,19 +96,21 @@ def expected(policy: str, qid: str, metric: str) -> float:
 
 def table() -> pd.DataFrame:
     head = {"feature_group": "g", "window": 1, "variant": "paper"}
-    return pd.DataFrame([
-        {"controller": "natural", "selection": BASELINE_SELECTION},
-        {"controller": "cap@1", "selection": BASELINE_SELECTION},
-        {"controller": "heuristic[paper]", **head, "theta_p": 0.5, "theta_u": 0.0, "selection": FIXED_SELECTION},
-        {"controller": "heuristic[paper]", **head, "selection": "per_dataset"},
-    ])  # fmt: skip
+    return pd.DataFrame(
+        [
+            {"controller": "natural", "selection": BASELINE_SELECTION},
+            {"controller": "cap@1", "selection": BASELINE_SELECTION},
+            {"controller": "heuristic[paper]", **head, "theta_p": 0.5, "theta_u": 0.0, "selection": FIXED_SELECTION},
+            {"controller": "heuristic[paper]", **head, "selection": "per_dataset"},
+        ]
+    )
 
 
 THRESHOLDS = {("g", 1, "paper", "per_dataset"): {"*": Thresholds(0.5, 0.0), "musique": Thresholds(2.0, 2.0)}}
 
 
 def hand_outcomes() -> pd.DataFrame:
-    split = {q: "test" for q in TRAJECTORIES}
+    split = dict.fromkeys(TRAJECTORIES, "test")
     return tradeoff_outcomes(table(), trajectories(), split, {("g", 1): PREDICTIONS}, THRESHOLDS)
 
 
@@ -170,9 +198,10 @@ def test_policies_against_each_other_when_asked():
     assert len(pairs) == (3 + 3) * 4  # three against natural and three pairs, four metrics
     between = pairs[pairs["baseline"] != "natural"]
     assert set(zip(between["baseline"], between["system"])) == {
-        ("cap@1", "heuristic[paper] g/w1 θ=(0.5, 0)"), ("cap@1", "heuristic[paper] g/w1 per_dataset"),
+        ("cap@1", "heuristic[paper] g/w1 θ=(0.5, 0)"),
+        ("cap@1", "heuristic[paper] g/w1 per_dataset"),
         ("heuristic[paper] g/w1 θ=(0.5, 0)", "heuristic[paper] g/w1 per_dataset"),
-    }  # fmt: skip
+    }
     row = between[(between["baseline"] == "cap@1") & (between["metric"] == "f1")].iloc[0]
     a = [expected("cap@1", q, "f1") for q in TRAJECTORIES]
     b = [expected(row.system, q, "f1") for q in TRAJECTORIES]
@@ -183,7 +212,8 @@ def test_policies_against_each_other_when_asked():
     assert (on_natural["test_p_adj"].to_numpy() >= plain["test_p_adj"].to_numpy() - 1e-12).all()
     pvalues = table_pvalues(pairs, policy_labels(table()), "03_significance.md")
     assert pvalues.numbers.loc[1, "iterations_test_p_adj"] == pytest.approx(
-        on_natural[(on_natural["system"] == "cap@1") & (on_natural["metric"] == "iterations")]["test_p_adj"].iloc[0])
+        on_natural[(on_natural["system"] == "cap@1") & (on_natural["metric"] == "iterations")]["test_p_adj"].iloc[0]
+    )
     markdown = significance_markdown(pairs, "t", "intro")
     assert "| baseline |" in markdown.replace("baseline mean", "") and "cap@1" in markdown
 
@@ -202,13 +232,23 @@ def swept(tmp_path_factory):
     from tests.test_sweep import write_synthetic_run
 
     run = write_synthetic_run(tmp_path_factory.mktemp("sweep") / "run")
-    cfg = StoppingConfig(theta_p_grid=[0.0, 0.3, 0.6, 2.0], theta_u_grid=[-0.1, 0.2], quantile_points=1,
-                         variants=["paper", "delta_p"], refits=[])  # fmt: skip
+    cfg = StoppingConfig(
+        theta_p_grid=[0.0, 0.3, 0.6, 2.0],
+        theta_u_grid=[-0.1, 0.2],
+        quantile_points=1,
+        variants=["paper", "delta_p"],
+        refits=[],
+    )
     inputs = load_inputs(run, cfg, None)
-    grid = pd.concat([
-        evaluate_grid(inputs.trajectories, preds, cfg.variants, inputs.theta_p, inputs.theta_u, inputs.split_of)
-        .assign(feature_group=group, window=window) for (group, window), preds in inputs.heads.items()
-    ], ignore_index=True)  # fmt: skip
+    grid = pd.concat(
+        [
+            evaluate_grid(
+                inputs.trajectories, preds, cfg.variants, inputs.theta_p, inputs.theta_u, inputs.split_of
+            ).assign(feature_group=group, window=window)
+            for (group, window), preds in inputs.heads.items()
+        ],
+        ignore_index=True,
+    )
     choices = choose(inputs, grid, cfg.min_f1_share)
     out = run.path / STOPPING_DIR
     (out / DATA).mkdir(parents=True)
@@ -242,7 +282,8 @@ def test_the_sweeps_markdown_carries_pvalues_against_natural_stopping(swept):
     assert "EM (0/1): McNemar's exact test" in md and "Holm-corrected" in md
     csv = pd.read_csv(out / "01_tradeoff.csv")
     assert {"f1_t_p_adj", "f1_test_p_adj", "em_test_p_adj", "iterations_test_p_adj", "tokens_test_p_adj"} <= set(
-        csv.columns)
+        csv.columns
+    )
     assert csv.loc[csv["controller"] == "natural", "f1_t_p_adj"].isna().all()
     assert csv.loc[csv["controller"] == "cap@1", "iterations_test_p_adj"].between(0, 1).all()
     significance = pd.read_csv(out / "03_significance.csv")
@@ -271,8 +312,9 @@ def test_stoprag_comparison_carries_pvalues(tmp_path):
     controllers = {"natural": (natural, ""), "cap@1": (cap(1), "")}
     rows, outcomes = comparison_rows(test_t, controllers)
     subset = [t for t in test_t if t.qid in ("q1", "q2", "q4")]  # LLM-Stop's first questions, with natural on them
-    more, more_outcomes = comparison_rows(subset, {"natural (LLM-Stop questions)": (natural, ""),
-                                                   "llm_stop": (cap(1), "fake")})  # fmt: skip
+    more, more_outcomes = comparison_rows(
+        subset, {"natural (LLM-Stop questions)": (natural, ""), "llm_stop": (cap(1), "fake")}
+    )
     rows, outcomes = rows + more, outcomes + more_outcomes
     pvalues = stoprag_pvalues(tmp_path, rows, outcomes, ReportConfig(bootstrap_samples=200))
     write_comparison(tmp_path, rows, outcomes, len(test_t), 3, "answers: the agent's probed answer", "", pvalues)

@@ -19,10 +19,21 @@ def tiny_base(tmp_path_factory):
 
 
 def _config(base: str) -> tuple[dict, TrainConfig]:
-    cfg = TrainConfig(base_model=base, epochs=2, batch_size=2, effective_batch_size=4, max_tokens=32, num_workers=1,
-                      learning_rate=1e-4)  # fmt: skip
-    tasks = [crossencoder.Task(f"long_distance_{t}_fold0", "long_distance", TEXTS, [float(i % 2) for i in range(10)],
-                               key=f"key-{t}") for t in ("p", "u")]  # fmt: skip
+    cfg = TrainConfig(
+        base_model=base,
+        epochs=2,
+        batch_size=2,
+        effective_batch_size=4,
+        max_tokens=32,
+        num_workers=1,
+        learning_rate=1e-4,
+    )
+    tasks = [
+        crossencoder.Task(
+            f"long_distance_{t}_fold0", "long_distance", TEXTS, [float(i % 2) for i in range(10)], key=f"key-{t}"
+        )
+        for t in ("p", "u")
+    ]
     return crossencoder.loop_config(tasks, cfg, seed=0), cfg
 
 
@@ -30,10 +41,18 @@ def test_every_task_trains_epoch_by_epoch_with_a_checkpoint_each(tiny_base, tmp_
     config, cfg = _config(tiny_base)
     assert config["accum"] == 2
     ends = list(CrossEncoderTraining(config, LocalWorker()).epochs())
-    assert [e.name for e in ends] == ["long_distance_p_fold0_epoch1", "long_distance_p_fold0_epoch2",
-                                      "long_distance_u_fold0_epoch1", "long_distance_u_fold0_epoch2"]  # fmt: skip
+    assert [e.name for e in ends] == [
+        "long_distance_p_fold0_epoch1",
+        "long_distance_p_fold0_epoch2",
+        "long_distance_u_fold0_epoch1",
+        "long_distance_u_fold0_epoch2",
+    ]
     assert [(e.metrics["epoch"], e.metrics["final"], e.metrics["keep_score"]) for e in ends] == [
-        (1, False, 0), (2, True, FINAL_SCORE), (1, False, 1), (2, True, FINAL_SCORE + 1)]  # fmt: skip
+        (1, False, 0),
+        (2, True, FINAL_SCORE),
+        (1, False, 1),
+        (2, True, FINAL_SCORE + 1),
+    ]
     folder = tmp_path / "checkpoint"
     folder.mkdir()
     ends[1].save(folder)
@@ -64,9 +83,18 @@ def test_resume_starts_after_the_last_finished_task_or_again_at_a_cut_one(tiny_b
     for name, end in (("cut", next(first)), ("finished", next(first))):
         (tmp_path / name).mkdir()
         end.save(tmp_path / name)
-    for name, expected in (("finished", ["long_distance_u_fold0_epoch1", "long_distance_u_fold0_epoch2"]),
-                           ("cut", ["long_distance_p_fold0_epoch1", "long_distance_p_fold0_epoch2",
-                                    "long_distance_u_fold0_epoch1", "long_distance_u_fold0_epoch2"])):  # fmt: skip
+    for name, expected in (
+        ("finished", ["long_distance_u_fold0_epoch1", "long_distance_u_fold0_epoch2"]),
+        (
+            "cut",
+            [
+                "long_distance_p_fold0_epoch1",
+                "long_distance_p_fold0_epoch2",
+                "long_distance_u_fold0_epoch1",
+                "long_distance_u_fold0_epoch2",
+            ],
+        ),
+    ):
         resumed = CrossEncoderTraining(config, LocalWorker())
         resumed.resume(tmp_path / name)
         assert [e.name for e in resumed.epochs()] == expected

@@ -29,9 +29,15 @@ def test_default_head_is_the_seeds_torch_mlp():
     assert isinstance(fill, SimpleImputer) and fill.strategy == "constant" and fill.fill_value == 0.0
     assert isinstance(scale, StandardScaler) and isinstance(mlp, SeedMLP)
     assert mlp.get_params() == {
-        "hidden_layer_sizes": (16, 8), "batch_size": 256, "learning_rate": 1e-3, "weight_decay": 1e-3,
-        "max_epochs": 300, "validation_fraction": 0.1, "patience": 15, "random_state": 7,
-    }  # fmt: skip
+        "hidden_layer_sizes": (16, 8),
+        "batch_size": 256,
+        "learning_rate": 1e-3,
+        "weight_decay": 1e-3,
+        "max_epochs": 300,
+        "validation_fraction": 0.1,
+        "patience": 15,
+        "random_state": 7,
+    }
     net = mlp.build(5)
     assert [type(m).__name__ for m in net] == ["Linear", "ReLU", "Linear", "ReLU", "Linear"]
     (group,) = mlp.optimizer(net).param_groups
@@ -61,8 +67,9 @@ def test_equivalent_alpha_gives_the_weight_decay_gradient_on_weights_but_not_bia
     wd, batch = 1e-3, 64
     assert equivalent_alpha(1e-3, 256) == pytest.approx(0.128)
     x, y = _data(batch)
-    mlp = MLPRegressor(hidden_layer_sizes=(4,), alpha=equivalent_alpha(wd, batch), batch_size=batch, max_iter=1,
-                       random_state=0).fit(x, y)  # fmt: skip
+    mlp = MLPRegressor(
+        hidden_layer_sizes=(4,), alpha=equivalent_alpha(wd, batch), batch_size=batch, max_iter=1, random_state=0
+    ).fit(x, y)
     layers = mlp.n_layers_
     activations = [x] + [None] * (layers - 1)
     deltas = [None] * (layers - 1)

@@ -37,11 +37,17 @@ def trained(tmp_path_factory):
 
     train_run = runs.write_run(tmp_path_factory.mktemp("train"), n_questions=40, seed=1, prefix="t")
     target = runs.write_run(tmp_path_factory.mktemp("dev"), n_questions=20, seed=2, prefix="d")
-    cfg = TrainConfig(relations=["intra_iteration"], windows=[1, 2], chosen_window=2, bootstrap_samples=20,
-                      groups=["prob", "unsup+sup+prob"], ablation_windows=[1], head_max_iter=100)  # fmt: skip
+    cfg = TrainConfig(
+        relations=["intra_iteration"],
+        windows=[1, 2],
+        chosen_window=2,
+        bootstrap_samples=20,
+        groups=["prob", "unsup+sup+prob"],
+        ablation_windows=[1],
+        head_max_iter=100,
+    )
     types = {f"t{i}": ("bridge", "comparison")[i % 2] for i in range(40)} | {f"d{i}": "bridge" for i in range(20)}
-    summary = run_train(target, cfg, runs.doc_lookup, trainer=fake_trainer, train_run=train_run,
-                        question_types=types)  # fmt: skip
+    summary = run_train(target, cfg, runs.doc_lookup, trainer=fake_trainer, train_run=train_run, question_types=types)
     return train_run, target, summary, calls
 
 
@@ -67,7 +73,10 @@ def test_evaluation_on_the_target_run_only(trained):
     t3 = pd.read_csv(target.path / "predictions" / "tables" / "table3_signal_groups.csv")
     assert (t3["n"] == len(_rows(target))).all()
     assert t3["protocol"].str.contains(f"trained on the run {train_run.path}", regex=False).all()
-    assert f"trained on the run {train_run.path}" in (target.path / "predictions/tables/table3_signal_groups.md").read_text()
+    assert (
+        f"trained on the run {train_run.path}"
+        in (target.path / "predictions/tables/table3_signal_groups.md").read_text()
+    )
     assert len(target.read("sup_signals")) == len(_rows(target))
 
 

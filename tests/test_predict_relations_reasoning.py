@@ -17,11 +17,19 @@ R1_SEARCHER_TURNS = [
 def _frame(turns, reasoning="parsed"):
     iterations = pd.DataFrame(
         [
-            {"qid": "a", "dataset": "d", "iteration": i, "query": None if i == 0 else f"q{i}", "reasoning": turn,
-             "doc_ids": None if i == 0 else ["x"], "probe_f1": 0.0, "utility": None if i == 0 else 0.0}
+            {
+                "qid": "a",
+                "dataset": "d",
+                "iteration": i,
+                "query": None if i == 0 else f"q{i}",
+                "reasoning": turn,
+                "doc_ids": None if i == 0 else ["x"],
+                "probe_f1": 0.0,
+                "utility": None if i == 0 else 0.0,
+            }
             for i, turn in enumerate(turns)
         ]
-    )  # fmt: skip
+    )
     trajectories = pd.DataFrame([{"qid": "a", "question": "Who wrote Hamlet?"}])
     return relation_frame(iterations, trajectories, ["adjacent_think", "long_distance"], reasoning=reasoning)
 

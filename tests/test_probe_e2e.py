@@ -1,4 +1,5 @@
-"""End to end with the real engine and retriever: jobs/probe.py on 3 questions; vLLM trajectories equal transformers'."""
+"""End to end with the real engine and retriever: jobs/probe.py on 3 questions; vLLM trajectories equal
+transformers'."""
 
 import asyncio
 import os
@@ -25,11 +26,27 @@ def small_corpus(paragraph_corpus):
 
 def test_main_job_on_three_questions(tmp_path, small_corpus):
     out = tmp_path / "run"
-    cmd = [sys.executable, str(ROOT / "jobs" / "probe.py"), "--dataset", "hotpotqa", "--limit", "3", "--out", str(out),
-           "--set", "agent.max_turns=2", "--set", "agent.max_new_tokens=96", "--set", "ray.num_cpus=2",
-           # the first-turn grammar (think, then search) must be completable within the 96 new tokens
-           "--set", "agent.enforce_think_chars=150",
-           "--set", f"data.corpus={small_corpus}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "jobs" / "probe.py"),
+        "--dataset",
+        "hotpotqa",
+        "--limit",
+        "3",
+        "--out",
+        str(out),
+        "--set",
+        "agent.max_turns=2",
+        "--set",
+        "agent.max_new_tokens=96",
+        "--set",
+        "ray.num_cpus=2",
+        # the first-turn grammar (think, then search) must be completable within the 96 new tokens
+        "--set",
+        "agent.enforce_think_chars=150",
+        "--set",
+        f"data.corpus={small_corpus}",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -54,10 +71,21 @@ def test_vllm_trajectories_equal_transformers_float32(small_corpus):
     from raypipe.retrieval import LocalRetriever, encoder_spec, search_params
     from raypipe.runtime.index_build import ensure_index
 
-    config = load_config("embedded", ["engine.dtype=float32", "agent.enforcement=none", "agent.max_turns=2",
-                                      "agent.max_new_tokens=48", "agent.probe_max_tokens=16", f"data.corpus={small_corpus}"])  # fmt: skip
+    config = load_config(
+        "embedded",
+        [
+            "engine.dtype=float32",
+            "agent.enforcement=none",
+            "agent.max_turns=2",
+            "agent.max_new_tokens=48",
+            "agent.probe_max_tokens=16",
+            f"data.corpus={small_corpus}",
+        ],
+    )
     questions = load_questions("hotpotqa", limit=2)
-    retriever = LocalRetriever.open(ensure_index(config, use_ray=False), encoder_spec(config.retrieval), search_params(config.retrieval))
+    retriever = LocalRetriever.open(
+        ensure_index(config, use_ray=False), encoder_spec(config.retrieval), search_params(config.retrieval)
+    )
     protocol = build_protocol(config.agent)
 
     def transcripts(backend):

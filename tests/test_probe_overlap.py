@@ -57,16 +57,28 @@ CASES = {
     "turn limit, forced answer": ([SEARCH_1, SEARCH_2], by_evidence, AgentConfig(max_turns=2, at_limit="forced"), None),
     "probe 0 fails": ([SEARCH_1, SEARCH_2, ANSWER], failing_after(0, EngineUnavailableError("probe down")), None, None),
     "probe 1 fails": ([SEARCH_1, SEARCH_2, ANSWER], failing_after(1, EngineUnavailableError("probe down")), None, None),
-    "probe 1 fails, then turn 2": ([SEARCH_1, SEARCH_2, EngineUnavailableError("turn down")],
-                                   failing_after(1, EngineUnavailableError("probe down")), None, None),
+    "probe 1 fails, then turn 2": (
+        [SEARCH_1, SEARCH_2, EngineUnavailableError("turn down")],
+        failing_after(1, EngineUnavailableError("probe down")),
+        None,
+        None,
+    ),
     "probe fails unexpectedly": ([SEARCH_1, SEARCH_2, ANSWER], failing_after(2, RuntimeError("boom")), None, None),
-    "the forced answer's probe fails": ([SEARCH_1, SEARCH_2], failing_after(2, EngineUnavailableError("probe down")),
-                                        AgentConfig(max_turns=2, at_limit="forced"), None),
+    "the forced answer's probe fails": (
+        [SEARCH_1, SEARCH_2],
+        failing_after(2, EngineUnavailableError("probe down")),
+        AgentConfig(max_turns=2, at_limit="forced"),
+        None,
+    ),
     "turn 2 fails": ([SEARCH_1, SEARCH_2, EngineUnavailableError("turn down")], by_evidence, None, None),
     "invalid action corrected": (["no tags at all", SEARCH_1, ANSWER], by_evidence, None, SearchR1("original")),
-    "r1-searcher": (["<|begin_of_query|> Hamlet author <|end_of_query|>", "The answer is \\boxed{Shakespeare}"],
-                    by_evidence, None, R1Searcher("pyterrier")),
-}  # fmt: skip
+    "r1-searcher": (
+        ["<|begin_of_query|> Hamlet author <|end_of_query|>", "The answer is \\boxed{Shakespeare}"],
+        by_evidence,
+        None,
+        R1Searcher("pyterrier"),
+    ),
+}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -122,7 +134,9 @@ def test_the_next_turn_starts_before_the_probe_ends():
 
     engine = ProbeWaitsForNextTurn(agent_turns([SEARCH_1, SEARCH_2, ANSWER], by_evidence), patience=0.2)
     out, _ = run(None, None, overlap=False, engine=engine)  # probe first: the probe waits in vain
-    assert out.trajectory["stop_reason"] == "internal_error" and "TimeoutError" in out.trajectory["error"]  # outside the engine contract
+    assert (
+        out.trajectory["stop_reason"] == "internal_error" and "TimeoutError" in out.trajectory["error"]
+    )  # outside the engine contract
 
 
 def test_an_engine_death_cancels_the_probes_in_flight():

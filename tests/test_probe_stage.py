@@ -47,7 +47,10 @@ def scripted_engine(config):
 
 
 def questions(n, bad=False):
-    qs = [Question(qid=f"id{i}", dataset="toy" if i % 2 else "other", question=f"q{i}", golden_answers=[f"answer q{i}"]) for i in range(n)]
+    qs = [
+        Question(qid=f"id{i}", dataset="toy" if i % 2 else "other", question=f"q{i}", golden_answers=[f"answer q{i}"])
+        for i in range(n)
+    ]
     if bad:
         qs.append(Question(qid="bad", dataset="toy", question="q-bad", golden_answers=["x"]))
     return qs
@@ -55,7 +58,8 @@ def questions(n, bad=False):
 
 CONFIG = load_config("embedded", ["generation.batch_size=3", "generation.max_concurrent_trajectories=4"])
 NO_RETRY = load_config(
-    "embedded", ["generation.batch_size=3", "generation.max_concurrent_trajectories=4", "generation.retry_transient=false"]
+    "embedded",
+    ["generation.batch_size=3", "generation.max_concurrent_trajectories=4", "generation.retry_transient=false"],
 )
 
 
@@ -93,7 +97,11 @@ def test_run_writes_parts_resumes_and_keeps_bad_rows(ray_local, tmp_path):
 
     # a crash between the two writes leaves an orphan iterations part: the rerun removes it
     orphan = run.table_dir("iterations") / "part-crashed.parquet"
-    orphan.write_bytes((run.table_dir("iterations") / sorted(p.name for p in run.table_dir("iterations").glob("*.parquet"))[0]).read_bytes())
+    orphan.write_bytes(
+        (
+            run.table_dir("iterations") / sorted(p.name for p in run.table_dir("iterations").glob("*.parquet"))[0]
+        ).read_bytes()
+    )
     assert run_probe(NO_RETRY, run, qs, retriever=FakeRetriever(), engine_factory=scripted_engine) == 0
     assert not orphan.exists()
     assert run.read("trajectories").sort_by("qid").equals(first_t.sort_by("qid"))
@@ -141,20 +149,30 @@ def test_a_rerun_retries_only_outages_and_removes_nothing_until_its_engine_answe
     replica alone) stay. A rerun whose engine cannot start fails and removes nothing."""
     run = RunDir(tmp_path / "run")
     extra = {"bad": "q-bad", "down": "q-down", "crash": "q-crash", "cut": "q-cut"}
-    qs = questions(2) + [Question(qid=k, dataset="toy", question=v, golden_answers=[f"answer {v}"]) for k, v in extra.items()]
+    qs = questions(2) + [
+        Question(qid=k, dataset="toy", question=v, golden_answers=[f"answer {v}"]) for k, v in extra.items()
+    ]
     faulty = FakeRetriever(fail_on=["q-cut"], crash_on=["q-crash"])
     assert run_probe(CONFIG, run, qs, retriever=faulty, engine_factory=scripted_engine) == 6
     first = run.read("trajectories").sort_by("qid")
     reasons = {t["qid"]: t["stop_reason"] for t in first.to_pylist()}
-    assert reasons == {"id0": "answer", "id1": "answer", "bad": "internal_error", "down": "engine_error",
-                       "crash": "query_crash", "cut": "retrieval_error"}
+    assert reasons == {
+        "id0": "answer",
+        "id1": "answer",
+        "bad": "internal_error",
+        "down": "engine_error",
+        "crash": "query_crash",
+        "cut": "retrieval_error",
+    }
 
     with pytest.raises(Exception, match="no engine today"):  # the rerun's engine does not start: nothing removed
         run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=engine_that_cannot_start)
     assert run.read("trajectories").sort_by("qid").equals(first)
 
     up = FakeRetriever(crash_on=["q-crash"])  # the outage is over; the query still crashes its replica
-    assert run_probe(CONFIG, run, qs, retriever=up, engine_factory=scripted_engine) == 2  # down and cut; down is down again
+    assert (
+        run_probe(CONFIG, run, qs, retriever=up, engine_factory=scripted_engine) == 2
+    )  # down and cut; down is down again
     again = {t["qid"]: t for t in run.read("trajectories").to_pylist()}
     assert sorted(again) == sorted(q.qid for q in qs)  # one row per question
     assert {q: t["stop_reason"] for q, t in again.items()} == {**reasons, "cut": "answer"}
@@ -178,7 +196,13 @@ def test_rerun_with_other_settings_is_refused(tmp_path):
 def test_job_help_lists_its_flags():
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    proc = subprocess.run([sys.executable, str(root / "jobs" / "probe.py"), "--help"], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(root / "jobs" / "probe.py"), "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0
     for flag in ("--dataset", "--limit", "--out", "--config", "--set", "--no-probe", "--no-retry"):
         assert flag in proc.stdout
@@ -192,7 +216,9 @@ def test_enforcement_on_an_engine_without_structured_outputs_is_refused():
 
     with pytest.raises(ValueError, match="needs structured outputs"):
         GenerateStage(CONFIG, FakeRetriever(), engine_factory=no_regex_engine)
-    GenerateStage(load_config("embedded", ["agent.enforcement=none"]), FakeRetriever(), engine_factory=no_regex_engine).close()
+    GenerateStage(
+        load_config("embedded", ["agent.enforcement=none"]), FakeRetriever(), engine_factory=no_regex_engine
+    ).close()
 
 
 def test_actor_line_reports_finished_in_flight_and_rate(monkeypatch, caplog):
@@ -272,8 +298,12 @@ def test_a_dead_engine_fails_the_batch_and_charges_the_questions_in_flight():
 def test_a_question_at_the_crash_limit_runs_alone():
     limit = CONFIG.generation.max_question_crashes
     engine = DyingEngine(watch="q2")
-    stage = GenerateStage(CONFIG, FakeRetriever(), engine_factory=lambda c: engine,
-                          crash_ledger=ledger_with({"id2": limit, "id0": limit - 1}))
+    stage = GenerateStage(
+        CONFIG,
+        FakeRetriever(),
+        engine_factory=lambda c: engine,
+        crash_ledger=ledger_with({"id2": limit, "id0": limit - 1}),
+    )
     outputs = stage.run(questions(4))
     stage.close()
     assert [o.trajectory["stop_reason"] for o in outputs] == ["answer"] * 4
@@ -284,14 +314,18 @@ def test_a_question_at_the_crash_limit_runs_alone():
 def test_a_question_past_the_crash_limit_is_written_as_engine_crash_without_running():
     limit = CONFIG.generation.max_question_crashes
     engine = DyingEngine(dies_on="q1")  # would kill the engine again
-    stage = GenerateStage(CONFIG, FakeRetriever(), engine_factory=lambda c: engine,
-                          crash_ledger=ledger_with({"id1": limit + 1}))
+    stage = GenerateStage(
+        CONFIG, FakeRetriever(), engine_factory=lambda c: engine, crash_ledger=ledger_with({"id1": limit + 1})
+    )
     trajectories, iterations = split_output(generation.to_table(stage.run(questions(3))))
     stage.close()
     assert trajectories.schema == TRAJECTORIES and not engine.dead
     rows = {t["qid"]: t for t in trajectories.to_pylist()}
     assert rows["id1"]["stop_reason"] == "engine_crash"
-    assert f"{limit + 1} engine or actor deaths" in rows["id1"]["error"] and "EngineDiedError: injected" in rows["id1"]["error"]
+    assert (
+        f"{limit + 1} engine or actor deaths" in rows["id1"]["error"]
+        and "EngineDiedError: injected" in rows["id1"]["error"]
+    )
     assert rows["id1"]["final_answer"] is None and rows["id1"]["final_f1"] == 0.0
     assert [rows[q]["stop_reason"] for q in ("id0", "id2")] == ["answer", "answer"]
     assert "id1" not in iterations.column("qid").to_pylist()
@@ -336,7 +370,9 @@ def test_the_job_refuses_to_resume_with_other_engine_or_retrieval_settings(tmp_p
     root = Path(__file__).resolve().parents[1]
     sets = [a for s in ("generation.batch_size=3", "generation.max_concurrent_trajectories=4") for a in ("--set", s)]
     cmd = [sys.executable, str(root / "jobs" / "probe.py"), "--out", str(tmp_path / "run"), *sets, "--set", change]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     key = change.split("=")[0]
     assert f"holds trajectories from other settings ({key})" in proc.stderr
@@ -355,4 +391,6 @@ class RowDroppingStage(GenerateStage):
 def test_the_end_of_job_count_check_catches_a_stage_that_drops_a_row(ray_local, tmp_path, monkeypatch):
     monkeypatch.setattr(probe, "GenerateStage", RowDroppingStage)
     with pytest.raises(RuntimeError, match="4 questions in but 2 trajectories out"):
-        run_probe(CONFIG, RunDir(tmp_path / "run"), questions(4), retriever=FakeRetriever(), engine_factory=scripted_engine)
+        run_probe(
+            CONFIG, RunDir(tmp_path / "run"), questions(4), retriever=FakeRetriever(), engine_factory=scripted_engine
+        )

@@ -6,18 +6,18 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+import pyarrow as pa
+import pytest
 
-from raypipe.analysis import report  # noqa: E402
-from raypipe.analysis.blocks import Table, Text  # noqa: E402
-from raypipe.analysis.screenshot import assert_not_blank, blankness  # noqa: E402
-from raypipe.core.config import ReportConfig  # noqa: E402
-from raypipe.core.rundir import RunDir  # noqa: E402
-from raypipe.stages.report import build_report  # noqa: E402
-from tests.helpers.analysis_run import build_run_dir  # noqa: E402
+from raypipe.analysis import report
+from raypipe.analysis.blocks import Table, Text
+from raypipe.analysis.screenshot import assert_not_blank, blankness
+from raypipe.core.config import ReportConfig
+from raypipe.core.rundir import RunDir
+from raypipe.stages.report import build_report
+from tests.helpers.analysis_run import build_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ReportConfig(bootstrap_samples=200)
@@ -31,8 +31,14 @@ def built(tmp_path_factory):
 
 def test_page_has_the_tables_and_embedded_plots(built):
     html = built.html.read_text()
-    for title in ("seed paper", "Distribution of per-iteration utility", "Trajectories by net utility",
-                  "Mean P_i by iteration", "oracle stop", "Stop reasons"):
+    for title in (
+        "seed paper",
+        "Distribution of per-iteration utility",
+        "Trajectories by net utility",
+        "Mean P_i by iteration",
+        "oracle stop",
+        "Stop reasons",
+    ):
         assert title in html
     assert "0.750 [" in html  # hotpotqa final F1 with its interval
     assert "66.7% [" in html  # hotpotqa oracle iterations saved
@@ -85,7 +91,8 @@ def test_generic_stage_folders_show_csv_markdown_png_and_parquet(tmp_path):
     (stopping / "tables").mkdir(parents=True)
     pd.DataFrame({"theta_P": [0.3, 0.5], "F1 kept": [0.976, 0.95]}).to_csv(stopping / "01_tradeoff.csv", index=False)
     (stopping / "02_summary.md").write_text(
-        "## Operating points\n\nBest setting\nbelow.\n\n| setting | iterations |\n|---|---|\n| θ=0.3 | 2.86 |\n")
+        "## Operating points\n\nBest setting\nbelow.\n\n| setting | iterations |\n|---|---|\n| θ=0.3 | 2.86 |\n"
+    )
     pd.DataFrame({"x": [123.25]}).to_csv(stopping / "02_summary.csv", index=False)  # the .md is shown instead
     pd.DataFrame({"w": [3], "pearson": [0.438]}).to_csv(stopping / "tables" / "table3.csv", index=False)
     (stopping / "tune").mkdir()  # other subfolders (Tune logs, checkpoints) are ignored
@@ -138,9 +145,19 @@ def test_report_job(tmp_path):
     run = build_run_dir(tmp_path / "run")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "jobs" / "report.py"), str(run.path), "--set", "report.bootstrap_samples=100",
-         "--set", "report.epsilon=0.01"],
-        capture_output=True, text=True, env=env, timeout=120,
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "report.py"),
+            str(run.path),
+            "--set",
+            "report.bootstrap_samples=100",
+            "--set",
+            "report.epsilon=0.01",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert "| search_r1 | hotpotqa | 4 |" in proc.stdout

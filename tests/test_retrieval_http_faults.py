@@ -49,7 +49,7 @@ def test_a_health_answer_that_is_not_an_object_is_a_clear_error(serve):
 @pytest.mark.parametrize(
     "answer, message",
     [
-        ([["a"]], "/retrieve: expected a JSON object, got [[\"a\"]]"),
+        ([["a"]], '/retrieve: expected a JSON object, got [["a"]]'),
         ({"result": "everything"}, "expected an object with a 'result' list"),
         ({"result": [[], []]}, "1 queries sent, 2 result lists received"),
         ({"result": [5]}, "expected a list of hits"),
@@ -142,8 +142,15 @@ def test_a_refused_token_names_the_variable_and_is_not_retried(serve):
 
 
 def test_the_size_limit_and_deadline_come_from_the_config():
-    cfg = load_config("embedded", ["retrieval.backend=http", "retrieval.url=http://h:1",
-                                   "retrieval.http_max_response_bytes=5000", "retrieval.http_timeout_s=2"]).retrieval  # fmt: skip
+    cfg = load_config(
+        "embedded",
+        [
+            "retrieval.backend=http",
+            "retrieval.url=http://h:1",
+            "retrieval.http_max_response_bytes=5000",
+            "retrieval.http_timeout_s=2",
+        ],
+    ).retrieval
     client = HttpRetriever.from_config(cfg)
     assert (client.max_response_bytes, client.timeout_s) == (5000, 2.0)
 

@@ -60,7 +60,11 @@ def test_a_claim_waits_for_the_running_batch_then_nothing_else_runs_beside_its_s
         return await first, alone, await held
 
     first, alone, held = asyncio.run(main())
-    assert [r.query for r in first] == ["a", "b"] and [r.query for r in alone] == ["x"] and [r.query for r in held] == ["d"]
+    assert (
+        [r.query for r in first] == ["a", "b"]
+        and [r.query for r in alone] == ["x"]
+        and [r.query for r in held] == ["d"]
+    )
     assert search.calls == [["a", "b"], ["x"], ["d"]] and search.most == 1
     assert (batcher.batches, batcher.alone, batcher.refused) == (2, 1, 1)
 

@@ -7,15 +7,24 @@ import pytest
 
 pytest.importorskip("ray.train")
 
-from raypipe.runtime import trainer  # noqa: E402
+from raypipe.runtime import trainer
 
 TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 
 
 def test_torch_trainer_settings_and_worker_start_timeout(tmp_path, monkeypatch):
     monkeypatch.delenv(TIMEOUT, raising=False)
-    built = trainer.torch_trainer(print, {"x": 1}, name="job", storage=tmp_path, num_workers=2, use_gpu=False,
-                                  cpus_per_worker=1.5, keep=3, score_attribute="keep_score")  # fmt: skip
+    built = trainer.torch_trainer(
+        print,
+        {"x": 1},
+        name="job",
+        storage=tmp_path,
+        num_workers=2,
+        use_gpu=False,
+        cpus_per_worker=1.5,
+        keep=3,
+        score_attribute="keep_score",
+    )
     assert built.train_loop_config == {"x": 1}
     assert built.scaling_config.num_workers == 2 and built.scaling_config.resources_per_worker == {"CPU": 1.5}
     run = built.run_config
@@ -24,8 +33,9 @@ def test_torch_trainer_settings_and_worker_start_timeout(tmp_path, monkeypatch):
     assert run.failure_config.max_failures == trainer.MAX_FAILURES
     assert os.environ[TIMEOUT] == trainer.WORKER_GROUP_START_TIMEOUT_S
     monkeypatch.setenv(TIMEOUT, "30")  # a timeout set by the user wins
-    trainer.torch_trainer(print, {}, name="job", storage=tmp_path, num_workers=1, use_gpu=False, cpus_per_worker=1,
-                          keep=1)  # fmt: skip
+    trainer.torch_trainer(
+        print, {}, name="job", storage=tmp_path, num_workers=1, use_gpu=False, cpus_per_worker=1, keep=1
+    )
     assert os.environ[TIMEOUT] == "30"
 
 
@@ -51,8 +61,13 @@ def test_both_training_jobs_build_their_trainer_with_the_helper(tmp_path, monkey
         tasks = [Task("intra_iteration_p_fold0", "intra_iteration", ["a", "b", "c", "d"], [0.0, 1.0, 0.0, 1.0])]
         train.train_crossencoders(tasks, TrainConfig(num_workers=2, cpus_per_worker=1.5), tmp_path)
     with pytest.raises(Built):
-        stoprag.train_qnetwork(["s"], [Sample(0, 1.0, (0.0,), ())], StopRagConfig(num_workers=3, cpus_per_worker=0.5, max_length=256),
-                               "encoder", tmp_path / "qnet")  # fmt: skip
+        stoprag.train_qnetwork(
+            ["s"],
+            [Sample(0, 1.0, (0.0,), ())],
+            StopRagConfig(num_workers=3, cpus_per_worker=0.5, max_length=256),
+            "encoder",
+            tmp_path / "qnet",
+        )
     (ce_loop, ce), (q_loop, q) = calls
     assert ce_loop is train.train_loop_per_worker and q_loop is stoprag.train_loop
     assert (ce["num_workers"], ce["cpus_per_worker"], ce["keep"], ce["score_attribute"]) == (2, 1.5, 2, "keep_score")

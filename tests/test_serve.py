@@ -30,8 +30,13 @@ N_PASSAGES = 40
 
 def test_cli_lists_serve_retrieval():
     assert "serve-retrieval" in usage()
-    proc = subprocess.run([sys.executable, "-m", "raypipe", "serve-retrieval", "--help"], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "raypipe", "serve-retrieval", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0 and "--port" in proc.stdout and "POST /retrieve" in proc.stdout
 
 
@@ -59,11 +64,19 @@ def config(tmp_path_factory):
         corpus.write_text("".join(next(src) for _ in range(N_PASSAGES)))
     config = load_config(
         "embedded",
-        [f"data.corpus={corpus}", f"retrieval.index_dir={tmp_path_factory.mktemp('idx') / 'tiny'}",
-         "retrieval.max_wait_ms=10", "retrieval.deployment=raypipe-test-retrieval", "retrieval.num_cpus=0",
-         "ray.num_cpus=2", "generation.batch_size=4", "generation.actors=1", "generation.actor_num_cpus=0.5",
-         "retrieval.serve_max_body_bytes=100000"],
-    )  # fmt: skip
+        [
+            f"data.corpus={corpus}",
+            f"retrieval.index_dir={tmp_path_factory.mktemp('idx') / 'tiny'}",
+            "retrieval.max_wait_ms=10",
+            "retrieval.deployment=raypipe-test-retrieval",
+            "retrieval.num_cpus=0",
+            "ray.num_cpus=2",
+            "generation.batch_size=4",
+            "generation.actors=1",
+            "generation.actor_num_cpus=0.5",
+            "retrieval.serve_max_body_bytes=100000",
+        ],
+    )
     ensure_index(config, use_ray=False)
     return config
 
@@ -84,12 +97,26 @@ def test_command_prints_its_url_and_stops_cleanly_on_sigterm(config, tmp_path):
     from raypipe.core.http import TOKEN_ENV
 
     port, token = free_port(), "t0ken-for-the-test"
-    settings = [f"data.corpus={config.data.corpus}", f"retrieval.index_dir={config.retrieval.index_dir}", "ray.num_cpus=1"]
+    settings = [
+        f"data.corpus={config.data.corpus}",
+        f"retrieval.index_dir={config.retrieval.index_dir}",
+        "ray.num_cpus=1",
+    ]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raypipe", "serve-retrieval", "--port", str(port), *(a for s in settings for a in ("--set", s))],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "raypipe",
+            "serve-retrieval",
+            "--port",
+            str(port),
+            *(a for s in settings for a in ("--set", s)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT), TOKEN_ENV: token},
-    )  # fmt: skip
+    )
     lines = []
     try:
         deadline = time.monotonic() + 240
@@ -154,7 +181,9 @@ def test_every_path_returns_the_in_job_ids_and_scores(config, local, service):
     finally:
         actors.shutdown()
     over_http = HttpRetriever(service).search_batch(queries, k)
-    by_handle = asyncio.run(ServeRetriever(config.retrieval.deployment, config.retrieval.serve_timeout_s).search(queries, k))
+    by_handle = asyncio.run(
+        ServeRetriever(config.retrieval.deployment, config.retrieval.serve_timeout_s).search(queries, k)
+    )
     assert in_job == expected
     assert ids_and_scores(over_http) == expected  # scores exactly: floats survive JSON
     assert ids_and_scores(by_handle) == expected
@@ -164,7 +193,9 @@ def test_every_path_returns_the_in_job_ids_and_scores(config, local, service):
 
     # an outside client: Search-R1's request, its topk fallback (3), and documents alone without scores
     raw = get_json(f"{service}/retrieve", {"queries": queries[:2]})
-    assert [[d["id"] for d in ranked] for ranked in raw["result"]] == [[i for i, _ in ranked[:3]] for ranked in expected[:2]]
+    assert [[d["id"] for d in ranked] for ranked in raw["result"]] == [
+        [i for i, _ in ranked[:3]] for ranked in expected[:2]
+    ]
     scored = get_json(f"{service}/retrieve", {"queries": queries[:1], "topk": 2, "return_scores": True})
     assert [(h["document"]["id"], h["score"]) for h in scored["result"][0]] == expected[0][:2]
     health = get_json(f"{service}/health")
@@ -192,10 +223,15 @@ def test_corpus_calls_answer_as_the_in_job_actors(config, local, service):
     assert expected[2] == [local.index_dir.stats.df(t) for t in terms] and expected[2][-1] == 0
     actors = start_retrieval_service(config, local.index_dir.path)
     try:
-        transports = {"actors": ReplicaTransport(actors), "serve": ServeTransport(ServeRetriever(config.retrieval.deployment, config.retrieval.serve_timeout_s)),
-                      "http": HttpTransport(HttpRetriever(service), chunk=4)}  # fmt: skip
-        got = {name: (t.corpus_info(), t.doc_vectors(ids), t.document_frequencies(terms, "plain"), t.encode_queries(texts))
-               for name, t in transports.items()}  # fmt: skip
+        transports = {
+            "actors": ReplicaTransport(actors),
+            "serve": ServeTransport(ServeRetriever(config.retrieval.deployment, config.retrieval.serve_timeout_s)),
+            "http": HttpTransport(HttpRetriever(service), chunk=4),
+        }
+        got = {
+            name: (t.corpus_info(), t.doc_vectors(ids), t.document_frequencies(terms, "plain"), t.encode_queries(texts))
+            for name, t in transports.items()
+        }
     finally:
         actors.shutdown()
     for name, (info, vectors, dfs, queries) in got.items():
@@ -224,21 +260,55 @@ def features_run(path: Path, local: LocalRetriever) -> RunDir:
     for q in range(4):
         first, second = docs[q], docs[q + 4]
         queries = [f"{first.title} {second.title}", f"what about {second.text[:40]}"]
-        rows = [{"qid": f"q{q}", "dataset": "toy", "iteration": 0, "query": None, "doc_ids": [], "doc_scores": [],
-                 "reasoning": f"I should look up {first.title}.", "probe_token_logprobs": [-0.1 * (q + 1)] * 5,
-                 "probe_f1": 0.0, "utility": None}]  # fmt: skip
+        rows = [
+            {
+                "qid": f"q{q}",
+                "dataset": "toy",
+                "iteration": 0,
+                "query": None,
+                "doc_ids": [],
+                "doc_scores": [],
+                "reasoning": f"I should look up {first.title}.",
+                "probe_token_logprobs": [-0.1 * (q + 1)] * 5,
+                "probe_f1": 0.0,
+                "utility": None,
+            }
+        ]
         for i, result in enumerate(local.search_batch(queries, 10), start=1):
-            rows.append({"qid": f"q{q}", "dataset": "toy", "iteration": i, "query": result.query,
-                         "doc_ids": [h.doc_id for h in result.hits], "doc_scores": [h.score for h in result.hits],
-                         "reasoning": f"Step {i}: {result.hits[0].title} is mentioned.",
-                         "probe_token_logprobs": [-0.3 / i] * 4, "probe_f1": 0.5 * i, "utility": 0.5})  # fmt: skip
+            rows.append(
+                {
+                    "qid": f"q{q}",
+                    "dataset": "toy",
+                    "iteration": i,
+                    "query": result.query,
+                    "doc_ids": [h.doc_id for h in result.hits],
+                    "doc_scores": [h.score for h in result.hits],
+                    "reasoning": f"Step {i}: {result.hits[0].title} is mentioned.",
+                    "probe_token_logprobs": [-0.3 / i] * 4,
+                    "probe_f1": 0.5 * i,
+                    "utility": 0.5,
+                }
+            )
         for row in rows:
             row.update(probe_answer="x", tokens_generated=5, probe_tokens=4)
         iterations += rows
-        trajectories.append({"qid": f"q{q}", "dataset": "toy", "question": f"Who links {first.title} and {second.title}?",
-                             "golden_answers": ["x"], "final_answer": "x", "final_f1": 1.0, "n_iterations": 2,
-                             "stop_reason": STOP_ANSWER, "error": None, "tokens_generated": 15, "probe_tokens": 12,
-                             "wall_s": 1.0, "transcript": ""})  # fmt: skip
+        trajectories.append(
+            {
+                "qid": f"q{q}",
+                "dataset": "toy",
+                "question": f"Who links {first.title} and {second.title}?",
+                "golden_answers": ["x"],
+                "final_answer": "x",
+                "final_f1": 1.0,
+                "n_iterations": 2,
+                "stop_reason": STOP_ANSWER,
+                "error": None,
+                "tokens_generated": 15,
+                "probe_tokens": 12,
+                "wall_s": 1.0,
+                "transcript": "",
+            }
+        )
     run.write_part("iterations", conform(iterations, "iterations"), "part-0")
     run.write_part("trajectories", conform(trajectories, "trajectories"), "part-0")
     return run
@@ -254,7 +324,9 @@ def test_features_stage_through_the_deployment_equals_the_in_job_service(config,
     run = features_run(tmp_path / "run", local)
     tables = {}
     for backend in ("actors", "serve", "http"):
-        job = config.model_copy(update={"retrieval": config.retrieval.model_copy(update={"backend": backend, "url": service})})
+        job = config.model_copy(
+            update={"retrieval": config.retrieval.model_copy(update={"backend": backend, "url": service})}
+        )
         assert run_features(run, job, sentence_factory=HashEncoder) == 12
         tables[backend] = {(r["qid"], r["iteration"]): r for r in run.read("features").to_pylist()}
     assert len(tables["actors"]) == 12
@@ -289,8 +361,13 @@ def test_probe_job_against_the_deployment(config, local, service, tmp_path, back
     from raypipe.stages.probe import run_probe
 
     docs = local.docs.get(range(0, 24, 3))
-    questions = [Question(qid=f"q{i}", dataset="toy", question=f"Who is {d.title}", golden_answers=["x"]) for i, d in enumerate(docs)]
-    job = config.model_copy(update={"retrieval": config.retrieval.model_copy(update={"backend": backend, "url": service})})
+    questions = [
+        Question(qid=f"q{i}", dataset="toy", question=f"Who is {d.title}", golden_answers=["x"])
+        for i, d in enumerate(docs)
+    ]
+    job = config.model_copy(
+        update={"retrieval": config.retrieval.model_copy(update={"backend": backend, "url": service})}
+    )
     run = RunDir(tmp_path / "run")
     assert run_probe(job, run, questions, engine_factory=titles_engine) == len(questions)
 
@@ -330,8 +407,12 @@ def test_one_request_takes_no_more_than_the_limits_allow(config, local, service)
         ("/retrieve", {"queries": too_many}, 413, "retrieval.serve_max_queries"),
         ("/retrieve", {"queries": ["Who is Ed Wood?"], "topk": 10**12}, 422, "retrieval.serve_max_topk"),
         ("/retrieve", {"queries": ["x" * cfg.serve_max_body_bytes]}, 413, "retrieval.serve_max_body_bytes"),
-        ("/raypipe/document_frequencies", {"terms": ["ed"] * (cfg.serve_max_items + 1)}, 413,
-         "retrieval.serve_max_items"),
+        (
+            "/raypipe/document_frequencies",
+            {"terms": ["ed"] * (cfg.serve_max_items + 1)},
+            413,
+            "retrieval.serve_max_items",
+        ),
         ("/raypipe/doc_vectors", {"doc_ids": ["p1"] * (cfg.serve_max_items + 1)}, 413, "retrieval.serve_max_items"),
         ("/raypipe/encode_queries", {"texts": ["q"] * (cfg.serve_max_items + 1)}, 413, "retrieval.serve_max_items"),
     ]

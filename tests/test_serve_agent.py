@@ -30,15 +30,20 @@ SLOW_S, STALL_S = 0.5, 30.0  # seconds per engine request of a question with 'sl
 
 def test_cli_lists_serve_agent():
     assert "serve-agent" in usage()
-    proc = subprocess.run([sys.executable, "-m", "raypipe", "serve-agent", "--help"], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "raypipe", "serve-agent", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr
     for flag in ("--port", "--host", "--token", "--controller", "--stoprag", "--log-run", "POST /v1/answer"):
         assert flag in proc.stdout, flag
 
 
 MODEL_PATH = "/srv/raypipe-test/models/secret-model"  # where the fake engine says it loaded from (never shown)
-SECRET_ERROR = f"cannot read {MODEL_PATH}/weights.bin\nTraceback (most recent call last):\n  File \"/srv/engine.py\""
+SECRET_ERROR = f'cannot read {MODEL_PATH}/weights.bin\nTraceback (most recent call last):\n  File "/srv/engine.py"'
 
 
 class PacedEngine(FakeEngine):
@@ -60,7 +65,11 @@ class PacedEngine(FakeEngine):
         done = request.prompt.count("Doc 1(")
         if request.prompt.endswith("<answer>"):
             return f" probe {done} </answer>"
-        return "<think> done </think>\n<answer> final </answer>" if done >= 2 else f"<think> look </think>\n<search> query {done} </search>"
+        return (
+            "<think> done </think>\n<answer> final </answer>"
+            if done >= 2
+            else f"<think> look </think>\n<search> query {done} </search>"
+        )
 
     async def generate(self, request: GenerationRequest) -> Generation:
         for word, seconds in (("slow", SLOW_S), ("stall", STALL_S)):
@@ -81,9 +90,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-CONFIG = load_config("embedded", ["serve_agent.max_in_flight=2", "serve_agent.max_body_bytes=2048",
-                                  "serve_agent.num_cpus=0", "serve_agent.timeout_s=8",
-                                  "serve_agent.deployment=raypipe-test-agent"])  # fmt: skip
+CONFIG = load_config(
+    "embedded",
+    [
+        "serve_agent.max_in_flight=2",
+        "serve_agent.max_body_bytes=2048",
+        "serve_agent.num_cpus=0",
+        "serve_agent.timeout_s=8",
+        "serve_agent.deployment=raypipe-test-agent",
+    ],
+)
 
 
 @pytest.fixture(scope="module")
@@ -130,12 +146,27 @@ def test_health_readiness_and_models(service):
 def test_an_answer_and_the_stop_reason_a_policy_gives(service):
     status, text = call(f"{service}/v1/answer", {"question": "Who directed Ed Wood?"})
     natural = json.loads(text)
-    assert status == 200 and (natural["answer"], natural["stop_reason"], natural["iterations"]) == ("final", "answer", 2)
+    assert status == 200 and (natural["answer"], natural["stop_reason"], natural["iterations"]) == (
+        "final",
+        "answer",
+        2,
+    )
     assert natural["cost"]["generated_tokens"] > 0 and natural["f1"] is None and "trajectory" not in natural
-    status, text = call(f"{service}/v1/answer", {"question": "Who directed Ed Wood?", "policy": {"name": "cap", "k": 1},
-                                                  "return_trajectory": True, "golden_answers": ["probe 1"]})  # fmt: skip
+    status, text = call(
+        f"{service}/v1/answer",
+        {
+            "question": "Who directed Ed Wood?",
+            "policy": {"name": "cap", "k": 1},
+            "return_trajectory": True,
+            "golden_answers": ["probe 1"],
+        },
+    )
     capped = json.loads(text)
-    assert status == 200 and (capped["answer"], capped["stop_reason"], capped["iterations"]) == ("probe 1", "controller", 1)
+    assert status == 200 and (capped["answer"], capped["stop_reason"], capped["iterations"]) == (
+        "probe 1",
+        "controller",
+        1,
+    )
     assert capped["iterations_left"] == 3 and capped["f1"] == 1.0 and capped["policy"] == "cap1"
     assert [r["probe_answer"] for r in capped["trajectory"]["iterations"]] == ["probe 0", "probe 1"]
 
@@ -237,12 +268,17 @@ def test_a_second_application_with_a_token_stops_when_told(service):
 
     from raypipe.stages.serve_agent import serve_until_stopped
 
-    config = load_config("embedded", ["serve_agent.deployment=raypipe-test-agent-2", "serve_agent.route_prefix=/second",
-                                      "serve_agent.num_cpus=0"])  # fmt: skip
+    config = load_config(
+        "embedded",
+        ["serve_agent.deployment=raypipe-test-agent-2", "serve_agent.route_prefix=/second", "serve_agent.num_cpus=0"],
+    )
     port = int(service.rsplit(":", 1)[1])
     stop = threading.Event()
-    job = threading.Thread(target=serve_until_stopped, args=(config, "127.0.0.1", port, stop, "s3cret"),
-                           kwargs={"engine_factory": paced_engine, "retriever": FakeRetriever()})  # fmt: skip
+    job = threading.Thread(
+        target=serve_until_stopped,
+        args=(config, "127.0.0.1", port, stop, "s3cret"),
+        kwargs={"engine_factory": paced_engine, "retriever": FakeRetriever()},
+    )
     job.start()
     try:
         url = f"{service}/second"
@@ -274,16 +310,23 @@ def test_no_route_shows_a_local_path_or_a_traceback(service, tmp_path):
     from raypipe.runtime.serve_agent import INTERNAL_ERROR, deploy_agent, undeploy_agent
 
     status, text = call(f"{service}/v1/answer", {"question": "explode please"})
-    assert status == 200 and json.loads(text)["stop_reason"] == "internal_error" and "<hidden>" in json.loads(text)["error"]
+    assert (
+        status == 200
+        and json.loads(text)["stop_reason"] == "internal_error"
+        and "<hidden>" in json.loads(text)["error"]
+    )
     assert_private(text)
     for route in ("health", "ready", "v1/models"):
         assert_private(call(f"{service}/{route}")[1])
 
     log_run = tmp_path / "log"
-    config = load_config("embedded", ["serve_agent.num_cpus=0", "serve_agent.deployment=raypipe-test-agent-log",
-                                      "serve_agent.route_prefix=/log"])  # fmt: skip
-    url = deploy_agent(config, FakeRetriever(), port=int(service.rsplit(":", 1)[1]), engine_factory=paced_engine,
-                       log_run=str(log_run))  # fmt: skip
+    config = load_config(
+        "embedded",
+        ["serve_agent.num_cpus=0", "serve_agent.deployment=raypipe-test-agent-log", "serve_agent.route_prefix=/log"],
+    )
+    url = deploy_agent(
+        config, FakeRetriever(), port=int(service.rsplit(":", 1)[1]), engine_factory=paced_engine, log_run=str(log_run)
+    )
     try:
         (log_run / "iterations").mkdir(parents=True, exist_ok=True)
         (log_run / "iterations").rmdir()
@@ -328,8 +371,13 @@ def test_a_stream_whose_client_leaves_before_its_body_starts_is_cancelled(servic
         async def send(message: dict) -> None:
             raise OSError("the client went away")  # what an ASGI server's send does for a closed connection
 
-        scope = {"type": "http", "method": "POST", "path": "/v1/answer", "headers": [],
-                 "asgi": {"version": "3.0", "spec_version": "2.4"}}  # fmt: skip
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/answer",
+            "headers": [],
+            "asgi": {"version": "3.0", "spec_version": "2.4"},
+        }
         response = await replica.answer(Request(scope, receive_body))
         admitted = replica.admission.in_flight
         with pytest.raises(ClientDisconnect):
@@ -351,8 +399,11 @@ def test_a_stream_whose_client_hangs_up_is_cancelled_on_the_server(service):
     body = json.dumps({"question": "a stall question", "stream": True}).encode()
     for _ in range(3):
         with socket.create_connection((parts.hostname, parts.port)) as sock:
-            sock.sendall(b"POST /v1/answer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)  # fmt: skip
+            sock.sendall(
+                b"POST /v1/answer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
         time.sleep(0.5)
     deadline = time.monotonic() + 4
     while (in_flight := json.loads(call(f"{service}/health")[1])["in_flight"]) != 0:
@@ -369,8 +420,12 @@ def indexed(tmp_path_factory) -> list[str]:
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
     with BUNDLED_CORPUS.open() as src:
         corpus.write_text("".join(next(src) for _ in range(40)))
-    settings = [f"data.corpus={corpus}", f"retrieval.index_dir={tmp_path_factory.mktemp('idx') / 'tiny'}",
-                "retrieval.num_cpus=0", "serve_agent.num_cpus=0"]  # fmt: skip
+    settings = [
+        f"data.corpus={corpus}",
+        f"retrieval.index_dir={tmp_path_factory.mktemp('idx') / 'tiny'}",
+        "retrieval.num_cpus=0",
+        "serve_agent.num_cpus=0",
+    ]
     ensure_index(load_config("embedded", settings), use_ray=False)
     return settings
 
@@ -387,14 +442,22 @@ def test_agent_replicas_share_one_retrieval_service(service, indexed):
     agent replica searches through them (before: each agent replica started its own)."""
     from raypipe.stages.serve_agent import serve_until_stopped
 
-    config = load_config("embedded", [*indexed, "serve_agent.replicas=2", "retrieval.replicas=1",
-                                      "serve_agent.deployment=raypipe-test-agent-shared",
-                                      "serve_agent.route_prefix=/shared"])  # fmt: skip
+    config = load_config(
+        "embedded",
+        [
+            *indexed,
+            "serve_agent.replicas=2",
+            "retrieval.replicas=1",
+            "serve_agent.deployment=raypipe-test-agent-shared",
+            "serve_agent.route_prefix=/shared",
+        ],
+    )
     before = retrieval_actors()
     port = int(service.rsplit(":", 1)[1])
     stop = threading.Event()
-    job = threading.Thread(target=serve_until_stopped, args=(config, "127.0.0.1", port, stop),
-                           kwargs={"engine_factory": paced_engine})  # fmt: skip
+    job = threading.Thread(
+        target=serve_until_stopped, args=(config, "127.0.0.1", port, stop), kwargs={"engine_factory": paced_engine}
+    )
     job.start()
     try:
         url = f"{service}/shared"
@@ -428,8 +491,9 @@ def test_retrieval_that_never_becomes_ready_fails_within_the_bound(ray_local, in
     from raypipe.retrieval import index_dir_for
     from raypipe.runtime.retrieval import RetrievalStartError, start_retrieval_service
 
-    config = load_config("embedded", [*indexed, "retrieval.resources={raypipe_nowhere: 1}",
-                                      "retrieval.start_timeout_s=2"])  # fmt: skip
+    config = load_config(
+        "embedded", [*indexed, "retrieval.resources={raypipe_nowhere: 1}", "retrieval.start_timeout_s=2"]
+    )
     before = retrieval_actors()
     started = time.monotonic()
     with pytest.raises(RetrievalStartError) as failed:
@@ -447,9 +511,16 @@ def test_retrieval_that_never_becomes_ready_fails_within_the_bound(ray_local, in
 def test_agent_replicas_that_cannot_be_placed_fail_within_the_bound(service):
     from raypipe.runtime.serve_agent import AgentStartError, deploy_agent, undeploy_agent
 
-    config = load_config("embedded", ["serve_agent.resources={raypipe_generation: 1}", "serve_agent.num_cpus=0",
-                                      "serve_agent.start_timeout_s=3", "serve_agent.deployment=raypipe-test-unplaced",
-                                      "serve_agent.route_prefix=/unplaced"])  # fmt: skip
+    config = load_config(
+        "embedded",
+        [
+            "serve_agent.resources={raypipe_generation: 1}",
+            "serve_agent.num_cpus=0",
+            "serve_agent.start_timeout_s=3",
+            "serve_agent.deployment=raypipe-test-unplaced",
+            "serve_agent.route_prefix=/unplaced",
+        ],
+    )
     started = time.monotonic()
     try:
         with pytest.raises(AgentStartError) as failed:
@@ -470,14 +541,33 @@ def test_the_command_answers_as_the_probe_job_then_stops_on_sigint(paragraph_cor
     from raypipe.runtime.index_build import ensure_index
 
     corpus = paragraph_corpus(("hotpotqa",), 2)
-    settings = ["agent.max_turns=2", "agent.max_new_tokens=96", "agent.enforce_think_chars=150", "ray.num_cpus=2",
-                f"data.corpus={corpus}", "serve_agent.num_cpus=0"]  # fmt: skip
+    settings = [
+        "agent.max_turns=2",
+        "agent.max_new_tokens=96",
+        "agent.enforce_think_chars=150",
+        "ray.num_cpus=2",
+        f"data.corpus={corpus}",
+        "serve_agent.num_cpus=0",
+    ]
     questions = load_questions("hotpotqa", limit=2)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "raypipe", "serve-agent", "--port", str(port),
-                             "--log-run", str(tmp_path / "log"), *(a for s in settings for a in ("--set", s))],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "raypipe",
+            "serve-agent",
+            "--port",
+            str(port),
+            "--log-run",
+            str(tmp_path / "log"),
+            *(a for s in settings for a in ("--set", s)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 480
@@ -491,9 +581,15 @@ def test_the_command_answers_as_the_probe_job_then_stops_on_sigint(paragraph_cor
         assert f"ready at http://127.0.0.1:{port}" in "".join(lines), "".join(lines[-40:])
         served = []
         for q in questions:
-            status, text = call(f"http://127.0.0.1:{port}/v1/answer",
-                                {"question": q.question, "golden_answers": q.golden_answers, "dataset": q.dataset,
-                                 "return_trajectory": True})  # fmt: skip
+            status, text = call(
+                f"http://127.0.0.1:{port}/v1/answer",
+                {
+                    "question": q.question,
+                    "golden_answers": q.golden_answers,
+                    "dataset": q.dataset,
+                    "return_trajectory": True,
+                },
+            )
             assert status == 200, text
             served.append(json.loads(text))
         proc.send_signal(signal.SIGINT)
@@ -505,8 +601,9 @@ def test_the_command_answers_as_the_probe_job_then_stops_on_sigint(paragraph_cor
     assert "agent service stopped" in out
 
     config = load_config("embedded", settings)
-    retriever = LocalRetriever.open(ensure_index(config, use_ray=False), encoder_spec(config.retrieval),
-                                    search_params(config.retrieval))  # fmt: skip
+    retriever = LocalRetriever.open(
+        ensure_index(config, use_ray=False), encoder_spec(config.retrieval), search_params(config.retrieval)
+    )
     probe = TrajectoryGenerator(config, retriever)
     try:
         expected = [probe.run([q])[0] for q in questions]  # one at a time, as the requests were
@@ -516,8 +613,13 @@ def test_the_command_answers_as_the_probe_job_then_stops_on_sigint(paragraph_cor
         trajectory = theirs.trajectory
         assert mine["trajectory"]["transcript"] == trajectory["transcript"]
         assert (mine["answer"], mine["stop_reason"], mine["iterations"]) == (
-            trajectory["final_answer"], trajectory["stop_reason"], trajectory["n_iterations"])
-        assert [r["probe_answer"] for r in mine["trajectory"]["iterations"]] == [r["probe_answer"] for r in theirs.iterations]
+            trajectory["final_answer"],
+            trajectory["stop_reason"],
+            trajectory["n_iterations"],
+        )
+        assert [r["probe_answer"] for r in mine["trajectory"]["iterations"]] == [
+            r["probe_answer"] for r in theirs.iterations
+        ]
         assert mine["f1"] == pytest.approx(trajectory["final_f1"])
     from raypipe.core.rundir import RunDir
 

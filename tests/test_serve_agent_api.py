@@ -56,12 +56,25 @@ def refused(data, parse=parse_answer_request) -> ApiError:
 def test_a_request_needs_only_a_question():
     request = parse_answer_request(body({"question": "  Who directed Ed Wood? "}), LIMITS)
     assert request.question == "Who directed Ed Wood?"
-    assert (request.policy.name, request.max_turns, request.return_trajectory, request.stream) == ("natural", None, False, False)
+    assert (request.policy.name, request.max_turns, request.return_trajectory, request.stream) == (
+        "natural",
+        None,
+        False,
+        False,
+    )
     assert not request.scored
     shorthand = parse_answer_request(body({"question": "q", "policy": "natural", "max_turns": 6}), LIMITS)
     assert shorthand.policy.name == "natural" and shorthand.max_turns == 6
-    full = parse_answer_request(body({"question": "q", "policy": {"name": "heuristic", "theta_p": 0.4, "theta_u": 0.1,
-                                                                    "variant": "give_up"}, "golden_answers": ["x"]}), LIMITS)
+    full = parse_answer_request(
+        body(
+            {
+                "question": "q",
+                "policy": {"name": "heuristic", "theta_p": 0.4, "theta_u": 0.1, "variant": "give_up"},
+                "golden_answers": ["x"],
+            }
+        ),
+        LIMITS,
+    )
     assert full.policy.theta_p == 0.4 and full.policy.variant == "give_up" and full.scored
 
 
@@ -97,13 +110,23 @@ def test_every_bad_request_is_a_4xx_with_a_one_line_message(data, status, words)
 
 
 def test_a_chat_request_asks_its_last_user_message():
-    chat, request = parse_chat_request(body({
-        "model": "anything", "temperature": 0.7, "max_tokens": 5,  # OpenAI's sampling fields: ignored
-        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "first?"},
-                     {"role": "assistant", "content": "hm"},
-                     {"role": "user", "content": [{"type": "text", "text": "Who is "}, {"type": "text", "text": "Ed?"}]}],
-        "policy": {"name": "cap", "k": 0},
-    }), LIMITS)  # fmt: skip
+    chat, request = parse_chat_request(
+        body(
+            {
+                "model": "anything",
+                "temperature": 0.7,
+                "max_tokens": 5,  # OpenAI's sampling fields: ignored
+                "messages": [
+                    {"role": "system", "content": "be brief"},
+                    {"role": "user", "content": "first?"},
+                    {"role": "assistant", "content": "hm"},
+                    {"role": "user", "content": [{"type": "text", "text": "Who is "}, {"type": "text", "text": "Ed?"}]},
+                ],
+                "policy": {"name": "cap", "k": 0},
+            }
+        ),
+        LIMITS,
+    )
     assert request.question == "Who is Ed?" and request.return_trajectory and request.policy.k == 0
     assert not chat.stream
     assert refused({"messages": [{"role": "system", "content": "x"}]}, parse_chat_request).status == 422
@@ -165,8 +188,15 @@ def searches(n: int):
 
 
 def answerer(n_searches: int = 3, policies: PolicyBook | None = None, log_run=None, config=CONFIG) -> AgentAnswerer:
-    return asyncio.run(AgentAnswerer.start(config, FakeRetriever(), policies or PolicyBook(config.stopping),
-                                           lambda _cfg: FakeEngine(searches(n_searches)), log_run))  # fmt: skip
+    return asyncio.run(
+        AgentAnswerer.start(
+            config,
+            FakeRetriever(),
+            policies or PolicyBook(config.stopping),
+            lambda _cfg: FakeEngine(searches(n_searches)),
+            log_run,
+        )
+    )
 
 
 def answered(service: AgentAnswerer, data: dict, observer=None):
@@ -177,22 +207,39 @@ def test_an_answer_carries_the_stop_reason_iterations_and_cost():
     service = answerer(3)
     natural = answer_body(answered(service, {"question": "Who?"}))
     assert (natural["answer"], natural["stop_reason"], natural["iterations"], natural["iterations_left"]) == (
-        "final", STOP_ANSWER, 3, 0)
+        "final",
+        STOP_ANSWER,
+        3,
+        0,
+    )
     assert natural["f1"] is None and natural["policy"] == "natural" and "trajectory" not in natural
     spent = natural["cost"]
     assert spent["generated_tokens"] == spent["turn_tokens"] + spent["probe_tokens"] > 0
     assert spent["prompt_tokens"] > 0 and spent["searches_dropped"] == 0 and spent["wall_s"] >= 0
     assert natural["qid"].startswith("serve-")
 
-    capped = answer_body(answered(service, {"question": "Who?", "policy": {"name": "cap", "k": 1},
-                                            "return_trajectory": True, "golden_answers": ["probe 1"]}))  # fmt: skip
+    capped = answer_body(
+        answered(
+            service,
+            {
+                "question": "Who?",
+                "policy": {"name": "cap", "k": 1},
+                "return_trajectory": True,
+                "golden_answers": ["probe 1"],
+            },
+        )
+    )
     assert (capped["answer"], capped["stop_reason"], capped["iterations"]) == ("probe 1", STOP_CONTROLLER, 1)
     assert capped["iterations_left"] == 3 and capped["policy"] == "cap1" and capped["f1"] == 1.0
     assert capped["cost"]["searches_dropped"] == 1  # turn 1's search ran beside its probe, then the cap stopped
     rows = capped["trajectory"]["iterations"]
     assert [r["iteration"] for r in rows] == [0, 1] and rows[1]["query"] == "query 0"
     assert rows[1]["doc_ids"] == [f"query 0-{i}" for i in range(3)]  # the 3 the agent read, not the deep list
-    assert rows[1]["probe_f1"] == 1.0 and rows[1]["p_hat"] is None and "<search> query 0 </search>" in capped["trajectory"]["transcript"]
+    assert (
+        rows[1]["probe_f1"] == 1.0
+        and rows[1]["p_hat"] is None
+        and "<search> query 0 </search>" in capped["trajectory"]["transcript"]
+    )
     assert natural["qid"] != capped["qid"]
 
     short = answer_body(answered(service, {"question": "Who?", "max_turns": 2}))
@@ -203,9 +250,16 @@ def test_rows_are_streamed_as_they_come_unscored_unless_gold_is_given():
     service = answerer(2)
     seen: list[dict] = []
     answer = answered(service, {"question": "Who?"}, seen.append)
-    assert [r["iteration"] for r in seen] == [0, 1, 2] and [r["probe_answer"] for r in seen] == ["probe 0", "probe 1", "probe 2"]
+    assert [r["iteration"] for r in seen] == [0, 1, 2] and [r["probe_answer"] for r in seen] == [
+        "probe 0",
+        "probe 1",
+        "probe 2",
+    ]
     assert all(r["probe_f1"] is None and r["utility"] is None for r in seen)
-    assert all(r["probe_f1"] is None for r in answer.output.iterations) and answer.output.trajectory["golden_answers"] == []
+    assert (
+        all(r["probe_f1"] is None for r in answer.output.iterations)
+        and answer.output.trajectory["golden_answers"] == []
+    )
     scored: list[dict] = []
     answered(service, {"question": "Who?", "golden_answers": ["probe 2"]}, scored.append)
     assert [r["probe_f1"] for r in scored] == [0.5, 0.5, 1.0]
@@ -216,15 +270,23 @@ def test_concurrent_heuristic_requests_keep_their_own_predictions():
     service = answerer(3, PolicyBook(CONFIG.stopping, predictor))
 
     async def both():
-        strict = AnswerRequest(question="A?", policy=Policy(name="heuristic", theta_p=0.2, theta_u=0.0), return_trajectory=True)
-        never = AnswerRequest(question="B?", policy=Policy(name="heuristic", theta_p=0.9, theta_u=0.9), return_trajectory=True)
+        strict = AnswerRequest(
+            question="A?", policy=Policy(name="heuristic", theta_p=0.2, theta_u=0.0), return_trajectory=True
+        )
+        never = AnswerRequest(
+            question="B?", policy=Policy(name="heuristic", theta_p=0.9, theta_u=0.9), return_trajectory=True
+        )
         return await asyncio.gather(service.answer(strict), service.answer(never))
 
     stopped, natural = (answer_body(a) for a in asyncio.run(both()))
     # A: P̂_1 = 0.1 < 0.2 (state 2), P̂_2 = 0.2 >= 0.2 and Û >= 0 (state 0): stop at 2 with its probe
     assert (stopped["stop_reason"], stopped["iterations"], stopped["answer"]) == (STOP_CONTROLLER, 2, "probe 2")
     assert stopped["policy"] == "heuristic(theta_p=0.2, theta_u=0, paper)"
-    assert [(r["p_hat"], r["u_hat"]) for r in stopped["trajectory"]["iterations"]] == [(None, None), (0.1, 0.05), (0.2, 0.05)]
+    assert [(r["p_hat"], r["u_hat"]) for r in stopped["trajectory"]["iterations"]] == [
+        (None, None),
+        (0.1, 0.05),
+        (0.2, 0.05),
+    ]
     assert (natural["stop_reason"], natural["iterations"]) == (STOP_ANSWER, 3)
     assert [r["p_hat"] for r in natural["trajectory"]["iterations"]] == [None, 0.1, 0.2, pytest.approx(0.3)]
     assert sorted(predictor.asked) == [("A?", 1), ("A?", 2), ("B?", 1), ("B?", 2), ("B?", 3)]
@@ -238,7 +300,11 @@ def test_the_request_log_is_a_probe_run(tmp_path):
     trajectories, iterations = run.read("trajectories"), run.read("iterations")
     assert trajectories.schema == TRAJECTORIES and iterations.schema == ITERATIONS
     rows = {t["question"]: t for t in trajectories.to_pylist()}
-    assert rows["Who?"]["final_f1"] == 1.0 and rows["Who?"]["dataset"] == "hotpotqa" and rows["Who?"]["golden_answers"] == ["final"]
+    assert (
+        rows["Who?"]["final_f1"] == 1.0
+        and rows["Who?"]["dataset"] == "hotpotqa"
+        and rows["Who?"]["golden_answers"] == ["final"]
+    )
     assert rows["What?"]["final_f1"] is None and rows["What?"]["stop_reason"] == STOP_CONTROLLER
     assert sorted(iterations.column("qid").to_pylist()) == sorted([rows["Who?"]["qid"]] * 2 + [rows["What?"]["qid"]])
     assert load_config(run.path / "config.yaml").agent.max_turns == 4  # the probe job's resolved config
@@ -283,8 +349,12 @@ def test_the_in_flight_bound_and_the_deadline():
 
 
 def test_chat_replies_and_events_follow_openai_and_sse():
-    reply = chat_body({"answer": "Tim Burton", "cost": {"prompt_tokens": 30, "generated_tokens": 7}, "stop_reason": "answer"},
-                      "raypipe-agent", "chatcmpl-1", 123)  # fmt: skip
+    reply = chat_body(
+        {"answer": "Tim Burton", "cost": {"prompt_tokens": 30, "generated_tokens": 7}, "stop_reason": "answer"},
+        "raypipe-agent",
+        "chatcmpl-1",
+        123,
+    )
     assert reply["choices"][0]["message"] == {"role": "assistant", "content": "Tim Burton"}
     assert reply["usage"] == {"prompt_tokens": 30, "completion_tokens": 7, "total_tokens": 37}
     assert reply["raypipe"]["stop_reason"] == "answer" and reply["object"] == "chat.completion"
@@ -319,15 +389,20 @@ def test_policy_thresholds_refuse_nan_and_infinity(value):
         raw = f'{{"question": "q", "policy": {{"name": "heuristic", "{field}": {value}}}}}'.encode()
         error = refused(raw)
         assert error.status == 422 and f"policy.{field}" in error.detail and "finite" in error.detail
-        chat = f'{{"messages": [{{"role": "user", "content": "q"}}], "policy": {{"name": "heuristic", "{field}": {value}}}}}'
+        chat = (
+            '{"messages": [{"role": "user", "content": "q"}], '
+            f'"policy": {{"name": "heuristic", "{field}": {value}}}}}'
+        )
         assert refused(chat.encode(), parse_chat_request).status == 422
 
 
 def test_a_reply_shows_an_error_without_paths_addresses_or_traceback():
     from raypipe.agents.answer_api import public_error
 
-    raw = ('OSError: [Errno 2] No such file: \'/root/.cache/raypipe/models/smollm2/model.bin\' via '
-           'http://10.0.3.7:8000/retrieve and ./runs/x/y\nTraceback (most recent call last):\n  File "/srv/a.py"')
+    raw = (
+        "OSError: [Errno 2] No such file: '/root/.cache/raypipe/models/smollm2/model.bin' via "
+        'http://10.0.3.7:8000/retrieve and ./runs/x/y\nTraceback (most recent call last):\n  File "/srv/a.py"'
+    )
     shown = public_error(raw)
     assert shown == "OSError: [Errno 2] No such file: '<hidden>' via <hidden> and <hidden>"
     assert public_error(None) is None and public_error("EngineError: prompt too long") == "EngineError: prompt too long"
@@ -343,8 +418,11 @@ def test_health_names_the_model_but_no_path():
             return engine_record(self, CONFIG.engine, Path("/root/.cache/raypipe/models/smollm2"))
 
     config = load_config("embedded", ["engine.model=/data/models/my-model"])
-    service = asyncio.run(AgentAnswerer.start(config, FakeRetriever(), PolicyBook(config.stopping),
-                                              lambda _cfg: LocalModelEngine(searches(1))))  # fmt: skip
+    service = asyncio.run(
+        AgentAnswerer.start(
+            config, FakeRetriever(), PolicyBook(config.stopping), lambda _cfg: LocalModelEngine(searches(1))
+        )
+    )
     described = service.describe()
     assert described["engine"]["model"] == "my-model" and described["request_log"] is False
     assert "/" not in json.dumps(described["engine"])
@@ -358,8 +436,10 @@ def test_the_dataset_field_names_the_rows_dataset_and_selects_nothing(tmp_path):
     run = RunDir(tmp_path / "log")
     service = answerer(3, PolicyBook(CONFIG.stopping, StepPredictor()), log_run=run.path)
     policy = {"name": "heuristic", "theta_p": 0.2, "theta_u": 0.0}
-    replies = [answer_body(answered(service, {"question": "A?", "policy": policy, "dataset": name}))
-               for name in ("hotpotqa", "musique")]  # fmt: skip
+    replies = [
+        answer_body(answered(service, {"question": "A?", "policy": policy, "dataset": name}))
+        for name in ("hotpotqa", "musique")
+    ]
     assert [(r["stop_reason"], r["iterations"], r["answer"]) for r in replies] == [(STOP_CONTROLLER, 2, "probe 2")] * 2
     assert sorted(run.read("trajectories").column("dataset").to_pylist()) == ["hotpotqa", "musique"]
     docs = " ".join((Path(__file__).resolve().parents[1] / "docs" / "serve-agent.md").read_text().split())
@@ -371,10 +451,20 @@ def test_a_resume_is_not_refused_when_only_service_limits_or_client_retries_chan
     timeouts, replica placement do not change what a run's rows say; what searches or generates does."""
     run = RunDir(tmp_path / "log")
     answered(answerer(1, log_run=run.path), {"question": "Who?"})
-    operational = ["retrieval.http_retries=9", "retrieval.http_timeout_s=5", "retrieval.max_task_retries=0",
-                   "retrieval.serve_max_queries=8", "retrieval.serve_max_topk=200", "retrieval.serve_timeout_s=2",
-                   "retrieval.serve_max_body_bytes=4096", "retrieval.replicas=3", "retrieval.num_cpus=1",
-                   "retrieval.start_timeout_s=10", "engine.max_retries=7", "engine.request_timeout_s=9"]  # fmt: skip
+    operational = [
+        "retrieval.http_retries=9",
+        "retrieval.http_timeout_s=5",
+        "retrieval.max_task_retries=0",
+        "retrieval.serve_max_queries=8",
+        "retrieval.serve_max_topk=200",
+        "retrieval.serve_timeout_s=2",
+        "retrieval.serve_max_body_bytes=4096",
+        "retrieval.replicas=3",
+        "retrieval.num_cpus=1",
+        "retrieval.start_timeout_s=10",
+        "engine.max_retries=7",
+        "engine.request_timeout_s=9",
+    ]
     check_resumable(load_config("embedded", operational), run)
     for changed in ("retrieval.deep_k=50", "retrieval.nprobe=4", "engine.max_model_len=2048"):
         with pytest.raises(ConfigError, match=changed.split("=")[0].replace(".", r"\.")):

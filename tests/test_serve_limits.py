@@ -17,8 +17,9 @@ from raypipe.retrieval import LocalRetriever, encoder_spec
 from raypipe.retrieval.types import SearchHit, SearchResult
 from raypipe.runtime.serve import RequestError, RequestGate, ServeLimits, search_by_topk
 
-LIMITS = ServeLimits(max_queries=4, max_topk=50, max_items=8, max_body_bytes=1000, timeout_s=5.0, max_results=120,
-                     max_batch_results=40)  # fmt: skip
+LIMITS = ServeLimits(
+    max_queries=4, max_topk=50, max_items=8, max_body_bytes=1000, timeout_s=5.0, max_results=120, max_batch_results=40
+)
 
 
 def refusal(call, *args) -> RequestError:
@@ -75,8 +76,12 @@ def gated_app(token: str | None, max_bytes: int = 1000) -> tuple[TestClient, lis
 
 def test_the_gate_wants_the_token_and_compares_it_whole():
     client, passed = gated_app("s3cret")
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer s3cret-and-more"},
-                    {"Authorization": "s3cret"}):  # fmt: skip
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "Bearer s3cret-and-more"},
+        {"Authorization": "s3cret"},
+    ):
         answer = client.get("/health", headers=headers)
         assert answer.status_code == 401 and answer.headers["www-authenticate"] == "Bearer"
         assert "Authorization: Bearer TOKEN" in answer.json()["detail"]
@@ -202,8 +207,12 @@ async def ticks_while(work, period: float = 0.01) -> tuple[object, int]:
 
 def test_corpus_calls_run_off_the_event_loop_within_the_limits_and_the_deadline():
     slow = replica(SlowCorpus(0.4))
-    for call in (slow.corpus_info(), slow.doc_vectors(["a"]), slow.document_frequencies(["a", "b"]),
-                 slow.encode_queries(["q"])):  # fmt: skip
+    for call in (
+        slow.corpus_info(),
+        slow.doc_vectors(["a"]),
+        slow.document_frequencies(["a", "b"]),
+        slow.encode_queries(["q"]),
+    ):
         answer, ticks = asyncio.run(ticks_while(call))
         assert answer and ticks >= 10, (answer, ticks)  # the loop went on serving during the 0.4 s
     refused = refusal(lambda: asyncio.run(slow.document_frequencies([f"t{i}" for i in range(9)])))

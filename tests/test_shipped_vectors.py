@@ -23,8 +23,10 @@ N = 40
 
 
 def config_for(corpus, index_dir, *extra):
-    return load_config("embedded", [f"data.corpus={corpus}", f"retrieval.index_dir={index_dir}",
-                                    "retrieval.build_block_rows=16", *extra])
+    return load_config(
+        "embedded",
+        [f"data.corpus={corpus}", f"retrieval.index_dir={index_dir}", "retrieval.build_block_rows=16", *extra],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +93,9 @@ def damaged_copy(shipped, spec, to, seed: int, how: str):
 
 
 @pytest.mark.parametrize("how, message", [("zeroed", "not unit vectors"), ("swapped", "do not match")])
-def test_damaged_rows_of_the_passages_the_sample_questions_rank_first_are_caught(bundled, tmp_path, caplog, how, message):
+def test_damaged_rows_of_the_passages_the_sample_questions_rank_first_are_caught(
+    bundled, tmp_path, caplog, how, message
+):
     """Issue 41: zeroing the rows of the top-3 passages of all 12 sample questions (sha256 updated) passed,
     as the ranking's candidates came from the damaged file alone. Every row's norm catches zeroed rows; the
     questions' own paragraphs, ranked by their fresh encoding, catch rows swapped for other unit vectors."""
@@ -129,7 +133,9 @@ def test_a_shipped_vector_build_ranks_the_bundled_questions_as_a_fresh_encoding(
     spec = encoder_spec(load_config("embedded", []).retrieval)
     shipped = shipped_module.find_shipped(spec, file_sha256(BUNDLED_CORPUS))
     blocks = plan_blocks(BUNDLED_CORPUS, 2000)
-    check = shipped.verify(BUNDLED_CORPUS, blocks, spec, size=8, questions=60, k=10)  # 60 questions a new sample each run
+    check = shipped.verify(
+        BUNDLED_CORPUS, blocks, spec, size=8, questions=60, k=10
+    )  # 60 questions a new sample each run
     assert check is not None and check["rank_top_k"] == 10 and check["rank_questions"] == 60
     assert check["rank_identical_top3"] == 60
 
@@ -198,15 +204,19 @@ def test_int8_vectors_are_outside_the_fp32_tolerance(encoded, tmp_path):
     """Vectors of another encoder build (int8: cosine ~0.99, what AVX2 and AVX-512 int8 kernels differ by)
     are refused, where the fp32 encoding rounded to float16 passes."""
     corpus, _, exported = encoded
-    int8_index = ensure_index(config_for(corpus, tmp_path / "int8", "retrieval.shipped_vectors=false",
-                                         "retrieval.encoder_quantization=int8"), use_ray=False)
+    int8_index = ensure_index(
+        config_for(corpus, tmp_path / "int8", "retrieval.shipped_vectors=false", "retrieval.encoder_quantization=int8"),
+        use_ray=False,
+    )
     disguised = copy_vectors(exported, tmp_path / "vectors")
     np.save(disguised, load_index_dir(int8_index).vectors(range(N)).astype(np.float16))
     meta = json.loads(disguised.with_suffix(".json").read_text())
     disguised.with_suffix(".json").write_text(json.dumps({**meta, "sha256": file_sha256(disguised)}))
     spec = encoder_spec(config_for(corpus, tmp_path).retrieval)
     blocks = plan_blocks(corpus, 16)
-    assert shipped_module.find_shipped(spec, file_sha256(corpus), exported.parent).verify(corpus, blocks, spec) is not None
+    assert (
+        shipped_module.find_shipped(spec, file_sha256(corpus), exported.parent).verify(corpus, blocks, spec) is not None
+    )
     assert shipped_module.find_shipped(spec, file_sha256(corpus), disguised.parent).verify(corpus, blocks, spec) is None
 
 
@@ -232,8 +242,9 @@ def test_shipped_vectors_of_other_settings_or_another_corpus_are_not_found(encod
 
 def test_only_a_flat_index_exports_its_vectors(encoded, tmp_path):
     corpus, _, _ = encoded
-    config = config_for(corpus, tmp_path / "ivf", "retrieval.shipped_vectors=false", "retrieval.index_type=ivf",
-                        "retrieval.ivf_nlist=2")
+    config = config_for(
+        corpus, tmp_path / "ivf", "retrieval.shipped_vectors=false", "retrieval.index_type=ivf", "retrieval.ivf_nlist=2"
+    )
     built = ensure_index(config, use_ray=False)
     with pytest.raises(IndexMismatchError, match="only a flat index"):
         shipped_module.export_vectors(built, encoder_spec(config.retrieval), tmp_path / "out", "test")

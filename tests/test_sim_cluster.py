@@ -27,9 +27,17 @@ from tests.test_cluster_jobs import DATASETS, ROOT, job_args
 
 pytestmark = pytest.mark.slow
 # the GPU presets' placement (raypipe/presets/searchr1-7b-gpu.yaml) at this cluster's scale
-GPU_PLACEMENT = ["generation.actors=2", "generation.actor_num_gpus=1", "generation.resources={raypipe_generation: 1}",
-                 "generation.batch_size=1", "generation.batches_per_actor=1", "engine.kv_cache_gib=0.5",
-                 "retrieval.resources={raypipe_retrieval: 1}", "retrieval.num_gpus=1", "retrieval.faiss_gpu=none"]  # fmt: skip
+GPU_PLACEMENT = [
+    "generation.actors=2",
+    "generation.actor_num_gpus=1",
+    "generation.resources={raypipe_generation: 1}",
+    "generation.batch_size=1",
+    "generation.batches_per_actor=1",
+    "engine.kv_cache_gib=0.5",
+    "retrieval.resources={raypipe_retrieval: 1}",
+    "retrieval.num_gpus=1",
+    "retrieval.faiss_gpu=none",
+]
 
 
 def gpu_job(corpus: Path, out: Path, index: Path, extra: tuple[str, ...] = ()) -> list[str]:
@@ -67,7 +75,9 @@ def shared_corpus(sim_cluster, paragraph_corpus) -> Path:
 def gpu_run(sim_cluster, shared_corpus) -> RunDir:
     """The probe job with the GPU placement, its run directory and index in the shared folder."""
     out = sim_cluster.shared / "run"
-    log, status, seconds = submit(sim_cluster, "sim-gpu-probe", gpu_job(shared_corpus, out, sim_cluster.shared / "index"))
+    log, status, seconds = submit(
+        sim_cluster, "sim-gpu-probe", gpu_job(shared_corpus, out, sim_cluster.shared / "index")
+    )
     print(f"probe job on the simulated GPU cluster: {seconds:.0f} s")
     assert succeeded("sim-gpu-probe", log, status)
     return RunDir(out)
@@ -86,7 +96,9 @@ def test_one_engine_per_fake_gpu_and_retrieval_on_the_retrieval_node(sim_cluster
 
 
 def test_features_read_and_write_through_the_shared_folder(sim_cluster, gpu_run):
-    log, status, seconds = submit(sim_cluster, "sim-gpu-features", [sys.executable, "jobs/features.py", str(gpu_run.path)])
+    log, status, seconds = submit(
+        sim_cluster, "sim-gpu-features", [sys.executable, "jobs/features.py", str(gpu_run.path)]
+    )
     print(f"features job on the simulated GPU cluster: {seconds:.0f} s")
     assert succeeded("sim-gpu-features", log, status)
     features, iterations = gpu_run.read("features"), gpu_run.read("iterations")
@@ -101,7 +113,9 @@ def error_lines(log: str) -> set[str]:
 
 def test_without_the_shared_folder_the_jobs_stop_at_their_start_with_one_line(sim_cluster, shared_corpus, gpu_run):
     local = sim_cluster.local / "run"  # the head's local disk: no worker sees it
-    log, status, seconds = submit(sim_cluster, "sim-local-probe", gpu_job(shared_corpus, local, sim_cluster.shared / "index"))
+    log, status, seconds = submit(
+        sim_cluster, "sim-local-probe", gpu_job(shared_corpus, local, sim_cluster.shared / "index")
+    )
     print(f"probe job stopped by the pre-flight: {seconds:.0f} s")
     assert "failed" in status.lower(), status
     [line] = error_lines(log)
@@ -173,12 +187,21 @@ def test_a_generation_node_lost_mid_job_loses_and_duplicates_no_row(sim_cluster,
     counts = {}
     for name, keys in (("trajectories", ["qid"]), ("iterations", ["qid", "iteration"])):
         mine, theirs = (list(zip(*(r.read(name).column(k).to_pylist() for k in keys))) for r in (run, gpu_run))
-        counts[name] = {"rows": len(mine), "reference": len(theirs), "lost": len(set(theirs) - set(mine)),
-                        "duplicated": len(mine) - len(set(mine)), "unexpected": len(set(mine) - set(theirs))}  # fmt: skip
-    print(f"node loss: {before} of {len(DATASETS)} trajectories written when the node was lost; {counts}; {seconds:.0f} s")
+        counts[name] = {
+            "rows": len(mine),
+            "reference": len(theirs),
+            "lost": len(set(theirs) - set(mine)),
+            "duplicated": len(mine) - len(set(mine)),
+            "unexpected": len(set(mine) - set(theirs)),
+        }
+    print(
+        f"node loss: {before} of {len(DATASETS)} trajectories written when the node was lost; {counts}; {seconds:.0f} s"
+    )
     assert before < len(DATASETS)  # the job still had rows to write when the node went
     for name, count in counts.items():
-        assert count["rows"] == count["reference"] and not (count["lost"] or count["duplicated"] or count["unexpected"]), name
+        assert count["rows"] == count["reference"] and not (
+            count["lost"] or count["duplicated"] or count["unexpected"]
+        ), name
     assert same_results(run, gpu_run, logprob_atol=LOGPROB_ATOL) == []
 
 
@@ -217,9 +240,16 @@ def test_a_node_lost_while_features_run_loses_and_duplicates_no_row(sim_cluster,
     reference = gpu_run.read("iterations")  # features: one row per iteration (the undisturbed job's, above)
     keys = lambda t: list(zip(t.column("qid").to_pylist(), t.column("iteration").to_pylist()))  # noqa: E731
     mine, theirs = (keys(features) if features is not None else []), keys(reference)
-    counts = {"rows": len(mine), "reference": len(theirs), "lost": len(set(theirs) - set(mine)),
-              "duplicated": len(mine) - len(set(mine))}  # fmt: skip
+    counts = {
+        "rows": len(mine),
+        "reference": len(theirs),
+        "lost": len(set(theirs) - set(mine)),
+        "duplicated": len(mine) - len(set(mine)),
+    }
     rerun = "running it again" in log  # rerun_on_node_loss's warning: Ray Data's own actors went with the node
-    print(f"features node loss: a {sim_cluster.worker_types[lost]} lost; {counts}; pipeline rerun: {rerun}; {seconds:.0f} s")
+    print(
+        f"features node loss: a {sim_cluster.worker_types[lost]} lost; {counts}; pipeline rerun: {rerun}; "
+        f"{seconds:.0f} s"
+    )
     assert succeeded("sim-features-node-loss", log, status)
     assert counts["rows"] == counts["reference"] and not (counts["lost"] or counts["duplicated"])

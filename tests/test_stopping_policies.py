@@ -30,8 +30,12 @@ def test_every_setting_a_request_may_send_belongs_to_a_policy_and_back():
 
 def test_a_new_policy_is_one_entry(monkeypatch):
     """Checked, offered, built and documented from its entry alone."""
-    early = StopPolicy("early", "stop before any search", lambda policy, loaded: (CapController(0), "early"),
-                       (Setting("k", note="ignored"),))  # fmt: skip
+    early = StopPolicy(
+        "early",
+        "stop before any search",
+        lambda policy, loaded: (CapController(0), "early"),
+        (Setting("k", note="ignored"),),
+    )
     monkeypatch.setattr(policies, "POLICIES", {**POLICIES, "early": early})
     check_policy(Policy(name="early", k=3))
     with pytest.raises(ApiError, match="policy early takes no theta_p"):
@@ -49,5 +53,6 @@ def test_a_policy_needing_a_load_is_offered_once_loaded(monkeypatch):
     with pytest.raises(ApiError) as caught:
         PolicyBook(STOPPING).controller(Policy(name="needy"))
     assert caught.value.status == 400 and caught.value.detail == (
-        "policy needy needs a Q-network (start the server with --stoprag PATH), which this server has not loaded")
+        "policy needy needs a Q-network (start the server with --stoprag PATH), which this server has not loaded"
+    )
     assert PolicyBook(STOPPING, stoprag=object()).offered() == ["natural", "cap", "stoprag", "needy"]

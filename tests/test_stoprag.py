@@ -146,7 +146,10 @@ def test_state_text_docs_is_the_reference_input():
     assert state_text("Who? ", rounds) == "Who?[SEP]T1: one text[SEP]T3: " + "x" * 50
     assert state_text("Who?", rounds, sep="</s>") == "Who?</s>T1: one text</s>T3: " + "x" * 50
     assert state_text("Who?", rounds, doc_chars=3) == "Who?[SEP]T1: one[SEP]T3: xxx"  # the cut is an option
-    assert state_text("Who?", rounds, per_round=None) == "Who?[SEP]T1: one text[SEP]T2: two[SEP]T3: " + "x" * 50 + "[SEP]T1: one text"
+    assert (
+        state_text("Who?", rounds, per_round=None)
+        == "Who?[SEP]T1: one text[SEP]T2: two[SEP]T3: " + "x" * 50 + "[SEP]T1: one text"
+    )
 
 
 def test_state_text_trace_is_the_reference_full_trace():
@@ -168,7 +171,13 @@ def test_selected_documents_one_new_per_round():
     assert selected_documents(rounds) == [(a,), (b,), (b,), ()]
     assert selected_documents(rounds, per_round=2) == [(a, b), (c, a), (b, a), ()]
     texts = [state_text("Q", rounds[:t]) for t in range(5)]
-    assert texts == ["Q", "Q[SEP]A: x", "Q[SEP]A: x[SEP]B: y", "Q[SEP]A: x[SEP]B: y[SEP]B: y", "Q[SEP]A: x[SEP]B: y[SEP]B: y[SEP]"]
+    assert texts == [
+        "Q",
+        "Q[SEP]A: x",
+        "Q[SEP]A: x[SEP]B: y",
+        "Q[SEP]A: x[SEP]B: y[SEP]B: y",
+        "Q[SEP]A: x[SEP]B: y[SEP]B: y[SEP]",
+    ]
     assert len(set(texts)) == len(texts)
 
 
@@ -176,8 +185,15 @@ def _rows(f1s):
     rows = []
     for i, f1 in enumerate(f1s):
         rows.append(
-            {"qid": "q", "iteration": i, "query": None if i == 0 else f"q{i}", "doc_ids": [f"d{i}", "dx", "dz"],
-             "reasoning": f"r{i}", "probe_answer": f"a{i}", "probe_f1": f1}
+            {
+                "qid": "q",
+                "iteration": i,
+                "query": None if i == 0 else f"q{i}",
+                "doc_ids": [f"d{i}", "dx", "dz"],
+                "reasoning": f"r{i}",
+                "probe_answer": f"a{i}",
+                "probe_f1": f1,
+            }
         )
     return rows
 
@@ -187,7 +203,9 @@ DOCS = {**{f"d{i}": (f"T{i}", f"text {i}") for i in range(5)}, "dx": ("X", "x"),
 
 def test_with_documents_and_rounds():
     rows = with_documents(_rows([0.0, 0.2]), DOCS, top_k=2)
-    assert rows[0]["doc_titles"] == [] and rows[1]["doc_titles"] == ["T1", "X"] and rows[1]["doc_texts"] == ["text 1", "x"]
+    assert (
+        rows[0]["doc_titles"] == [] and rows[1]["doc_titles"] == ["T1", "X"] and rows[1]["doc_texts"] == ["text 1", "x"]
+    )
     (rnd,) = rounds_from_history(list(reversed(rows)))
     assert rnd == Round("q1", (("d1", "T1", "text 1"), ("dx", "X", "x")), "r1", "a1")
     with pytest.raises(KeyError, match="not in the corpus"):

@@ -15,8 +15,9 @@ def _config(encoder) -> dict:
     eps = [Episode(f"g{i}", (1, 2), (f"good evidence {i}", f"noise {i}"), (1.0, 0.0)) for i in range(4)]
     eps += [Episode(f"b{i}", (1, 2), (f"bad {i}", f"answer found {i}"), (0.0, 1.0)) for i in range(4)]
     texts, samples = training_samples(eps)
-    cfg = StopRagConfig(epochs=3, batch_size=4, learning_rate=5e-3, warmup_ratio=0.0, max_length=16, dropout=0.0,
-                        cpus_per_worker=2.5)  # fmt: skip
+    cfg = StopRagConfig(
+        epochs=3, batch_size=4, learning_rate=5e-3, warmup_ratio=0.0, max_length=16, dropout=0.0, cpus_per_worker=2.5
+    )
     return loop_config(texts, samples, cfg, encoder, seed=0, meta={"threshold": 0.1})
 
 

@@ -34,7 +34,10 @@ from tests.helpers.runs import write_stoprag_run
 def test_answer_prompt_is_the_reference_docs_only_prompt():
     """prompts.py l.336-383 and l.385 verbatim (digest of the reference string at commit e2da463); the user
     message as gen_final_answer_docs_only_prompt (l.417-429) over compute_metrics.py l.72-74's lines."""
-    assert hashlib.sha256(FINAL_ANSWER_DOCS_PROMPT.encode()).hexdigest() == "32d21faa991643b2f6e5f1dd3b5f45ffa1133088f151efada5711ab196f4d592"
+    assert (
+        hashlib.sha256(FINAL_ANSWER_DOCS_PROMPT.encode()).hexdigest()
+        == "32d21faa991643b2f6e5f1dd3b5f45ffa1133088f151efada5711ab196f4d592"
+    )
     assert FINAL_ANSWER_USER_PROMPT.startswith("Now, please provide the final answer to the main question.")
     system, user = answer_messages(" Who? ", ["A: x", "B: y"])
     assert system == {"role": "system", "content": FINAL_ANSWER_DOCS_PROMPT}
@@ -52,7 +55,10 @@ def test_generator_rewards_are_the_mean_over_samples():
     scores 0. "The Paris Region" is half right in F1 and not exact."""
     engine = FakeEngine(replies(["Paris", "Lyon", "The Paris Region", EngineError("down")]))
     cfg = StopRagConfig(reward_source="generator", reward_samples=2, reward_temperature=0.7)
-    states = {("q1", 0): ("Capital of France?", []), ("q1", 1): ("Capital of France?", ["France: Paris is its capital."])}
+    states = {
+        ("q1", 0): ("Capital of France?", []),
+        ("q1", 1): ("Capital of France?", ["France: Paris is its capital."]),
+    }
     golden = {"q1": ["Paris"]}
     scores, rows = asyncio.run(generator_rewards(engine, states, golden, cfg, "hotpotqa", concurrency=1))
     assert scores == {"q1": StateScores(f1={0: 0.5, 1: pytest.approx(1 / 3)}, em={0: 0.5, 1: 0.0})}
@@ -69,8 +75,9 @@ def test_probe_rewards_take_no_samples():
 def test_rescore_scores_the_natural_ending_like_every_state():
     """The terminal state's scores replace the agent's own final answer's, F1 and EM alike, so one generator
     scores all."""
-    t = Trajectory("q", "d", (0.0, 0.5, 0.5), (1, 1, 1), final_f1=1.0, total_tokens=3, probe_em=(0.0, 0.0, 0.0),
-                   final_em=1.0)  # fmt: skip
+    t = Trajectory(
+        "q", "d", (0.0, 0.5, 0.5), (1, 1, 1), final_f1=1.0, total_tokens=3, probe_em=(0.0, 0.0, 0.0), final_em=1.0
+    )
     again = rescore(t, StateScores({0: 0.2, 1: 1.0, 2: 0.3}, {0: 0.0, 1: 1.0, 2: 0.0}))
     assert again.probe_f1 == (0.2, 1.0, 0.3) and again.final_f1 == 0.3 and again.iteration_tokens == t.iteration_tokens
     assert again.probe_em == (0.0, 1.0, 0.0) and again.final_em == 0.0
@@ -86,10 +93,13 @@ def test_stage_rewards_from_probes_and_from_the_generator(tmp_path):
     config = load_config()
     questions, histories = load_histories(run, config, {t.qid for t in trajectories})
     scores, note = state_rewards(run, config, questions, histories, lambda _: FakeEngine(replies([])), tmp_path)
-    assert all(scores[t.qid] == StateScores(dict(enumerate(t.probe_f1)), dict(enumerate(t.probe_em)))
-               for t in trajectories)  # fmt: skip
+    assert all(
+        scores[t.qid] == StateScores(dict(enumerate(t.probe_f1)), dict(enumerate(t.probe_em))) for t in trajectories
+    )
     assert "probed answer" in note and config.engine.model in note
-    gen = config.model_copy(update={"stoprag": config.stoprag.model_copy(update={"reward_source": "generator", "reward_samples": 3})})
+    gen = config.model_copy(
+        update={"stoprag": config.stoprag.model_copy(update={"reward_source": "generator", "reward_samples": 3})}
+    )
     n_states = sum(len(rows) for rows in histories.values())
     engine = FakeEngine(replies(["something"] * (3 * n_states)))
     scores, note = state_rewards(run, gen, questions, histories, lambda _: engine, tmp_path)

@@ -31,8 +31,12 @@ def test_an_old_runs_stoprag_worker_keys_load_under_their_new_names(tmp_path):
 
     dump_config(load_config(), tmp_path / "config.yaml")
     tree = yaml.safe_load((tmp_path / "config.yaml").read_text())
-    tree["stoprag"] = {**{k: v for k, v in tree["stoprag"].items() if k not in ("num_workers", "cpus_per_worker")},
-                       "workers": 3, "worker_num_cpus": 0.5, "epochs": 4}  # fmt: skip
+    tree["stoprag"] = {
+        **{k: v for k, v in tree["stoprag"].items() if k not in ("num_workers", "cpus_per_worker")},
+        "workers": 3,
+        "worker_num_cpus": 0.5,
+        "epochs": 4,
+    }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tree))
     args = job_parser("test").parse_args(["--set", "stoprag.epochs=7"])
     config = run_config_from_args(args, tmp_path)
@@ -42,10 +46,16 @@ def test_an_old_runs_stoprag_worker_keys_load_under_their_new_names(tmp_path):
 @pytest.mark.slow
 def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):
     run = write_stoprag_run(tmp_path / "run", predictions=True)
-    config = load_config(overrides=[
-        f"stoprag.encoder={tiny_encoder}", "stoprag.epochs=1", "stoprag.num_workers=1",  # max_length: the encoder's
-        "stoprag.batch_size=8", "stoprag.split=[0.5,0.25,0.25]", "stoprag.llm_stop_max_questions=3",
-    ])  # fmt: skip
+    config = load_config(
+        overrides=[
+            f"stoprag.encoder={tiny_encoder}",
+            "stoprag.epochs=1",
+            "stoprag.num_workers=1",  # max_length: the encoder's
+            "stoprag.batch_size=8",
+            "stoprag.split=[0.5,0.25,0.25]",
+            "stoprag.llm_stop_max_questions=3",
+        ]
+    )
     outputs = iter(["Decision: <STOP>", "<CONTINUE>", "gibberish"] * 20)
     report = run_stoprag(run, config, llm_stop=True, engine_factory=lambda engine_config: FakeEngine(replies(outputs)))
     table = report.table.set_index("controller")
@@ -53,18 +63,30 @@ def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):
     assert table.loc["natural", "f1_share"] == pytest.approx(1.0)
     assert table.loc["stoprag", "questions"] == report.splits["test"]
     assert table.loc["llm_stop", "questions"] == 3
-    assert 0 < table.loc["heuristic", "questions"] <= table.loc["natural", "questions"]  # only questions with predictions
+    assert (
+        0 < table.loc["heuristic", "questions"] <= table.loc["natural", "questions"]
+    )  # only questions with predictions
     assert table.loc["stoprag", "mean_iterations"] <= table.loc["natural", "mean_iterations"] + 1e-9
     out = report.out
-    for name in ("comparison.csv", "comparison.md", "comparison.png", "outcomes.parquet", "margins.parquet",
-                 "llm_stop.parquet", "training.csv", "qnet/qnet.json"):  # fmt: skip
+    for name in (
+        "comparison.csv",
+        "comparison.md",
+        "comparison.png",
+        "outcomes.parquet",
+        "margins.parquet",
+        "llm_stop.parquet",
+        "training.csv",
+        "qnet/qnet.json",
+    ):
         assert (out / name).exists(), name
     assert "threshold" in json.loads((out / "qnet/qnet.json").read_text())
     from raypipe.stoprag.qnet import StopRagController
 
     controller = pickle.loads(pickle.dumps(StopRagController(out / "qnet")))  # travels to actors, loads lazily
-    history = [{"iteration": 0, "doc_titles": [], "doc_texts": []},
-               {"iteration": 1, "query": "q", "doc_ids": ["x"], "doc_titles": ["T"], "doc_texts": ["text"]}]
+    history = [
+        {"iteration": 0, "doc_titles": [], "doc_texts": []},
+        {"iteration": 1, "query": "q", "doc_ids": ["x"], "doc_titles": ["T"], "doc_texts": ["text"]},
+    ]
     assert not asyncio.run(controller.decide("Q?", history[:1])).stop  # before first_decision
     margin = controller.margin("Q?", history)
     assert asyncio.run(controller.decide("Q?", history)).stop == (margin > controller.threshold)
@@ -93,8 +115,8 @@ def test_stage_end_to_end(tmp_path, tiny_encoder, ray_local):
 def test_train_run_split_trains_and_tunes_on_the_training_run():
     """Paper protocol for Stop-RAG with --train-run: train/val from the training run's questions in the
     ratio of stoprag.split's first two shares, every target question a test question; overlap fails."""
-    from raypipe.stoprag.splits import split_train_run
     from raypipe.stopping.replay import Trajectory
+    from raypipe.stoprag.splits import split_train_run
 
     def traj(qid):
         return Trajectory(qid, "hotpotqa", (0.0, 1.0), (1, 1), 1.0, 2)

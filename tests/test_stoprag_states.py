@@ -15,7 +15,13 @@ torch = pytest.importorskip("torch")
 
 from raypipe.core.models import resolve_sentence_model  # noqa: E402
 from raypipe.data.loaders import BUNDLED_CORPUS, iter_corpus, load_questions  # noqa: E402
-from raypipe.stoprag.qnet import REFERENCE_MAX_LENGTH, encode_states, encoder_max_length, load_tokenizer, truncate_ids  # noqa: E402
+from raypipe.stoprag.qnet import (  # noqa: E402
+    REFERENCE_MAX_LENGTH,
+    encode_states,
+    encoder_max_length,
+    load_tokenizer,
+    truncate_ids,
+)
 from raypipe.stoprag.targets import build_episode, with_documents  # noqa: E402
 
 MAX_ITERATIONS = 10  # pyterrier-rag's turn limit: the longest trajectories the seed's runs have
@@ -81,8 +87,16 @@ def bundled_histories(per_dataset: int = 40, seed: int = 0) -> list[tuple[str, s
                 if i == 1 or rng.random() > 0.25:  # else: the same query again, the same documents
                     start = rng.randrange(len(pool))
                     ranked = [pool[(start + k) % len(pool)] for k in range(TOP_K + 2)]
-                rows.append({"qid": q.qid, "iteration": i, "query": f"query {i}", "doc_ids": ranked,
-                             "probe_answer": "x", "probe_f1": 0.0})  # fmt: skip
+                rows.append(
+                    {
+                        "qid": q.qid,
+                        "iteration": i,
+                        "query": f"query {i}",
+                        "doc_ids": ranked,
+                        "probe_answer": "x",
+                        "probe_f1": 0.0,
+                    }
+                )
             out.append((q.qid, q.question, with_documents(rows, paragraphs, TOP_K)))
     return out
 

@@ -6,10 +6,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from raypipe.core.config import StopRagConfig  # noqa: E402
-from raypipe.stoprag.qnet import QNetwork, load_tokenizer, score  # noqa: E402
-from raypipe.stoprag.targets import Episode, training_samples  # noqa: E402
-from raypipe.stoprag.train import cont_targets, worker_share  # noqa: E402
+from raypipe.core.config import StopRagConfig
+from raypipe.stoprag.qnet import QNetwork, load_tokenizer, score
+from raypipe.stoprag.targets import Episode, training_samples
+from raypipe.stoprag.train import cont_targets, worker_share
 
 
 def test_qnetwork_heads_save_load(tiny_encoder, tmp_path):
@@ -48,9 +48,19 @@ def test_ray_train_run_learns_and_checkpoints(tiny_encoder, tmp_path, ray_local)
     eps = [Episode(f"g{i}", (1, 2), (f"good evidence {i}", f"noise {i}"), (1.0, 0.0)) for i in range(6)]
     eps += [Episode(f"b{i}", (1, 2), (f"bad {i}", f"answer found {i}"), (0.0, 1.0)) for i in range(6)]
     texts, samples = training_samples(eps)
-    cfg = StopRagConfig(num_workers=2, cpus_per_worker=1, epochs=6, batch_size=4, learning_rate=5e-3,
-                        warmup_ratio=0.0, max_length=16, dropout=0.0)
-    folder, history = train_qnetwork(texts, samples, cfg, tiny_encoder, tmp_path / "qnet", seed=0, meta={"threshold": 0.1})
+    cfg = StopRagConfig(
+        num_workers=2,
+        cpus_per_worker=1,
+        epochs=6,
+        batch_size=4,
+        learning_rate=5e-3,
+        warmup_ratio=0.0,
+        max_length=16,
+        dropout=0.0,
+    )
+    folder, history = train_qnetwork(
+        texts, samples, cfg, tiny_encoder, tmp_path / "qnet", seed=0, meta={"threshold": 0.1}
+    )
     assert len(history) == 6 and history[-1]["loss"] < history[0]["loss"]
     assert history[-1]["lambda"] == pytest.approx(0.1)  # annealed to the end value
     assert folder == tmp_path / "qnet" and not (tmp_path / "ray_train" / "stoprag").exists()  # checkpoints removed
@@ -68,20 +78,29 @@ def test_online_controller_pickles_light_and_decides(tiny_encoder, tmp_path):
 
     net = QNetwork(tiny_encoder, dropout=0.0)
     tok = load_tokenizer(tiny_encoder)
-    meta = {"max_length": 32, "state_input": "docs", "doc_chars": None, "docs_per_iteration": 1,
-            "state_truncation": "newest", "first_decision": 1}  # fmt: skip
+    meta = {
+        "max_length": 32,
+        "state_input": "docs",
+        "doc_chars": None,
+        "docs_per_iteration": 1,
+        "state_truncation": "newest",
+        "first_decision": 1,
+    }
     net.save(tmp_path / "old", tok, extra={k: v for k, v in meta.items() if k != "docs_per_iteration"})
     with pytest.raises(ValueError, match="lacks the state settings"):
         StopRagController(tmp_path / "old", threshold=0.0)
     net.save(tmp_path / "q", tok, extra=meta)
     with pytest.raises(ValueError, match="no tuned threshold"):
         StopRagController(tmp_path / "q")
-    history = [{"iteration": 0, "doc_titles": [], "doc_texts": []},
-               {"iteration": 1, "query": "q", "doc_ids": ["x"], "doc_titles": ["T"], "doc_texts": ["text"]}]
+    history = [
+        {"iteration": 0, "doc_titles": [], "doc_texts": []},
+        {"iteration": 1, "query": "q", "doc_ids": ["x"], "doc_titles": ["T"], "doc_texts": ["text"]},
+    ]
     probe = StopRagController(tmp_path / "q", threshold=0.0)
     margin = probe.margin("Q?", history)
-    assert margin == pytest.approx(score(net.eval(), tok, ["Q?[SEP]T: text"], 32)[0][0]
-                                   - score(net, tok, ["Q?[SEP]T: text"], 32)[1][0])
+    assert margin == pytest.approx(
+        score(net.eval(), tok, ["Q?[SEP]T: text"], 32)[0][0] - score(net, tok, ["Q?[SEP]T: text"], 32)[1][0]
+    )
     below, above = StopRagController(tmp_path / "q", margin - 0.01), StopRagController(tmp_path / "q", margin + 0.01)
     assert len(pickle.dumps(below)) < 10_000  # the network is not in the pickle
     assert asyncio.run(pickle.loads(pickle.dumps(below)).decide("Q?", history)).stop

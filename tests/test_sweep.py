@@ -50,11 +50,31 @@ def synthetic(n_questions=60, seed=0, noise=0.1):
 
 def test_predictions_by_head_groups_and_validates():
     rows = [
-        {"qid": "a", "dataset": "d", "iteration": 1, "fold": 0, "feature_group": "g", "window": 1,
-         "p_hat": 0.5, "u_hat": 0.1, "probe_f1": 0.5, "utility": 0.1},
-        {"qid": "a", "dataset": "d", "iteration": 1, "fold": 0, "feature_group": "g", "window": 3,
-         "p_hat": 0.25, "u_hat": -0.5, "probe_f1": 0.5, "utility": 0.1},
-    ]  # fmt: skip
+        {
+            "qid": "a",
+            "dataset": "d",
+            "iteration": 1,
+            "fold": 0,
+            "feature_group": "g",
+            "window": 1,
+            "p_hat": 0.5,
+            "u_hat": 0.1,
+            "probe_f1": 0.5,
+            "utility": 0.1,
+        },
+        {
+            "qid": "a",
+            "dataset": "d",
+            "iteration": 1,
+            "fold": 0,
+            "feature_group": "g",
+            "window": 3,
+            "p_hat": 0.25,
+            "u_hat": -0.5,
+            "probe_f1": 0.5,
+            "utility": 0.1,
+        },
+    ]
     heads = predictions_by_head(pa.Table.from_pylist(rows, schema=PREDICTIONS))
     assert heads == {("g", 1): {"a": {1: (0.5, pytest.approx(0.1))}}, ("g", 3): {"a": {1: (0.25, -0.5)}}}
     with pytest.raises(ValueError, match="duplicate"):
@@ -118,9 +138,14 @@ def _points(rows):
 
 def test_select_rule():
     pts = pd.DataFrame(
-        {"theta_p": [0.1, 0.2, 0.3, 0.4], "theta_u": [0.0] * 4,
-         "mean_iterations": [1.0, 1.5, 1.5, 3.0], "mean_f1": [0.3, 0.49, 0.5, 0.5], "f1_share": [0.6, 0.98, 1.0, 1.0]}
-    )  # fmt: skip
+        {
+            "theta_p": [0.1, 0.2, 0.3, 0.4],
+            "theta_u": [0.0] * 4,
+            "mean_iterations": [1.0, 1.5, 1.5, 3.0],
+            "mean_f1": [0.3, 0.49, 0.5, 0.5],
+            "f1_share": [0.6, 0.98, 1.0, 1.0],
+        }
+    )
     # fewest iterations among shares >= 0.976; the tie at 1.5 goes to the higher F1
     assert select(pts, 0.976)["theta_p"] == 0.3
     assert select(pts, 0.5)["theta_p"] == 0.1
@@ -193,11 +218,20 @@ def write_synthetic_run(path, n_questions=40, seed=0, prefix="q"):
         if r["iteration"] == 0:
             continue
         for window, shift in ((1, 0.0), (3, 0.05)):
-            rows.append({
-                "qid": r["qid"], "dataset": r["dataset"], "iteration": r["iteration"], "fold": 0,
-                "feature_group": "unsup+sup", "window": window, "p_hat": r["probe_f1"] + rng.uniform(-0.1, 0.1) + shift,
-                "u_hat": r["utility"] + rng.uniform(-0.1, 0.1), "probe_f1": r["probe_f1"], "utility": r["utility"],
-            })  # fmt: skip
+            rows.append(
+                {
+                    "qid": r["qid"],
+                    "dataset": r["dataset"],
+                    "iteration": r["iteration"],
+                    "fold": 0,
+                    "feature_group": "unsup+sup",
+                    "window": window,
+                    "p_hat": r["probe_f1"] + rng.uniform(-0.1, 0.1) + shift,
+                    "u_hat": r["utility"] + rng.uniform(-0.1, 0.1),
+                    "probe_f1": r["probe_f1"],
+                    "utility": r["utility"],
+                }
+            )
     grid = pa.Table.from_pylist(rows, schema=PREDICTIONS)
     run.write_part("prediction_grid", grid, "part-0")
     run.write_part("predictions", grid.filter(pa.compute.equal(grid["window"], 1)), "part-0")
@@ -240,8 +274,14 @@ def test_refit_predictions_use_the_predictors_head(tmp_path):
     # a Tune trial's head: from prediction_grid, or refit
     from raypipe.stopping.refit import trial_head
 
-    payload = {"predictions": {("g", 3): {"q0": {1: (0.1, 0.2)}}}, "refits": [refit], "refit_frame": frame,
-               "train": train, "seed": 0, "train_qids": None}  # fmt: skip
+    payload = {
+        "predictions": {("g", 3): {"q0": {1: (0.1, 0.2)}}},
+        "refits": [refit],
+        "refit_frame": frame,
+        "train": train,
+        "seed": 0,
+        "train_qids": None,
+    }
     assert trial_head(["grid", "g", 3], payload) == (("g", 3), {"q0": {1: (0.1, 0.2)}})
     key, again = trial_head(["refit", 0], payload)
     assert key == ("prob[refit h=8 wd=0.001 lr=0.001]", 1) and again == preds
@@ -253,10 +293,16 @@ def test_head_frame_joins_persisted_cross_encoder_signals(tmp_path):
 
     run = write_synthetic_run(tmp_path / "run", n_questions=6)
     rows = [
-        {"qid": r["qid"], "dataset": r["dataset"], "iteration": r["iteration"], "fold": 0,
-         **{c: 0.5 for c in SUP_COLUMNS}}
-        for r in run.read("iterations").to_pylist() if r["iteration"] >= 1
-    ]  # fmt: skip
+        {
+            "qid": r["qid"],
+            "dataset": r["dataset"],
+            "iteration": r["iteration"],
+            "fold": 0,
+            **dict.fromkeys(SUP_COLUMNS, 0.5),
+        }
+        for r in run.read("iterations").to_pylist()
+        if r["iteration"] >= 1
+    ]
     run.write_part("sup_signals", conform(rows, "sup_signals"), "part-0")
     frame = head_frame(run)
     assert set(SUP_COLUMNS) <= set(frame.columns) and "probe_conf" in frame.columns
@@ -273,8 +319,15 @@ def test_job_fails_early_on_a_run_without_predictions(tmp_path):
     for part in (tmp_path / "run" / "predictions").glob("*.parquet"):
         part.unlink()
     repo = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, str(repo / "jobs" / "sweep.py"), str(run.path)], capture_output=True, text=True, check=False,
-                          cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(repo / "jobs" / "sweep.py"), str(run.path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "no predictions table here; run jobs/train.py" in proc.stderr
 
@@ -289,10 +342,13 @@ def test_sweep_stage_on_tune(tmp_path, ray_local, monkeypatch):
 
     run = write_synthetic_run(tmp_path / "run")
     cfg = StoppingConfig(
-        theta_p_grid=[0.0, 0.3, 0.6, 2.0], theta_u_grid=[-0.1, 0.2], quantile_points=1,
-        variants=["paper", "delta_p"], heads="chosen",
+        theta_p_grid=[0.0, 0.3, 0.6, 2.0],
+        theta_u_grid=[-0.1, 0.2],
+        quantile_points=1,
+        variants=["paper", "delta_p"],
+        heads="chosen",
         refits=[HeadRefit(group="prob", window=1, head_hidden=[8]), HeadRefit(group="unsup+sup")],
-    )  # fmt: skip
+    )
     tested_heads = {}
     paired_tests = sweep_stage.sweep_pvalues
 
@@ -303,11 +359,24 @@ def test_sweep_stage_on_tune(tmp_path, ray_local, monkeypatch):
     monkeypatch.setattr(sweep_stage, "sweep_pvalues", keep_heads)
     tracker = StageTracker.open(TrackingConfig(mlflow_uri=str(tmp_path / "mlruns")), run.path, "sweep")
     train = TrainConfig(folds=3, head_max_iter=60)
-    report = sweep_stage.run_sweep(run, cfg, experiment="t", train=train, options=ReportConfig(bootstrap_samples=100),
-                                   callbacks=tune_callbacks(tracker))  # fmt: skip
+    report = sweep_stage.run_sweep(
+        run,
+        cfg,
+        experiment="t",
+        train=train,
+        options=ReportConfig(bootstrap_samples=100),
+        callbacks=tune_callbacks(tracker),
+    )
     out = tmp_path / "run" / "stopping"
-    for name in ("01_tradeoff.md", "01_tradeoff.csv", "02_figure5.png", "selected.json", "data/grid.parquet",
-                 "data/selections.csv", "data/pareto.csv"):  # fmt: skip
+    for name in (
+        "01_tradeoff.md",
+        "01_tradeoff.csv",
+        "02_figure5.png",
+        "selected.json",
+        "data/grid.parquet",
+        "data/selections.csv",
+        "data/pareto.csv",
+    ):
         assert (out / name).exists(), name
     grid = pd.read_parquet(out / "data" / "grid.parquet")
     assert set(zip(grid["feature_group"], grid["window"])) == {
@@ -344,8 +413,9 @@ def test_sweep_stage_on_tune(tmp_path, ray_local, monkeypatch):
     import mlflow
 
     client = mlflow.MlflowClient((tmp_path / "mlruns").as_uri())
-    trials = client.search_runs([client.get_experiment_by_name("run").experiment_id],
-                                "tags.`raypipe.stage` = 'sweep-trial'")  # fmt: skip
+    trials = client.search_runs(
+        [client.get_experiment_by_name("run").experiment_id], "tags.`raypipe.stage` = 'sweep-trial'"
+    )
     assert len(trials) == 2 and all("test_f1_share" in t.data.metrics for t in trials)
 
 
@@ -397,8 +467,9 @@ def test_an_old_runs_head_refits_load_with_the_renamed_regulariser(tmp_path):
 
     dump_config(load_config(), tmp_path / "config.yaml")
     tree = yaml.safe_load((tmp_path / "config.yaml").read_text())
-    tree["stopping"]["refits"] = [{"group": None, "window": None, "head_hidden": [32, 16], "head_alpha": 0.01,
-                                   "head_learning_rate": 0.001}]  # fmt: skip
+    tree["stopping"]["refits"] = [
+        {"group": None, "window": None, "head_hidden": [32, 16], "head_alpha": 0.01, "head_learning_rate": 0.001}
+    ]
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(tree))
     config = run_config_from_args(job_parser("test").parse_args([]), tmp_path)
     [refit] = config.stopping.refits

@@ -55,8 +55,12 @@ def test_store_uris_and_param_names():
     assert store_uri("sqlite:///x/m.db") == f"sqlite:///{Path('x/m.db').resolve()}"
     assert store_uri("http://host:5000") == "http://host:5000"
     assert flat_params({"a": {"b": 1, "c": [1, 2], "d": None, "e": {}}, "f": "x"}) == {
-        "a.b": "1", "a.c": "[1, 2]", "a.d": "null", "a.e": "{}", "f": "x"
-    }  # fmt: skip
+        "a.b": "1",
+        "a.c": "[1, 2]",
+        "a.d": "null",
+        "a.e": "{}",
+        "f": "x",
+    }
     assert metric_key("heuristic[paper] unsup+sup/w3 global.mean_f1") == "heuristic_paper_ unsup_sup/w3 global.mean_f1"
 
 
@@ -141,8 +145,18 @@ def test_compare_logs_its_figures_and_page_to_the_baselines_experiment(tmp_path,
     monkeypatch.setattr(sys, "argv", sys.argv[:])
     base, other = build_run_dir(tmp_path / "base"), build_run_dir(tmp_path / "other", protocol="r1_searcher")
     store = tmp_path / "mlruns"
-    cli.main(["compare", str(other.path), "--baseline", str(base.path), "--set", "report.bootstrap_samples=50",
-              "--set", f"tracking.mlflow_uri={store}"])  # fmt: skip
+    cli.main(
+        [
+            "compare",
+            str(other.path),
+            "--baseline",
+            str(base.path),
+            "--set",
+            "report.bootstrap_samples=50",
+            "--set",
+            f"tracking.mlflow_uri={store}",
+        ]
+    )
     client, runs = stage_runs(store, "base")
     logged = runs["compare"]
     params, metrics = logged.data.params, logged.data.metrics
@@ -195,8 +209,11 @@ def mlflow_ui_command() -> list[str] | None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(mlflow_ui_command() is None, reason="no MLflow UI: mlflow-skinny has none; set RAYPIPE_MLFLOW_UI "
-                    "to the mlflow of an environment with the full mlflow package")  # fmt: skip
+@pytest.mark.skipif(
+    mlflow_ui_command() is None,
+    reason="no MLflow UI: mlflow-skinny has none; set RAYPIPE_MLFLOW_UI "
+    "to the mlflow of an environment with the full mlflow package",
+)
 def test_the_mlflow_ui_shows_the_tracked_experiment(tmp_path, monkeypatch):
     from raypipe.analysis.screenshot import assert_not_blank, find_browser, rendered_html, screenshot
 
@@ -205,16 +222,36 @@ def test_the_mlflow_ui_shows_the_tracked_experiment(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", sys.argv[:])
     base, other = build_run_dir(tmp_path / "ui-base"), build_run_dir(tmp_path / "ui-other")
     store = tmp_path / "mlruns"
-    cli.main(["compare", str(other.path), "--baseline", str(base.path), "--set", "report.bootstrap_samples=20",
-              "--set", f"tracking.mlflow_uri={store}"])  # fmt: skip
+    cli.main(
+        [
+            "compare",
+            str(other.path),
+            "--baseline",
+            str(base.path),
+            "--set",
+            "report.bootstrap_samples=20",
+            "--set",
+            f"tracking.mlflow_uri={store}",
+        ]
+    )
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [*mlflow_ui_command(), "ui", "--backend-store-uri", store.resolve().as_uri(), "--host", "127.0.0.1",
-         "--port", str(port)],
-        env={**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            *mlflow_ui_command(),
+            "ui",
+            "--backend-store-uri",
+            store.resolve().as_uri(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env={**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -231,8 +268,9 @@ def test_the_mlflow_ui_shows_the_tracked_experiment(tmp_path, monkeypatch):
         page = f"{url}/#/experiments/{experiments['ui-base']}/runs"
         dom = rendered_html(page, timeout=120, settle_ms=15000)
         assert "ui-base" in dom and "compare" in dom  # the experiment and its run, drawn by the UI's scripts
-        measures = assert_not_blank(screenshot(page, tmp_path / "mlflow.png", width=1400, height=900, timeout=120,
-                                               settle_ms=15000))  # fmt: skip
+        measures = assert_not_blank(
+            screenshot(page, tmp_path / "mlflow.png", width=1400, height=900, timeout=120, settle_ms=15000)
+        )
         assert measures["colours"] > 200
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # mlflow ui and its uvicorn workers

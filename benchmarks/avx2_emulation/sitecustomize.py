@@ -10,8 +10,13 @@ import importlib.abc
 import importlib.util
 import sys
 
-REPORTED_ABSENT = ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported",
-                   "_is_amx_tile_supported", "_is_amx_fp16_supported")
+REPORTED_ABSENT = (
+    "_is_avx512_supported",
+    "_is_avx512_bf16_supported",
+    "_is_avx512_vnni_supported",
+    "_is_amx_tile_supported",
+    "_is_amx_fp16_supported",
+)
 
 
 class _PatchTorchCpu(importlib.abc.MetaPathFinder):

@@ -9,13 +9,17 @@ from __future__ import annotations
 from raypipe.core.lazy import lazy_exports
 
 # Each name loads on first use: the Stop-RAG network imports raypipe.agents.hooks without the loop's tables.
-__getattr__, __dir__ = lazy_exports(__name__, globals(), {
-    "factory": ("build_loop", "build_protocol", "visible_docs"),
-    "loop": ("AgentLoop", "TrajectoryOutput"),
-    "protocol": ("Action", "AgentProtocol"),
-    "r1_searcher": ("R1Searcher",),
-    "search_r1": ("SearchR1",),
-})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    globals(),
+    {
+        "factory": ("build_loop", "build_protocol", "visible_docs"),
+        "loop": ("AgentLoop", "TrajectoryOutput"),
+        "protocol": ("Action", "AgentProtocol"),
+        "r1_searcher": ("R1Searcher",),
+        "search_r1": ("SearchR1",),
+    },
+)
 
 __all__ = [
     "Action",

@@ -28,6 +28,7 @@ from raypipe.core.config import ServeAgentConfig
 from raypipe.core.http import one_line
 from raypipe.data.loaders import Question
 
+
 class ApiError(Exception):
     """A request answered with HTTP ``status`` and a one-line ``detail`` instead of an answer."""
 
@@ -106,8 +107,9 @@ class ChatRequest(BaseModel):
         questions = [m.text() for m in self.messages if m.role == "user"]
         if not questions:
             raise ApiError(422, "messages holds no user message: the last one is the question")
-        return AnswerRequest(question=questions[-1], policy=self.policy, max_turns=self.max_turns,
-                             return_trajectory=True)
+        return AnswerRequest(
+            question=questions[-1], policy=self.policy, max_turns=self.max_turns, return_trajectory=True
+        )
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
@@ -157,11 +159,17 @@ def check_request(request: AnswerRequest, limits: ServeAgentConfig) -> None:
     if not request.question:
         raise ApiError(422, "question is empty")
     if len(request.question) > limits.max_question_chars:
-        raise ApiError(422, f"question has {len(request.question)} characters, over this server's limit of "
-                            f"{limits.max_question_chars} (serve_agent.max_question_chars)")  # fmt: skip
+        raise ApiError(
+            422,
+            f"question has {len(request.question)} characters, over this server's limit of "
+            f"{limits.max_question_chars} (serve_agent.max_question_chars)",
+        )
     if request.max_turns is not None and request.max_turns > limits.max_turns_limit:
-        raise ApiError(422, f"max_turns {request.max_turns} is over this server's limit of {limits.max_turns_limit} "
-                            "(serve_agent.max_turns_limit)")  # fmt: skip
+        raise ApiError(
+            422,
+            f"max_turns {request.max_turns} is over this server's limit of {limits.max_turns_limit} "
+            "(serve_agent.max_turns_limit)",
+        )
     if request.golden_answers is not None and not any(g.strip() for g in request.golden_answers):
         raise ApiError(422, "golden_answers is empty: leave it out for an unscored question")
 
@@ -248,8 +256,10 @@ def answer_body(answer: Answer) -> dict[str, Any]:
     }
     if answer.request.return_trajectory:
         body["trajectory"] = {
-            "iterations": [iteration_view(r, answer.visible, answer.predictions.get(r["iteration"]))
-                           for r in answer.output.iterations],  # fmt: skip
+            "iterations": [
+                iteration_view(r, answer.visible, answer.predictions.get(r["iteration"]))
+                for r in answer.output.iterations
+            ],
             "transcript": trajectory["transcript"],
         }
     return body
@@ -264,10 +274,14 @@ def chat_body(body: dict[str, Any], model: str, reply_id: str, created: int) -> 
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": body["answer"] or ""},
-                     "finish_reason": "stop"}],  # fmt: skip
-        "usage": {"prompt_tokens": spent["prompt_tokens"], "completion_tokens": spent["generated_tokens"],
-                  "total_tokens": spent["prompt_tokens"] + spent["generated_tokens"]},  # fmt: skip
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": body["answer"] or ""}, "finish_reason": "stop"}
+        ],
+        "usage": {
+            "prompt_tokens": spent["prompt_tokens"],
+            "completion_tokens": spent["generated_tokens"],
+            "total_tokens": spent["prompt_tokens"] + spent["generated_tokens"],
+        },
         "raypipe": body,
     }
 

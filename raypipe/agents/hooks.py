@@ -25,5 +25,4 @@ CONTINUE = StopDecision(stop=False)
 
 
 class StopController(Protocol):
-    async def decide(self, question: str, history: list[dict[str, Any]]) -> StopDecision:
-        ...
+    async def decide(self, question: str, history: list[dict[str, Any]]) -> StopDecision: ...

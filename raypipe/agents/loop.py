@@ -82,9 +82,18 @@ from raypipe.retrieval.types import QueryCrashError, Retriever, SearchResult
 
 # Columns an online controller may see (never the gold-based probe_f1 / utility).
 ONLINE_COLUMNS = (
-    "qid", "dataset", "iteration", "query", "doc_ids", "doc_scores", "reasoning",
-    "probe_answer", "probe_token_logprobs", "tokens_generated", "probe_tokens",
-)  # fmt: skip
+    "qid",
+    "dataset",
+    "iteration",
+    "query",
+    "doc_ids",
+    "doc_scores",
+    "reasoning",
+    "probe_answer",
+    "probe_token_logprobs",
+    "tokens_generated",
+    "probe_tokens",
+)
 
 
 # Told of each iteration row as it is added (the row without its private fields; costs not yet final).
@@ -170,7 +179,7 @@ class AgentLoop:
             run.stop_reason, run.error = stop.reason, str(stop)
         except EngineDiedError:  # not this row's failure: the caller reruns the trajectory on a new engine
             raise
-        except Exception as exc:  # one bad row never kills the job: record it (an outage seen by a controller too)
+        except Exception as exc:  # noqa: BLE001 - one bad row never kills the job: record it (an outage too)
             run.stop_reason = STOP_ENGINE_ERROR if isinstance(exc, EngineUnavailableError) else STOP_INTERNAL_ERROR
             run.error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -194,7 +203,9 @@ class _Run:
         self.error: str | None = None
         self.retrievals = 0
         # probes running beside the later turns, oldest first, each with the state to return to if it fails
-        self.overlap = self.agent.probe and self.agent.probe_overlap and loop.controller is None and loop.barrier is None
+        self.overlap = (
+            self.agent.probe and self.agent.probe_overlap and loop.controller is None and loop.barrier is None
+        )
         self.pending_probes: list[tuple[asyncio.Future, _State]] = []
 
     async def steps(self) -> None:
@@ -230,6 +241,7 @@ class _Run:
             query = action.content if action.kind not in (ANSWER, INVALID) and turn < searching else None
             probe_prompt = protocol.probe_prompt(self.context, output) if agent.probe else None
             if self.overlap:
+                assert probe_prompt is not None  # overlap implies agent.probe
                 self._probe_beside(row, probe_prompt)
                 searched = await self._search(row, query)
             else:
@@ -308,7 +320,9 @@ class _Run:
         row["retrieval_s"] = searched.seconds
         return searched
 
-    async def _search_and_probe(self, row: dict[str, Any], query: str | None, probe_prompt: str | None) -> _Searched | None:
+    async def _search_and_probe(
+        self, row: dict[str, Any], query: str | None, probe_prompt: str | None
+    ) -> _Searched | None:
         """The turn's search (if it issued one) and its probe (if probing): together, or under a barrier
         the peers' order (all searches, then all probes). The search is awaited even when the probe fails."""
         search = asyncio.ensure_future(self._retrieve(query)) if query is not None else None
@@ -329,7 +343,7 @@ class _Run:
         started = time.monotonic()
         try:
             result, error = (await self.loop.retriever.search([query], self.loop.deep_k))[0], None
-        except Exception as exc:  # reported when the trajectory reads it (a controller may stop first)
+        except Exception as exc:  # noqa: BLE001 - reported when the trajectory reads it (a controller may stop first)
             result, error = None, exc
         return _Searched(query, result, error, time.monotonic() - started)
 
@@ -360,7 +374,7 @@ class _Run:
             _charge(row, gen)
         answer = self.protocol.parse_probe(gen.text)
         self._append_row(row)
-        self.tail = prompt[len(self.context):] + gen.text + self.protocol.answer_close
+        self.tail = prompt[len(self.context) :] + gen.text + self.protocol.answer_close
         if not await self._controller_stops():
             self.final_answer = answer
 
@@ -371,7 +385,9 @@ class _Run:
         return gen
 
     async def _probe_generate(self, prompt: str) -> Generation:
-        return await self._generate(prompt, self.agent.probe_max_tokens, 0.0, (self.protocol.answer_close,), logprobs=True)
+        return await self._generate(
+            prompt, self.agent.probe_max_tokens, 0.0, (self.protocol.answer_close,), logprobs=True
+        )
 
     def _record_probe(self, row: dict[str, Any], gen: Generation) -> None:
         """The probe's columns; U_i against the row before ``row`` in the trajectory (or the last row)."""
@@ -426,7 +442,13 @@ class _Run:
     ) -> Generation:
         seed = None if temperature == 0 else (zlib.crc32(self.question.qid.encode()) + self.loop.seed + turn) % 2**31
         request = GenerationRequest(
-            prompt=prompt, max_tokens=max_tokens, temperature=temperature, stop=stop, logprobs=logprobs, regex=regex, seed=seed
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stop=stop,
+            logprobs=logprobs,
+            regex=regex,
+            seed=seed,
         )
         try:  # engines clamp max_tokens to the room left and raise ContextOverflowError when there is none
             return await self.loop.engine.generate(request)
@@ -479,7 +501,7 @@ class _Run:
             "tokens_generated": sum(r["tokens_generated"] for r in iterations),
             "probe_tokens": sum(r["probe_tokens"] for r in iterations),
             "wall_s": wall_s,
-            "transcript": self.context[len(self.prompt):] + self.tail,
+            "transcript": self.context[len(self.prompt) :] + self.tail,
             **trajectory_costs(iterations),
         }
         return TrajectoryOutput(trajectory, iterations)
@@ -488,9 +510,16 @@ class _Run:
 # A row's cost before its requests are charged; null-able columns start at 0 and turn null when a request
 # of the row does not report them (an unknown part makes the sum unknown).
 _NO_COST: dict[str, Any] = {
-    "prompt_tokens": 0, "cached_tokens": 0, "prefilled_tokens": 0, "probe_prompt_tokens": 0,
-    "probe_cached_tokens": 0, "retrieval_s": None, "search_dropped": False, "queue_s": 0.0, "engine_s": 0.0,
-}  # fmt: skip
+    "prompt_tokens": 0,
+    "cached_tokens": 0,
+    "prefilled_tokens": 0,
+    "probe_prompt_tokens": 0,
+    "probe_cached_tokens": 0,
+    "retrieval_s": None,
+    "search_dropped": False,
+    "queue_s": 0.0,
+    "engine_s": 0.0,
+}
 
 
 def _add(total: float | None, part: float | None) -> float | None:

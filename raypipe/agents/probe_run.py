@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -31,11 +31,27 @@ RESULT_SECTIONS = ("seed", "engine", "agent", "retrieval")
 # search or a generation returns: a resume may change them.
 OPERATIONAL = {
     "engine": {"request_timeout_s", "max_retries"},
-    "retrieval": {"replicas", "num_cpus", "resources", "search_threads", "max_restarts", "max_task_retries",
-                  "max_query_crashes", "start_timeout_s", "http_timeout_s", "http_retries", "http_max_response_bytes",
-                  "serve_max_queries", "serve_max_topk", "serve_max_items", "serve_max_body_bytes", "serve_timeout_s",
-                  "serve_max_results", "serve_max_batch_results"},
-}  # fmt: skip
+    "retrieval": {
+        "replicas",
+        "num_cpus",
+        "resources",
+        "search_threads",
+        "max_restarts",
+        "max_task_retries",
+        "max_query_crashes",
+        "start_timeout_s",
+        "http_timeout_s",
+        "http_retries",
+        "http_max_response_bytes",
+        "serve_max_queries",
+        "serve_max_topk",
+        "serve_max_items",
+        "serve_max_body_bytes",
+        "serve_timeout_s",
+        "serve_max_results",
+        "serve_max_batch_results",
+    },
+}
 
 
 def resolve_config(config: RunConfig) -> RunConfig:
@@ -62,12 +78,17 @@ def run_info(config: RunConfig) -> dict:
         "stop": list(protocol.stop),
         "enforcement": config.agent.enforcement,
         "enforcement_regexes": protocol.enforcement_regexes(config.agent),
-        "engine": {"backend": config.engine.backend, "model": config.engine.model, "dtype": config.engine.dtype,
-                   "enable_prefix_caching": config.engine.enable_prefix_caching, "block_size": config.engine.block_size},
+        "engine": {
+            "backend": config.engine.backend,
+            "model": config.engine.model,
+            "dtype": config.engine.dtype,
+            "enable_prefix_caching": config.engine.enable_prefix_caching,
+            "block_size": config.engine.block_size,
+        },
         "agent": agent_info(config.engine.adapter),
         "versions": versions,
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }  # fmt: skip
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
 
 
 def agent_info(adapter: str | None) -> dict:
@@ -75,8 +96,18 @@ def agent_info(adapter: str | None) -> dict:
     if adapter is None:
         return {"tuned": False}
     manifest = read_manifest(locate_adapter(adapter))
-    made = ("note", "adapter_sha256", "base_model_sha256", "data_sha256", "steps", "tokens", "seed", "train_wall_s",
-            "cpu_model", "cpu_count")  # fmt: skip
+    made = (
+        "note",
+        "adapter_sha256",
+        "base_model_sha256",
+        "data_sha256",
+        "steps",
+        "tokens",
+        "seed",
+        "train_wall_s",
+        "cpu_model",
+        "cpu_count",
+    )
     dev = {k: v for k, v in manifest.get("dev", {}).items() if not isinstance(v, dict)}  # the headline figures
     made_of = {"trajectories": len(manifest.get("question_ids", [])), "dev": dev}
     return {"tuned": True, "adapter": adapter, **{k: manifest.get(k) for k in made}, **made_of}
@@ -100,8 +131,9 @@ def check_resumable(config: RunConfig, run_dir: RunDir) -> None:
     changed = [
         f"{section}.{key}"
         for section in RESULT_SECTIONS
-        for key in sorted((set(_as_dict(old.get(section))) | set(_as_dict(new.get(section))))
-                          - OPERATIONAL.get(section, set()))  # fmt: skip
+        for key in sorted(
+            (set(_as_dict(old.get(section))) | set(_as_dict(new.get(section)))) - OPERATIONAL.get(section, set())
+        )
         if _as_dict(old.get(section)).get(key) != _as_dict(new.get(section)).get(key)
     ]
     if changed:

@@ -173,4 +173,3 @@ class AgentProtocol(ABC):
         """Every distinct regex a run may use (to warm the grammar compiler up when the engine starts)."""
         regexes = [self.enforcement_regex(agent, turn) for turn in (0, 1)]
         return list(dict.fromkeys(r for r in regexes if r))
-

@@ -28,34 +28,38 @@ from raypipe.core.config import AgentConfig
 from raypipe.retrieval.types import SearchHit
 
 _FORMAT = (
-    'The output format of reasoning process and final answer are enclosed within <think> </think> and <answer> '
+    "The output format of reasoning process and final answer are enclosed within <think> </think> and <answer> "
     '</answer> tags, respectively, i.e., "<think> reasoning process here </think>\n\n<answer> final answer here '
 )
 _HEAD = "The User asks a question, and the Assistant solves it.\n"
-_THINKS = "The Assistant first thinks about the reasoning process in the mind and then provides the User with the final answer.\n"
+_THINKS = (
+    "The Assistant first thinks about the reasoning process in the mind and then provides the User with the final "
+    "answer.\n"
+)
 _TAIL = "\n\nUser:{question}\nAssistant: <think>"
 
 PROMPTS = {
     "v0": _HEAD + _THINKS + _FORMAT + '</answer>".\n'
-    'During the thinking process, the Assistant can perform searching for uncertain knowledge if necessary with the '
+    "During the thinking process, the Assistant can perform searching for uncertain knowledge if necessary with the "
     'format of "<|begin_of_query|> search query (only keywords) here <|end_of_query|>". **A query must involve only a '
-    'single triple**.\n'
+    "single triple**.\n"
     'Then, the system will provide the Assistant with helpful information with the format of "<|begin_of_documents|> '
     '...search results... <|end_of_documents|>".' + _TAIL,
     "v1": _HEAD + _THINKS + _FORMAT + '</answer>".\n'
     "During the reasoning process, the Assistant will break down the original question into sub-questions and address "
     "them step by step.\n"
-    'For each sub-question, **the Assistant can perform searching** for uncertain knowledge using the format: '
+    "For each sub-question, **the Assistant can perform searching** for uncertain knowledge using the format: "
     '"<|begin_of_query|> keyword1\tkeyword2\t... <|end_of_query|>".\n'
     '**The query must consist of straightforward and essential keywords separated by "\t"**. Furthermore, **the query '
     "must involve only a single triple to address a sub-question**.\n"
-    'Then, the search system will provide the Assistant with relevant information with the format of '
+    "Then, the search system will provide the Assistant with relevant information with the format of "
     '"<|begin_of_documents|> ...search results... <|end_of_documents|>".' + _TAIL,
     "v2": _HEAD + _THINKS + _FORMAT + '</answer>".\n'
-    "During the thinking process, **the Assistant can perform searching** for uncertain knowledge if necessary with the "
-    'format of "<|begin_of_query|> search query (only list keywords separated by "\t" instead of the complete sentence '
-    ', such as **"keyword_1 \t keyword_2 \t..."**)<|end_of_query|>". **A query must involve only a single triple**.\n'
-    'Then, the search system will provide the Assistant with the retrieval information with the format of '
+    "During the thinking process, **the Assistant can perform searching** for uncertain knowledge if necessary with "
+    'the format of "<|begin_of_query|> search query (only list keywords separated by "\t" instead of the complete '
+    'sentence , such as **"keyword_1 \t keyword_2 \t..."**)<|end_of_query|>". **A query must involve only a single '
+    "triple**.\n"
+    "Then, the search system will provide the Assistant with the retrieval information with the format of "
     '"<|begin_of_documents|> ...search results... <|end_of_documents|>".' + _TAIL,
     "v3": "The User asks a **Judgment question**, and the Assistant solves it. "
     "The Assistant first thinks about the reasoning process in the mind and then provides the User with the final "

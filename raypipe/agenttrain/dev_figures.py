@@ -22,8 +22,9 @@ DEFAULT_GAIN_BAR = 0.05  # ... and retrieval must help by this much (P_last - P_
 def dev_figures(run_dir: RunDir) -> dict:
     """The figures of ``run_dir``'s trajectories (see the module docstring), overall and final F1 per dataset."""
     rule = run_dir.metric_rule()
-    trajectories = run_dir.read("trajectories", columns=["qid", "dataset", "golden_answers", "final_answer",
-                                                         "final_f1", "stop_reason"]).to_pylist()  # fmt: skip
+    trajectories = run_dir.read(
+        "trajectories", columns=["qid", "dataset", "golden_answers", "final_answer", "final_f1", "stop_reason"]
+    ).to_pylist()
     rows = run_dir.read("iterations", columns=["qid", "iteration", "probe_f1", "utility"]).to_pylist()
     by_qid: dict[str, dict[int, float]] = {}
     for row in rows:
@@ -55,7 +56,9 @@ def dev_figures(run_dir: RunDir) -> dict:
             for name in sorted({t["dataset"] for t in trajectories})
         },
     }
-    figures["meets_default_bar"] = figures["final_f1"] >= DEFAULT_F1_BAR and figures["retrieval_gain"] >= DEFAULT_GAIN_BAR
+    figures["meets_default_bar"] = (
+        figures["final_f1"] >= DEFAULT_F1_BAR and figures["retrieval_gain"] >= DEFAULT_GAIN_BAR
+    )
     return figures
 
 
@@ -65,11 +68,15 @@ def format_figures(figures: dict) -> str:
         f"questions                      {figures['questions']}",
         f"final F1 / EM                  {figures['final_f1']:.3f} / {figures['final_em']:.3f}",
         f"own answers                    {figures['own_answer_share']:.1%}",
-        f"P_0 -> P_last (gain)           {figures['p0']:.3f} -> {figures['p_last']:.3f} ({figures['retrieval_gain']:+.3f})",
+        f"P_0 -> P_last (gain)           {figures['p0']:.3f} -> {figures['p_last']:.3f} "
+        f"({figures['retrieval_gain']:+.3f})",
         f"best P_i before the end        {figures['best_before_end_share']:.1%} of trajectories with 2+ probes",
-        (f"U_i (i >= 1, n={u['n']})          mean {u['mean']:+.3f}; > 0 {u['positive_share']:.1%}, "
-         f"< 0 {u['negative_share']:.1%}, = 0 {u['zero_share']:.1%}"),
-        "final F1 by dataset            " + ", ".join(f"{k} {v:.3f}" for k, v in figures["final_f1_by_dataset"].items()),
+        (
+            f"U_i (i >= 1, n={u['n']})          mean {u['mean']:+.3f}; > 0 {u['positive_share']:.1%}, "
+            f"< 0 {u['negative_share']:.1%}, = 0 {u['zero_share']:.1%}"
+        ),
+        "final F1 by dataset            "
+        + ", ".join(f"{k} {v:.3f}" for k, v in figures["final_f1_by_dataset"].items()),
         f"default bar (F1 >= {DEFAULT_F1_BAR}, gain >= {DEFAULT_GAIN_BAR})  "
         + ("met" if figures["meets_default_bar"] else "not met"),
     ]

@@ -203,8 +203,10 @@ def turn_outputs(plan: Plan) -> list[str]:
         else:
             before = plan.steps[i - 1]
             shown = f"The results show {_names(before.found)}." if before.found else "The results do not help yet."
-            need = f"Let me check {step.query} once more." if step.extra else (
-                f"I still need information about {step.query}."
+            need = (
+                f"Let me check {step.query} once more."
+                if step.extra
+                else (f"I still need information about {step.query}.")
             )
             think = f"{shown} {need}"
         outputs.append(f"<think> {think} </think>\n<search> {step.query} </search>")
@@ -313,14 +315,22 @@ async def render(plan: Plan, config: RunConfig, retriever: Retriever, tokenizer)
 def rejected_row(plan: Plan) -> dict[str, Any]:
     q = plan.question
     return {
-        "qid": q.qid, "dataset": q.dataset, "type": q.extra.get("type"), "reason": plan.reject,
-        "queries": [s.query for s in plan.steps], "supporting_titles": plan.supporting,
+        "qid": q.qid,
+        "dataset": q.dataset,
+        "type": q.extra.get("type"),
+        "reason": plan.reject,
+        "queries": [s.query for s in plan.steps],
+        "supporting_titles": plan.supporting,
         "found": [t for s in plan.steps for t in s.found],
-    }  # fmt: skip
+    }
 
 
 async def build_trajectories(
-    questions: Sequence[Question], config: RunConfig, retriever: Retriever, corpus: dict[str, Passage], tokenizer,
+    questions: Sequence[Question],
+    config: RunConfig,
+    retriever: Retriever,
+    corpus: dict[str, Passage],
+    tokenizer,
     progress=None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(kept trajectories, rejected questions) for ``questions``, in their order; ``progress(done, total)``
@@ -390,8 +400,10 @@ def write_outputs(
     lines = [f"# Agent trajectories: {summary['kept']} kept of {summary['questions']} training questions", ""]
     for key in ("kept_by_dataset", "rejected_by_dataset", "searches", "needed_searches", "rejected_by_reason"):
         lines.append(f"- {key}: " + ", ".join(f"{k}: {v}" for k, v in summary[key].items()))
-    lines.append(f"- searched once more than needed: {summary['extra_search']}; first search found everything: "
-                 f"{summary['first_search_found_all']}")
+    lines.append(
+        f"- searched once more than needed: {summary['extra_search']}; first search found everything: "
+        f"{summary['first_search_found_all']}"
+    )
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     return summary
 
@@ -401,4 +413,3 @@ def read_trajectories(folder: Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: make it with `raypipe agent-data`")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-

@@ -209,17 +209,30 @@ class AgentTuning:
             if self.worker.rank == 0:
                 rate = self.tokens / max(self.wall_s, 1e-9)
                 eta = self.wall_s / self.step * (self.total_steps - self.step)
-                log.info("step %d/%d  loss %.4f  %.0f tokens/s  ETA %s", self.step, self.total_steps, loss, rate,
-                         time.strftime("%H:%M:%S", time.gmtime(eta)))
+                log.info(
+                    "step %d/%d  loss %.4f  %.0f tokens/s  ETA %s",
+                    self.step,
+                    self.total_steps,
+                    loss,
+                    rate,
+                    time.strftime("%H:%M:%S", time.gmtime(eta)),
+                )
             if self.step % self.config["checkpoint_steps"] == 0 or self.step == self.total_steps:
                 yield self.checkpoint(losses)
                 losses = []
 
     def checkpoint(self, losses: list[float]) -> EpochEnd:
         mean = sum(losses) / len(losses) if losses else None
-        metrics = {"step": self.step, "total_steps": self.total_steps, "loss": mean,
-                   "losses": list(losses), "tokens": self.tokens, "cpu_s": self.cpu_s, "wall_s": self.wall_s,
-                   "final": self.step >= self.total_steps}  # fmt: skip
+        metrics = {
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "loss": mean,
+            "losses": list(losses),
+            "tokens": self.tokens,
+            "cpu_s": self.cpu_s,
+            "wall_s": self.wall_s,
+            "final": self.step >= self.total_steps,
+        }
         return EpochEnd(metrics, self.save_to(metrics), name=f"step_{self.step:06d}")
 
     def save_to(self, metrics: dict[str, Any]):
@@ -227,8 +240,13 @@ class AgentTuning:
         from safetensors.torch import save_file
 
         factors = adapter_factors(unwrap(self.model))
-        state = {"optimizer": self.optimizer.state_dict(), "step": self.step, "cpu_s": self.cpu_s,
-                 "wall_s": self.wall_s, "tokens": self.tokens}  # fmt: skip
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "cpu_s": self.cpu_s,
+            "wall_s": self.wall_s,
+            "tokens": self.tokens,
+        }
 
         def save(folder: Path) -> None:
             save_file(factors, str(folder / ADAPTER_FILE))
@@ -243,11 +261,26 @@ def loop_config(
 ) -> dict[str, Any]:
     """What every worker needs (plain values, sent to Ray Train's workers); ``resume_from``: a checkpoint folder
     to start from (Ray Train restarts after a failure resume from their own run's last checkpoint instead)."""
-    keys = ("lora_rank", "lora_alpha", "lora_targets", "lora_layers", "epochs", "max_steps", "learning_rate",
-            "grad_accum", "checkpoint_steps", "max_tokens")  # fmt: skip
-    return {**{k: getattr(agent_train, k) for k in keys}, "model_path": str(model_path), "data": str(data),
-            "seed": seed, "threads": agent_train.threads,
-            "resume_from": None if resume_from is None else str(resume_from)}  # fmt: skip
+    keys = (
+        "lora_rank",
+        "lora_alpha",
+        "lora_targets",
+        "lora_layers",
+        "epochs",
+        "max_steps",
+        "learning_rate",
+        "grad_accum",
+        "checkpoint_steps",
+        "max_tokens",
+    )
+    return {
+        **{k: getattr(agent_train, k) for k in keys},
+        "model_path": str(model_path),
+        "data": str(data),
+        "seed": seed,
+        "threads": agent_train.threads,
+        "resume_from": None if resume_from is None else str(resume_from),
+    }
 
 
 def write_artifact(

@@ -207,7 +207,7 @@ def document_html(title: str, subtitle: str, sections: list[RenderedSection], re
         for s in sections
     )
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
         f"<header><h1>{html.escape(title)}</h1><p>{html.escape(subtitle)}</p></header>"

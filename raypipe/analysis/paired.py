@@ -272,6 +272,7 @@ def paired_comparisons(
     result = pd.DataFrame(rows)
     if result.empty:
         return result
+
     def adjust(p: pd.Series) -> np.ndarray:
         return adjust_pvalues(p.to_numpy(), correction)
 

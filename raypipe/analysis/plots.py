@@ -11,12 +11,12 @@ from pathlib import Path
 
 import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+matplotlib.use("Agg")  # the backend is chosen before pyplot is imported
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-from raypipe.analysis.stats import ALL, GROUPS  # noqa: E402
+from raypipe.analysis.stats import ALL, GROUPS
 
 GROUP_COLORS = {"positive": "#2e7d32", "zero": "#757575", "negative": "#c62828"}
 DPI = 110
@@ -55,8 +55,12 @@ def utility_histogram(iterations: pd.DataFrame, epsilon: float, path: Path) -> P
             counts, _ = np.histogram(np.clip(values, -1, 1), bins=edges)
             zero = float((np.abs(values) < epsilon).mean())
             offset = (k - (len(datasets) - 1) / 2) * width
-            ax.bar(centres + offset, 100 * counts / len(values), width=width,
-                   label=f"{dataset} (n={len(values)}, |U| < ε: {zero:.0%})")
+            ax.bar(
+                centres + offset,
+                100 * counts / len(values),
+                width=width,
+                label=f"{dataset} (n={len(values)}, |U| < ε: {zero:.0%})",
+            )
         ax.set_xlim(-1.1, 1.1)
         ax.set_xticks(np.round(np.arange(-1, 1.01, 0.2), 1))
         ax.set_xlabel(r"utility $U_i = P_i - P_{i-1}$")
@@ -80,8 +84,11 @@ def quality_curves(curves: pd.DataFrame, path: Path) -> Path:
     if ALL in set(curves["dataset"]):
         datasets.append(ALL)
     fig, axes = plt.subplots(
-        len(agents), len(datasets), figsize=(3.4 * len(datasets) + 0.6, 3.2 * len(agents)),
-        squeeze=False, sharey=True,
+        len(agents),
+        len(datasets),
+        figsize=(3.4 * len(datasets) + 0.6, 3.2 * len(agents)),
+        squeeze=False,
+        sharey=True,
     )
     for r, agent in enumerate(agents):
         for c, dataset in enumerate(datasets):
@@ -92,14 +99,15 @@ def quality_curves(curves: pd.DataFrame, path: Path) -> Path:
                 if line.empty:
                     continue
                 n0 = int(line["trajectories"].iloc[0])
-                ax.plot(line["iteration"], line["mean_p"], marker="o", color=GROUP_COLORS[group],
-                        label=f"{group} (n={n0})")
+                ax.plot(
+                    line["iteration"], line["mean_p"], marker="o", color=GROUP_COLORS[group], label=f"{group} (n={n0})"
+                )
             ax.set_title(f"{agent} · {dataset}", fontsize=10)
             ax.set_xlabel(r"iteration $i$")
             ax.set_ylim(-0.03, 1.03)
             ax.grid(alpha=0.3)
             if not panel.empty:
-                ax.set_xticks(range(0, int(panel["iteration"].max()) + 1))
+                ax.set_xticks(range(int(panel["iteration"].max()) + 1))
             ax.legend(fontsize=7, frameon=False, title="net utility", title_fontsize=7)
         axes[r, 0].set_ylabel(r"mean $P_i$ (probe F1)")
     fig.tight_layout()

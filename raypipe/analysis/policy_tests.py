@@ -5,13 +5,12 @@ policy's outcome on every test question (:func:`raypipe.stopping.per_question.tr
 rows, :func:`raypipe.stoprag.comparison.comparison_rows`' outcomes for Stop-RAG's) is paired with natural
 stopping's on the same question, on the replay's figures: F1 and exact match of the returned answer (EM under the
 run's ``agent.metric`` rule, scored from the recorded answers), retrieval iterations (the cost counted to the
-decision) and generated tokens (agent + probes). The statistics are :func:`raypipe.analysis.paired.paired_comparisons`': the mean difference
-with a percentile bootstrap interval over resampled questions and the tests of each metric's kind
-(:data:`KINDS`): McNemar's exact test for EM (0/1), the Wilcoxon signed-rank test (exact, or by seeded sign
-flips on many questions) for iterations and tokens (integers), the paired t test and the signed-rank test for
-F1, corrected (``report.correction``: Holm or Benjamini-Hochberg) across the policies of one table on each
-metric. A policy defined on fewer questions (the heuristic where predictions exist, LLM-Stop's subset) is
-paired on the questions it has.
+decision) and generated tokens (agent + probes). The statistics are :func:`raypipe.analysis.paired.paired_comparisons`':
+the mean difference with a percentile bootstrap interval over resampled questions and the tests of each metric's kind
+(:data:`KINDS`): McNemar's exact test for EM (0/1), the Wilcoxon signed-rank test (exact, or by seeded sign flips on
+many questions) for iterations and tokens (integers), the paired t test and the signed-rank test for F1, corrected
+(``report.correction``: Holm or Benjamini-Hochberg) across the policies of one table on each metric. A policy defined on
+fewer questions (the heuristic where predictions exist, LLM-Stop's subset) is paired on the questions it has.
 """
 
 from __future__ import annotations
@@ -54,11 +53,18 @@ def policy_tests(outcomes: pd.DataFrame, options: ReportConfig, systems: Sequenc
     natural stopping on :data:`METRICS` (and each other, with ``report.policy_pairs``):
     :func:`~raypipe.analysis.paired.paired_comparisons`' rows."""
     return paired_comparisons(
-        outcomes, KINDS, NATURAL, systems=systems, against_each_other=options.policy_pairs,
-        system_column="controller", key="qid",
-        correction=options.correction, samples=options.bootstrap_samples, confidence=options.confidence,
+        outcomes,
+        KINDS,
+        NATURAL,
+        systems=systems,
+        against_each_other=options.policy_pairs,
+        system_column="controller",
+        key="qid",
+        correction=options.correction,
+        samples=options.bootstrap_samples,
+        confidence=options.confidence,
         seed=options.bootstrap_seed,
-    )  # fmt: skip
+    )
 
 
 def pvalue_column(metric: str, test: str) -> str:
@@ -93,8 +99,14 @@ def table_pvalues(result: pd.DataFrame, labels: Sequence[str], details: str) -> 
     against_natural = result[result["baseline"] == NATURAL] if not result.empty else result
     lookup = against_natural.set_index(["system", "metric"]) if not result.empty else pd.DataFrame()
     numbers = pd.DataFrame(
-        [{pvalue_column(m, test): _lookup(lookup, label, m, TESTS[test]) for m in METRICS for test in metric_tests(m)}
-         for label in labels]  # fmt: skip
+        [
+            {
+                pvalue_column(m, test): _lookup(lookup, label, m, TESTS[test])
+                for m in METRICS
+                for test in metric_tests(m)
+            }
+            for label in labels
+        ]
     )
     cells = pd.DataFrame([{cell_label(m): _cell(numbers.loc[i], m) for m in SHOWN} for i in range(len(labels))])
     correction = CORRECTION_NAMES[result["correction"].iloc[0]] if not result.empty else "–"
@@ -136,12 +148,15 @@ def significance_intro(result: pd.DataFrame, options: ReportConfig, policies: st
     correction = CORRECTION_NAMES[options.correction]
     return (
         f"{policies} against natural stopping, paired by question on up to {n} test questions. Δ = policy − natural "
-        "per question (F1 and EM of the returned answer; iterations: retrieval iterations to the decision; tokens: generated "
-        f"tokens, agent + probes): its mean with a {options.confidence:.0%} percentile bootstrap interval "
+        "per question (F1 and EM of the returned answer; iterations: retrieval iterations to the decision; tokens: "
+        f"generated tokens, agent + probes): its mean with a {options.confidence:.0%} percentile bootstrap interval "
         f"({options.bootstrap_samples} resamples of the questions, seed {options.bootstrap_seed}). {tests_note()}. "
         f"p-values {correction}-corrected across the policies on each metric (report.correction)"
-        + ("; every pair of policies is tested too, in the same families (report.policy_pairs)." if options.policy_pairs
-           else ".")
+        + (
+            "; every pair of policies is tested too, in the same families (report.policy_pairs)."
+            if options.policy_pairs
+            else "."
+        )
     )
 
 

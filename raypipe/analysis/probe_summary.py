@@ -57,4 +57,3 @@ def format_summary(rows: list[dict]) -> str:
 def _mean(values: Iterable[float]) -> float:
     values = list(values)
     return sum(values) / len(values) if values else float("nan")
-

@@ -43,9 +43,9 @@ appear without touching this module:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -90,7 +90,7 @@ class RunMeta:
     config_found: bool = False
 
     @classmethod
-    def read(cls, run: RunDir) -> "RunMeta":
+    def read(cls, run: RunDir) -> RunMeta:
         path = run.path / "config.yaml"
         if not path.exists():
             return cls()
@@ -128,8 +128,10 @@ class ReportContext:
         runs = [self.run, *self.compare]
         metas = [self.meta if r is self.run else RunMeta.read(r) for r in runs]
         agents = [m.agent for m in metas]
-        return [(r, m.agent if agents.count(m.agent) == 1 else f"{m.agent} ({m.name}: {r.path.name})")
-                for r, m in zip(runs, metas)]
+        return [
+            (r, m.agent if agents.count(m.agent) == 1 else f"{m.agent} ({m.name}: {r.path.name})")
+            for r, m in zip(runs, metas)
+        ]
 
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """(iterations, trajectories) of every run as pandas with an ``agent`` column; read once."""
@@ -217,14 +219,17 @@ def _curve_table(pooled: pd.DataFrame) -> pd.DataFrame:
 
 
 def _failure_notes(summary: pd.DataFrame) -> list[Block]:
-    """A warning when trajectories failed (:data:`~raypipe.analysis.stats.FAILED_STOPS`): they are left out of the figures."""
+    """A warning when trajectories failed (:data:`~raypipe.analysis.stats.FAILED_STOPS`): they are left out of the
+    figures."""
     failed = summary[summary["failed"]]
     if failed.empty:
         return []
     reasons = ", ".join(f"{r}: {n}" for r, n in failed["stop_reason"].value_counts().items())
     first_error = failed["error"].dropna().astype(str).head(1).tolist() if "error" in failed else []
-    text = (f"{len(failed)} of {len(summary)} trajectories ended in an infrastructure failure ({reasons}) and are "
-            "left out of every figure below.")
+    text = (
+        f"{len(failed)} of {len(summary)} trajectories ended in an infrastructure failure ({reasons}) and are "
+        "left out of every figure below."
+    )
     if first_error:
         text += f" First error: {first_error[0][:300]}"
     return [Text(text, "missing" if len(failed) == len(summary) else "note")]
@@ -238,66 +243,105 @@ def render_trajectories(ctx: ReportContext) -> list[Block]:
     t2, udist, groups = table2(summary), utility_distribution(summary), net_utility_groups(summary)
     oracle, reasons = oracle_table(summary), stop_reasons(summary)
     usable = usable_iterations(iterations, summary)
-    curves = pd.concat([quality_by_iteration(usable, summary, pooled=False),
-                        quality_by_iteration(usable, summary, pooled=True)], ignore_index=True)
-    for name, frame in {"trajectory_summary": summary, "table2": t2, "bootstrap": cis, "utility_distribution": udist,
-                        "net_utility_groups": groups, "quality_by_iteration": curves, "oracle": oracle,
-                        "stop_reasons": reasons}.items():
+    curves = pd.concat(
+        [quality_by_iteration(usable, summary, pooled=False), quality_by_iteration(usable, summary, pooled=True)],
+        ignore_index=True,
+    )
+    for name, frame in {
+        "trajectory_summary": summary,
+        "table2": t2,
+        "bootstrap": cis,
+        "utility_distribution": udist,
+        "net_utility_groups": groups,
+        "quality_by_iteration": curves,
+        "oracle": oracle,
+        "stop_reasons": reasons,
+    }.items():
         ctx.write_csv(name, frame)
 
-    ci_note = (f"[low, high]: {opt.confidence:.0%} percentile bootstrap interval, {opt.bootstrap_samples} "
-               f"resamples of the questions, seed {opt.bootstrap_seed}.")
+    ci_note = (
+        f"[low, high]: {opt.confidence:.0%} percentile bootstrap interval, {opt.bootstrap_samples} "
+        f"resamples of the questions, seed {opt.bootstrap_seed}."
+    )
     hist = plots.utility_histogram(usable, eps, ctx.plot_path("utility_histogram.png"))
     curve_plot = plots.quality_curves(curves, ctx.plot_path("quality_by_net_utility.png"))
     oracle_plot = plots.oracle_savings(summary, ctx.plot_path("oracle_savings.png"))
     curve_table = _curve_table(curves[curves["dataset"] == ALL])
     return [
         *_failure_notes(summary),
-        Table("Answer quality per dataset and agent (the seed paper's Table 2)",
-              _with_ci(t2, cis, {c: c for c in ("P_0", "final F1", "ΔF1", "mean U_i", "mean iterations")}),
-              note="questions: trajectories analysed; errors: trajectories that ended in an engine, retrieval or "
-                   "internal error or a query crash, left out of every figure of this section. P_0: F1 of the probe before any retrieval; "
-                   "final F1: the agent's own final answer; ΔF1 = final F1 − P_0; mean U_i over iterations "
-                   f"i ≥ 1. {ci_note}"),
-        Table("Distribution of per-iteration utility U_i",
-              _with_ci(udist, cis, {"zero": "zero-utility share"}, percent=("zero",)),
-              percent=("positive", "negative"),
-              note=f"zero: |U_i| < ε = {eps:g}; positive: U_i ≥ ε; negative: U_i ≤ −ε (iterations i ≥ 1)."),
-        Figure(hist, "Figure 3 analogue: share of iterations per utility bin (bins of 0.1; the middle bin holds "
-                     "|U_i| < 0.05)."),
-        Table("Trajectories by net utility P_last − P_0", groups,
-              percent=("positive share", "zero share", "negative share"),
-              note=f"P_last: the probe at the trajectory's last iteration; zero: |net| < ε = {eps:g}."),
-        Table("Mean P_i by iteration and net-utility group (all datasets)", curve_table,
-              note="Cell: mean probe F1 (number of trajectories still running at that iteration).")
-        if len(curve_table) else Text("No probed trajectory: no P_i curves.", "missing"),
-        Figure(curve_plot, "Figure 4 analogue: mean P_i by iteration for trajectories of positive, zero and "
-                           "negative net utility (n at iteration 0; later points average the trajectories still "
-                           "running)."),
-        Table("Final quality reached before natural termination; an oracle stop",
-              _with_ci(oracle, cis, {"iter. saved": "oracle iterations saved"}, percent=("iter. saved",)),
-              percent=("early share",),
-              note="early: the first iteration with P_i ≥ P_last − ε comes before the last one; the agent then "
-                   "kept going 'extra iter.' more iterations (mean over those trajectories). The oracle stops at "
-                   "that first iteration and returns its probed answer (oracle P ≥ final P). Only naturally "
-                   f"terminated trajectories. {ci_note}"),
-        Figure(oracle_plot, "Mean iterations with natural stopping vs the oracle stop, and how long trajectories "
-                            "kept going after first reaching their final quality."),
+        Table(
+            "Answer quality per dataset and agent (the seed paper's Table 2)",
+            _with_ci(t2, cis, {c: c for c in ("P_0", "final F1", "ΔF1", "mean U_i", "mean iterations")}),
+            note="questions: trajectories analysed; errors: trajectories that ended in an engine, retrieval or "
+            "internal error or a query crash, left out of every figure of this section. P_0: F1 of the probe "
+            "before any retrieval; final F1: the agent's own final answer; ΔF1 = final F1 − P_0; mean U_i over "
+            f"iterations i ≥ 1. {ci_note}",
+        ),
+        Table(
+            "Distribution of per-iteration utility U_i",
+            _with_ci(udist, cis, {"zero": "zero-utility share"}, percent=("zero",)),
+            percent=("positive", "negative"),
+            note=f"zero: |U_i| < ε = {eps:g}; positive: U_i ≥ ε; negative: U_i ≤ −ε (iterations i ≥ 1).",
+        ),
+        Figure(
+            hist,
+            "Figure 3 analogue: share of iterations per utility bin (bins of 0.1; the middle bin holds |U_i| < 0.05).",
+        ),
+        Table(
+            "Trajectories by net utility P_last − P_0",
+            groups,
+            percent=("positive share", "zero share", "negative share"),
+            note=f"P_last: the probe at the trajectory's last iteration; zero: |net| < ε = {eps:g}.",
+        ),
+        Table(
+            "Mean P_i by iteration and net-utility group (all datasets)",
+            curve_table,
+            note="Cell: mean probe F1 (number of trajectories still running at that iteration).",
+        )
+        if len(curve_table)
+        else Text("No probed trajectory: no P_i curves.", "missing"),
+        Figure(
+            curve_plot,
+            "Figure 4 analogue: mean P_i by iteration for trajectories of positive, zero and "
+            "negative net utility (n at iteration 0; later points average the trajectories still "
+            "running).",
+        ),
+        Table(
+            "Final quality reached before natural termination; an oracle stop",
+            _with_ci(oracle, cis, {"iter. saved": "oracle iterations saved"}, percent=("iter. saved",)),
+            percent=("early share",),
+            note="early: the first iteration with P_i ≥ P_last − ε comes before the last one; the agent then "
+            "kept going 'extra iter.' more iterations (mean over those trajectories). The oracle stops at "
+            "that first iteration and returns its probed answer (oracle P ≥ final P). Only naturally "
+            f"terminated trajectories. {ci_note}",
+        ),
+        Figure(
+            oracle_plot,
+            "Mean iterations with natural stopping vs the oracle stop, and how long trajectories "
+            "kept going after first reaching their final quality.",
+        ),
         Table("Stop reasons", reasons),
     ]
 
 
 def render_overview(ctx: ReportContext) -> list[Block]:
     meta = ctx.meta
-    rows = [("run directory", str(ctx.run.path.resolve())), ("run name", meta.name), ("agent protocol", meta.agent),
-            ("model", meta.model), ("engine backend", meta.backend)]
+    rows = [
+        ("run directory", str(ctx.run.path.resolve())),
+        ("run name", meta.name),
+        ("agent protocol", meta.agent),
+        ("model", meta.model),
+        ("engine backend", meta.backend),
+    ]
     rows += [("compared run", f"{r.path.resolve()} (agent {agent})") for r, agent in ctx.agent_labels()[1:]]
     blocks: list[Block] = [Text(f"{note}.", "note") for note in model_notes(r for r, _ in ctx.agent_labels())]
     if not meta.config_found:
         blocks.append(Text("No config.yaml in the run directory: the agent is labelled 'unknown-agent'.", "missing"))
     for name in ("trajectories", "iterations"):
         if ctx.run.has(name):
-            rows.append((f"{name} rows", str(pq.ParquetDataset(ctx.run.table_dir(name)).read(columns=["qid"]).num_rows)))
+            rows.append(
+                (f"{name} rows", str(pq.ParquetDataset(ctx.run.table_dir(name)).read(columns=["qid"]).num_rows))
+            )
     blocks.insert(0, Table("Run", pd.DataFrame(rows, columns=["", "value"])))
     stages = []
     for section in ordered_sections():
@@ -359,12 +403,21 @@ def _parquet_summary(stage: str, parts: list[Path]) -> Table:
     table = pq.ParquetDataset(parts).read()
     frame = table.to_pandas()
     numeric = frame.select_dtypes("number")
-    rows = [(c, str(table.schema.field(c).type), frame[c].notna().sum(),
-             numeric[c].mean() if c in numeric else float("nan"),
-             numeric[c].min() if c in numeric else float("nan"),
-             numeric[c].max() if c in numeric else float("nan")) for c in frame.columns]
-    return Table(f"{stage} table: {table.num_rows} rows in {len(parts)} part(s)",
-                 pd.DataFrame(rows, columns=["column", "type", "non-null", "mean", "min", "max"]))
+    rows = [
+        (
+            c,
+            str(table.schema.field(c).type),
+            frame[c].notna().sum(),
+            numeric[c].mean() if c in numeric else float("nan"),
+            numeric[c].min() if c in numeric else float("nan"),
+            numeric[c].max() if c in numeric else float("nan"),
+        )
+        for c in frame.columns
+    ]
+    return Table(
+        f"{stage} table: {table.num_rows} rows in {len(parts)} part(s)",
+        pd.DataFrame(rows, columns=["column", "type", "non-null", "mean", "min", "max"]),
+    )
 
 
 STAGES = {  # stage folder -> (title, producing job)
@@ -375,10 +428,26 @@ STAGES = {  # stage folder -> (title, producing job)
 }
 
 register_section(Section("overview", "Run and stages", (), render_overview, order=0))
-register_section(Section("setup", "Setup: how far this run is from the seed paper's", ("config.yaml",), render_setup,
-                         producer="jobs/probe.py", order=5))
-register_section(Section("trajectories", "How answer quality evolves (RQ-1)", ("trajectories", "iterations"),
-                         render_trajectories, producer="jobs/probe.py", order=10))
+register_section(
+    Section(
+        "setup",
+        "Setup: how far this run is from the seed paper's",
+        ("config.yaml",),
+        render_setup,
+        producer="jobs/probe.py",
+        order=5,
+    )
+)
+register_section(
+    Section(
+        "trajectories",
+        "How answer quality evolves (RQ-1)",
+        ("trajectories", "iterations"),
+        render_trajectories,
+        producer="jobs/probe.py",
+        order=10,
+    )
+)
 for _i, (_stage, (_title, _producer)) in enumerate(STAGES.items()):
     register_section(Section(_stage, _title, (_stage,), render_stage_folder(_stage), _producer, order=20 + 10 * _i))
 

@@ -87,8 +87,9 @@ def run_values(run: RunDir) -> pd.DataFrame:
     rule = run.metric_rule()  # the rule final_f1 used
     answers = frame["final_answer"].astype(object).where(frame["final_answer"].notna(), None)
     scored = frame["final_f1"].notna()  # unscored (no golden answers, or failed): EM null, as F1 is
-    frame["em"] = [exact_match(a, list(g), rule) if s else None
-                   for a, g, s in zip(answers, frame["golden_answers"], scored)]  # fmt: skip
+    frame["em"] = [
+        exact_match(a, list(g), rule) if s else None for a, g, s in zip(answers, frame["golden_answers"], scored)
+    ]
     for column in STORED:
         if column not in frame:  # a run written before the cost columns existed
             frame[column] = None
@@ -102,8 +103,11 @@ def run_labels(paths: Sequence[Path]) -> list[str]:
 
 
 def _rules_named(rules: dict[str, str]) -> str:
-    return "the runs were scored under different agent.metric rules (" + ", ".join(
-        f"{label}: {rule}" for label, rule in rules.items()) + ")"  # fmt: skip
+    return (
+        "the runs were scored under different agent.metric rules ("
+        + ", ".join(f"{label}: {rule}" for label, rule in rules.items())
+        + ")"
+    )
 
 
 def compare_runs(
@@ -124,20 +128,39 @@ def compare_runs(
     frames = {label: run_values(run) for label, run in zip(labels, runs)}
     rules = {label: run.metric_rule() for label, run in zip(labels, runs)}
     if len(set(rules.values())) > 1 and not allow_mixed_metrics:
-        raise CompareError(f"{_rules_named(rules)}, so their F1 and EM are not comparable; rescore one run "
-                           "or pass --allow-mixed-metrics to compare anyway")  # fmt: skip
+        raise CompareError(
+            f"{_rules_named(rules)}, so their F1 and EM are not comparable; rescore one run "
+            "or pass --allow-mixed-metrics to compare anyway"
+        )
     shared, questions = _shared_questions(frames)
-    values = pd.concat([f.assign(system=label).merge(shared, on=KEY) for label, f in frames.items()],
-                       ignore_index=True)  # fmt: skip
+    values = pd.concat([f.assign(system=label).merge(shared, on=KEY) for label, f in frames.items()], ignore_index=True)
     usable = [m for m in METRICS if all(values.loc[values["system"] == label, m].notna().any() for label in labels)]
-    values = values.astype({m: float for m in usable})
+    values = values.astype(dict.fromkeys(usable, float))
     if values["dataset"].nunique() > 1:
         values = pd.concat([values, values.assign(dataset=ALL)], ignore_index=True)
-    result = paired_comparisons(values, {m: KINDS[m] for m in usable}, labels[0], key=KEY, by=["dataset"], family=(),
-                                correction=correction, samples=samples, confidence=confidence, seed=seed)  # fmt: skip
+    result = paired_comparisons(
+        values,
+        {m: KINDS[m] for m in usable},
+        labels[0],
+        key=KEY,
+        by=["dataset"],
+        family=(),
+        correction=correction,
+        samples=samples,
+        confidence=confidence,
+        seed=seed,
+    )
     result["metric"] = result["metric"].map(METRICS)
-    return Comparison(labels, paths, result, questions, len(shared), [METRICS[m] for m in METRICS if m not in usable],
-                      config_differences(paths, labels), rules)  # fmt: skip
+    return Comparison(
+        labels,
+        paths,
+        result,
+        questions,
+        len(shared),
+        [METRICS[m] for m in METRICS if m not in usable],
+        config_differences(paths, labels),
+        rules,
+    )
 
 
 def _shared_questions(frames: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -147,8 +170,9 @@ def _shared_questions(frames: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd
     for index in indexes[1:]:
         common = common.intersection(index)
     if common.empty:
-        held = "; ".join(f"{label}: {len(f)} on {', '.join(sorted(f['dataset'].unique()))}"
-                         for label, f in frames.items())  # fmt: skip
+        held = "; ".join(
+            f"{label}: {len(f)} on {', '.join(sorted(f['dataset'].unique()))}" for label, f in frames.items()
+        )
         raise CompareError(
             f"the runs share no questions (by dataset and qid) -- {held}; compare runs of the same questions"
         )
@@ -158,12 +182,20 @@ def _shared_questions(frames: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd
     kept = common.difference(failed)
     if kept.empty:
         raise CompareError(
-            f"every one of the {len(common)} shared questions failed (an engine, retrieval or internal error, a query crash) "
-            "in some run: nothing to compare"
+            f"every one of the {len(common)} shared questions failed (an engine, retrieval or internal error, a query "
+            "crash) in some run: nothing to compare"
         )
-    rows = [{"run": label, "questions": len(f), "not in every run": len(f) - len(common),
-             "failed in some run": len(common) - len(kept), "compared": len(kept),
-             "datasets": ", ".join(sorted(f["dataset"].unique()))} for label, f in frames.items()]  # fmt: skip
+    rows = [
+        {
+            "run": label,
+            "questions": len(f),
+            "not in every run": len(f) - len(common),
+            "failed in some run": len(common) - len(kept),
+            "compared": len(kept),
+            "datasets": ", ".join(sorted(f["dataset"].unique())),
+        }
+        for label, f in frames.items()
+    ]
     return kept.to_frame(index=False), pd.DataFrame(rows)
 
 
@@ -183,8 +215,9 @@ def _flat_keys(tree: Any, prefix: str = "") -> set[str]:
     """Dotted keys of a configuration tree's leaves (a list is one leaf)."""
     if not isinstance(tree, dict) or not tree:
         return {prefix} if prefix else set()
-    return set().union(*(_flat_keys(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}"}
-                         for k, v in tree.items()))  # fmt: skip
+    return set().union(
+        *(_flat_keys(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}"} for k, v in tree.items())
+    )
 
 
 # ---------------------------------------------------------------- the page
@@ -195,8 +228,9 @@ def comparison_tables(comparison: Comparison) -> list[Table]:
     result = comparison.result
     correction = CORRECTION_NAMES[result["correction"].iloc[0]]
     table = summary_table(result).drop(columns="baseline")
-    table = table.rename(columns={"system": "run", "baseline mean": f"{comparison.baseline} mean",
-                                  "system mean": "run mean"})  # fmt: skip
+    table = table.rename(
+        columns={"system": "run", "baseline mean": f"{comparison.baseline} mean", "system mean": "run mean"}
+    )
     t_tests = int(result["t_p"].notna().sum())
     note = (
         f"Per question, run minus {comparison.baseline}: Δ with its percentile bootstrap interval over resampled "
@@ -208,14 +242,22 @@ def comparison_tables(comparison: Comparison) -> list[Table]:
         "tests separately)."
     )
     order = [ALL, *sorted(d for d in table["dataset"].unique() if d != ALL)]
-    return [Table(f"{'All datasets' if d == ALL else d}: against {comparison.baseline}",
-                  table[table["dataset"] == d].drop(columns="dataset"), note=note)
-            for d in order if (table["dataset"] == d).any()]  # fmt: skip
+    return [
+        Table(
+            f"{'All datasets' if d == ALL else d}: against {comparison.baseline}",
+            table[table["dataset"] == d].drop(columns="dataset"),
+            note=note,
+        )
+        for d in order
+        if (table["dataset"] == d).any()
+    ]
 
 
 def comparison_sections(comparison: Comparison) -> list[RenderedSection]:
-    counts = Text(f"{comparison.shared} questions compared, paired by dataset and qid; baseline "
-                  f"{comparison.baseline} ({comparison.paths[0]}).")  # fmt: skip
+    counts = Text(
+        f"{comparison.shared} questions compared, paired by dataset and qid; baseline "
+        f"{comparison.baseline} ({comparison.paths[0]})."
+    )
     notes = [Text(f"{note}.", "note") for note in model_notes(RunDir(path) for path in comparison.paths)]
     blocks = [*notes, counts, Table("Questions per run", comparison.questions)]
     if comparison.mixed_metrics:
@@ -223,12 +265,21 @@ def comparison_sections(comparison: Comparison) -> list[RenderedSection]:
     if comparison.skipped_metrics:
         blocks.append(Text(f"Not compared (no values in some run): {', '.join(comparison.skipped_metrics)}.", "note"))
     diff = comparison.config_diff
-    settings = (Table(f"{len(diff)} settings differ", diff, note="From each run's config.yaml, overlaid with the "
-                      "sections of train.yaml, sweep.yaml and stoprag.yaml (the report's Setup panel).")
-                if not diff.empty else Text("The runs' configurations are the same."))  # fmt: skip
-    return [RenderedSection("questions", "Questions", blocks),
-            RenderedSection("paired", "Paired comparisons", list(comparison_tables(comparison))),
-            RenderedSection("config", "Configuration differences", [settings])]  # fmt: skip
+    settings = (
+        Table(
+            f"{len(diff)} settings differ",
+            diff,
+            note="From each run's config.yaml, overlaid with the "
+            "sections of train.yaml, sweep.yaml and stoprag.yaml (the report's Setup panel).",
+        )
+        if not diff.empty
+        else Text("The runs' configurations are the same.")
+    )
+    return [
+        RenderedSection("questions", "Questions", blocks),
+        RenderedSection("paired", "Paired comparisons", list(comparison_tables(comparison))),
+        RenderedSection("config", "Configuration differences", [settings]),
+    ]
 
 
 def comparison_figures(comparison: Comparison) -> dict[str, float]:

@@ -32,13 +32,23 @@ def _headless(html: Path | str, action: list[str], timeout: float, settle_ms: in
     """Run headless Chromium on ``html`` (a local file, or an http(s) URL) with ``action``'s flags."""
     browser = find_browser()
     if browser is None:
-        raise ScreenshotError(f"no headless browser found (tried {', '.join(BROWSERS)}); "
-                              "install one, e.g. `apt-get install -y chromium`")
+        raise ScreenshotError(
+            f"no headless browser found (tried {', '.join(BROWSERS)}); install one, e.g. `apt-get install -y chromium`"
+        )
     with tempfile.TemporaryDirectory(prefix="raypipe-chromium-") as profile:
         cmd = [
-            browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-            f"--user-data-dir={profile}", *action, *([f"--virtual-time-budget={settle_ms}"] if settle_ms else []),
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            *action,
+            *([f"--virtual-time-budget={settle_ms}"] if settle_ms else []),
             html if str(html).startswith(("http://", "https://")) else Path(html).resolve().as_uri(),
         ]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

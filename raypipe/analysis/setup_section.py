@@ -89,14 +89,22 @@ def setup_rows(run_path: Path) -> tuple[pd.DataFrame, list[str]]:
     for setting in SEED_SETUP:
         value = lookup(tree, effective, setting.key)
         same = value is not MISSING and setting.matches(value, protocol)
-        rows.append({"area": setting.area, "setting": setting.key.removeprefix("effective."),
-                     "this run": _show(value), "seed paper": _show(setting.seed_value(protocol)),
-                     "source": setting.source, "matches": same})  # fmt: skip
+        rows.append(
+            {
+                "area": setting.area,
+                "setting": setting.key.removeprefix("effective."),
+                "this run": _show(value),
+                "seed paper": _show(setting.seed_value(protocol)),
+                "source": setting.source,
+                "matches": same,
+            }
+        )
     return pd.DataFrame(rows), used
 
 
 def agent_line(run_path: Path) -> str:
-    """Which agent ran, from ``probe_info.yaml``: the model as it is, or the tuned-agent artifact and how it was made."""
+    """Which agent ran, from ``probe_info.yaml``: the model as it is, or the tuned-agent artifact and how it was
+    made."""
     info_path = run_path / "probe_info.yaml"
     info = (yaml.safe_load(info_path.read_text()) or {}) if info_path.exists() else {}
     model = (info.get("engine") or {}).get("model", "(not recorded)")
@@ -104,19 +112,27 @@ def agent_line(run_path: Path) -> str:
     if not agent.get("tuned"):
         return f"Agent: {model} as published (no tuned-agent artifact)."
     dev = agent.get("dev") or {}
-    dev_text = (f"; its dev split: final F1 {dev['final_f1']:.3f}, P_0 -> P_last {dev['retrieval_gain']:+.3f}"
-                if "final_f1" in dev else "; not evaluated on the dev split")  # fmt: skip
-    return (f"Agent: {model} with the tuned-agent artifact {agent['adapter']} (sha256 {str(agent['adapter_sha256'])[:12]}): "
-            f"{agent['note']}; {agent['trajectories']} trajectories, {agent['steps']} steps, seed {agent['seed']}"
-            f"{dev_text} (docs/agent-training.md).")  # fmt: skip
+    dev_text = (
+        f"; its dev split: final F1 {dev['final_f1']:.3f}, P_0 -> P_last {dev['retrieval_gain']:+.3f}"
+        if "final_f1" in dev
+        else "; not evaluated on the dev split"
+    )
+    return (
+        f"Agent: {model} with the tuned-agent artifact {agent['adapter']} "
+        f"(sha256 {str(agent['adapter_sha256'])[:12]}): "
+        f"{agent['note']}; {agent['trajectories']} trajectories, {agent['steps']} steps, seed {agent['seed']}"
+        f"{dev_text} (docs/agent-training.md)."
+    )
 
 
-def render_setup(ctx: "ReportContext") -> list[Block]:
+def render_setup(ctx: ReportContext) -> list[Block]:
     frame, used = setup_rows(ctx.run.path)
     ctx.write_csv("setup", frame)
     differs = frame[~frame["matches"]].drop(columns="matches")
-    note = (f"Read from {', '.join(used)}; {int(frame['matches'].sum())} of {len(frame)} settings of the seed "
-            "paper's setup (raypipe/core/seed_setup.py) match and are not shown; every one is in tables/setup.csv.")
+    note = (
+        f"Read from {', '.join(used)}; {int(frame['matches'].sum())} of {len(frame)} settings of the seed "
+        "paper's setup (raypipe/core/seed_setup.py) match and are not shown; every one is in tables/setup.csv."
+    )
     agent = Text(agent_line(ctx.run.path))
     if differs.empty:
         return [agent, Text(f"This run uses the seed paper's setup in every listed setting. {note}")]

@@ -14,9 +14,9 @@ has no analysis module, so these are ours, stated here once):
   A trajectory *reached its final quality early* when k < last; it then kept going last - k iterations.
   Only naturally terminated trajectories count here (stop reasons in :data:`NATURAL_STOPS`): an engine
   error or an online controller did not let the agent decide when to stop.
-- Trajectories that ended in an infrastructure failure (:data:`FAILED_STOPS`: engine, retrieval or internal error, query crash)
-  say nothing about the agent: every figure leaves them out; Table 2 counts them in its ``errors`` column
-  and the stop-reason table lists them.
+- Trajectories that ended in an infrastructure failure (:data:`FAILED_STOPS`: engine, retrieval or internal error,
+  query crash) say nothing about the agent: every figure leaves them out; Table 2 counts them in its ``errors``
+  column and the stop-reason table lists them.
 """
 
 from __future__ import annotations
@@ -72,20 +72,31 @@ def trajectory_summary(iterations: pd.DataFrame, trajectories: pd.DataFrame, eps
     grouped = its.groupby(KEYS, sort=False)
     probes = grouped.head(1)[KEYS + ["probe_f1"]].rename(columns={"probe_f1": "p0"})
     last = grouped.tail(1)[KEYS + ["probe_f1", "iteration"]].rename(
-        columns={"probe_f1": "p_last", "iteration": "last_iteration"})
+        columns={"probe_f1": "p_last", "iteration": "last_iteration"}
+    )
     probes = probes.merge(last, on=KEYS)
     # The oracle: the first iteration whose probe reaches the final one (the last row always does).
     reach = its.merge(last[KEYS + ["p_last"]], on=KEYS)
     reach = reach[reach["probe_f1"] >= reach["p_last"] - epsilon].groupby(KEYS, sort=False).head(1)
     probes = probes.merge(
-        reach[KEYS + ["iteration", "probe_f1"]].rename(columns={"iteration": "oracle_iteration", "probe_f1": "oracle_p"}),
+        reach[KEYS + ["iteration", "probe_f1"]].rename(
+            columns={"iteration": "oracle_iteration", "probe_f1": "oracle_p"}
+        ),
         on=KEYS,
     )
     u = its.loc[(its["iteration"] >= 1) & its["utility"].notna(), KEYS + ["utility"]]
-    u = u.assign(zero=u["utility"].abs() < epsilon, positive=u["utility"] >= epsilon,
-                 negative=u["utility"] <= -epsilon)
-    u_stats = u.groupby(KEYS).agg(u_sum=("utility", "sum"), u_count=("utility", "size"), u_zero=("zero", "sum"),
-                                  u_positive=("positive", "sum"), u_negative=("negative", "sum")).reset_index()
+    u = u.assign(zero=u["utility"].abs() < epsilon, positive=u["utility"] >= epsilon, negative=u["utility"] <= -epsilon)
+    u_stats = (
+        u.groupby(KEYS)
+        .agg(
+            u_sum=("utility", "sum"),
+            u_count=("utility", "size"),
+            u_zero=("zero", "sum"),
+            u_positive=("positive", "sum"),
+            u_negative=("negative", "sum"),
+        )
+        .reset_index()
+    )
     probes = probes.merge(u_stats, on=KEYS, how="left")
 
     kept = KEYS + ["final_f1", "n_iterations", "stop_reason"] + (["error"] if "error" in trajectories else [])

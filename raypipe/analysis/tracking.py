@@ -131,8 +131,9 @@ def _experiment_id(client, uri: str, name: str) -> str:
     except MlflowException as exc:
         raise TrackingError(f"tracking.mlflow_uri={uri}: cannot use the MLflow experiment {name!r}: {exc}") from None
     if found.lifecycle_stage == "deleted":
-        raise TrackingError(f"the MLflow experiment {name!r} in {uri} is deleted: restore it or set "
-                            "tracking.experiment")  # fmt: skip
+        raise TrackingError(
+            f"the MLflow experiment {name!r} in {uri} is deleted: restore it or set tracking.experiment"
+        )
     return found.experiment_id
 
 
@@ -228,8 +229,10 @@ class StageTracker:
                 client.log_text(run_id, frame.to_csv(index=False), name)
             client.set_terminated(run_id)
         except (MlflowException, OSError) as exc:
-            raise TrackingError(f"could not log the {self.stage} stage to MLflow at {self.uri} ({exc}); its outputs "
-                                f"are in {self.run_dir}") from None  # fmt: skip
+            raise TrackingError(
+                f"could not log the {self.stage} stage to MLflow at {self.uri} ({exc}); its outputs "
+                f"are in {self.run_dir}"
+            ) from None
         log.info("tracked %s in MLflow: experiment %r, run %s (%s)", self.stage, self.experiment, run_id, self.uri)
         return run_id
 

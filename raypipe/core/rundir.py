@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 import yaml
 
 from raypipe.core.config import ConfigError, RunConfig, dump_config
@@ -80,7 +79,10 @@ class RunDir:
     def model_note(self) -> str | None:
         """The caveat for this run's figures when its generator is an embedded LLM (see
         :func:`raypipe.core.models.embedded_llm_note`)."""
-        return embedded_llm_note(self.recorded("engine", "model"), self.recorded("engine", "adapter"))
+        model, adapter = self.recorded("engine", "model"), self.recorded("engine", "adapter")
+        return embedded_llm_note(
+            model if isinstance(model, str) else None, adapter if isinstance(adapter, str) else None
+        )
 
     def write_config(self, config: RunConfig, stage: str = "config") -> Path:
         path = self.path / f"{stage}.yaml"

@@ -18,7 +18,9 @@ STOP_CONTEXT = "context_overflow"  # the context outgrew the model's window
 STOP_ENGINE_ERROR = "engine_error"  # the engine could not be reached or did not answer (an outage)
 STOP_ENGINE_CRASH = "engine_crash"  # in flight at generation.max_question_crashes engine deaths, then killed it alone
 STOP_RETRIEVAL_ERROR = "retrieval_error"  # the retrieval service failed on this row (an outage)
-STOP_QUERY_CRASH = "query_crash"  # its query killed a retrieval replica even when searched alone (retrieval.max_query_crashes)
+STOP_QUERY_CRASH = (
+    "query_crash"  # its query killed a retrieval replica even when searched alone (retrieval.max_query_crashes)
+)
 # A failure that a rerun would repeat and that is neither the model's nor retrieval's: a bug in the loop or
 # its controller, a prompt that cannot be built, a request the engine refuses (deterministic under greedy decoding)
 STOP_INTERNAL_ERROR = "internal_error"
@@ -61,8 +63,15 @@ ITERATION_COSTS = [
 COST_COLUMNS = tuple(f.name for f in ITERATION_COSTS)
 # Columns that depend on timing and scheduling, not on the results: times, and prefix-cache hits (a rerun or
 # another placement starts with an empty cache). Left out when two runs' tables are compared for equality.
-SCHEDULING_COLUMNS = ("wall_s", "retrieval_s", "queue_s", "engine_s", "cached_tokens", "prefilled_tokens",
-                      "probe_cached_tokens")
+SCHEDULING_COLUMNS = (
+    "wall_s",
+    "retrieval_s",
+    "queue_s",
+    "engine_s",
+    "cached_tokens",
+    "prefilled_tokens",
+    "probe_cached_tokens",
+)
 # trajectories/ holds each cost column summed over the trajectory's iterations (search_dropped as a count).
 TRAJECTORY_COSTS = [
     *(f for f in ITERATION_COSTS if f.name != "search_dropped"),

@@ -54,29 +54,53 @@ HEAD = "predictions/prediction_head/mlp.py, train.py, sequential.py"
 STOPRAG = "chosolbee/MHQA-SetVerify Training/multihead_stop_decider_train.py, compute_metrics.py"
 
 SEED_SETUP: tuple[SeedSetting, ...] = (
-    SeedSetting("agent", "engine.model", "a Qwen2.5-7B Search-R1 / R1-Searcher checkpoint", "the paper's setup", _contains("7b")),
+    SeedSetting(
+        "agent", "engine.model", "a Qwen2.5-7B Search-R1 / R1-Searcher checkpoint", "the paper's setup", _contains("7b")
+    ),
     SeedSetting("agent", "agent.observation_format", "pyterrier", PYTERRIER),
     SeedSetting("agent", "effective.max_turns", 10, f"{PYTERRIER}: max_turn=10"),
     SeedSetting("agent", "agent.temperature", {"search_r1": 0.7, "r1_searcher": 0.0}, PROBING, per_protocol=True),
     SeedSetting("agent", "agent.max_new_tokens", {"search_r1": 1024, "r1_searcher": 512}, PROBING, per_protocol=True),
     SeedSetting("agent", "agent.enforcement", "none", "the checkpoints follow their protocol"),
     SeedSetting("agent", "agent.probe", True, PROBING),
-    SeedSetting("agent", "agent.probe_max_tokens", {"search_r1": 1024, "r1_searcher": 512},
-                f"{PROBING}: probes share the generation's budget", per_protocol=True),  # fmt: skip
+    SeedSetting(
+        "agent",
+        "agent.probe_max_tokens",
+        {"search_r1": 1024, "r1_searcher": 512},
+        f"{PROBING}: probes share the generation's budget",
+        per_protocol=True,
+    ),
     SeedSetting("agent", "agent.at_limit", "none", f"{PYTERRIER}: no answer at the turn limit"),
     SeedSetting("agent", "agent.metric", "hotpotqa", "pyterrier-rag's F1 (the HotpotQA rule)"),
     SeedSetting("retrieval", "data.datasets", "HotpotQA, 2WikiMultihopQA and MuSiQue", "the paper's setup", _datasets),
-    SeedSetting("retrieval", "data.corpus", "the 2018 Wikipedia dump (wiki-18, FlashRAG)", "the paper's setup",
-                lambda v: _contains("wiki")(v) and _contains("18")(v)),  # fmt: skip
+    SeedSetting(
+        "retrieval",
+        "data.corpus",
+        "the 2018 Wikipedia dump (wiki-18, FlashRAG)",
+        "the paper's setup",
+        lambda v: _contains("wiki")(v) and _contains("18")(v),
+    ),
     SeedSetting("retrieval", "retrieval.encoder", "E5 (e5-base-v2)", "the paper's setup", _contains("e5-base-v2")),
     SeedSetting("retrieval", "retrieval.index_type", "flat", "Search-R1's e5_Flat.index"),
     SeedSetting("retrieval", "effective.top_k", 3, f"{PROBING}: top_k=3 for both agents"),
-    SeedSetting("retrieval", "retrieval.deep_k", "at least 100", "predictions/unsupervised (NQC over the top 100)",
-                lambda v: v is not None and v >= 100),  # fmt: skip
-    SeedSetting("training protocol", "train_run", "a training run: trained on the training splits, evaluated on dev",
-                "paper §5.3", lambda v: bool(v)),  # fmt: skip
+    SeedSetting(
+        "retrieval",
+        "retrieval.deep_k",
+        "at least 100",
+        "predictions/unsupervised (NQC over the top 100)",
+        lambda v: v is not None and v >= 100,
+    ),
+    SeedSetting(
+        "training protocol",
+        "train_run",
+        "a training run: trained on the training splits, evaluated on dev",
+        "paper §5.3",
+        lambda v: bool(v),
+    ),
     SeedSetting("cross-encoders", "train.base_model", "minilm", f"{SUPERVISED}: all-MiniLM-L6-v2"),
-    SeedSetting("cross-encoders", "train.relations", ["adjacent_think", "long_distance", "intra_iteration"], SUPERVISED),
+    SeedSetting(
+        "cross-encoders", "train.relations", ["adjacent_think", "long_distance", "intra_iteration"], SUPERVISED
+    ),
     SeedSetting("cross-encoders", "train.learning_rate", 2e-5, SUPERVISED),
     SeedSetting("cross-encoders", "train.epochs", 3, SUPERVISED),
     SeedSetting("cross-encoders", "train.effective_batch_size", 256, SUPERVISED),
@@ -84,8 +108,13 @@ SEED_SETUP: tuple[SeedSetting, ...] = (
     SeedSetting("cross-encoders", "train.dropout", 0.0, SUPERVISED),
     SeedSetting("cross-encoders", "train.field_chars", 256, SUPERVISED),
     SeedSetting("cross-encoders", "train.title_chars", 128, SUPERVISED),
-    SeedSetting("cross-encoders", "train.max_tokens", "1024 (MiniLM reads 512; the cut fields fit)", SUPERVISED,
-                lambda v: v is not None and v >= 512),  # fmt: skip
+    SeedSetting(
+        "cross-encoders",
+        "train.max_tokens",
+        "1024 (MiniLM reads 512; the cut fields fit)",
+        SUPERVISED,
+        lambda v: v is not None and v >= 512,
+    ),
     SeedSetting("head", "train.head", "seed", HEAD),
     SeedSetting("head", "train.head_input", "seed", HEAD),
     SeedSetting("head", "train.include_type", True, HEAD),
@@ -109,5 +138,7 @@ SEED_SETUP: tuple[SeedSetting, ...] = (
     SeedSetting("Stop-RAG", "stoprag.lambda_start", 1.0, STOPRAG),
     SeedSetting("Stop-RAG", "stoprag.lambda_end", 0.1, STOPRAG),
     SeedSetting("Stop-RAG", "stoprag.reward_samples", 8, f"{STOPRAG}: --repeat-size 8"),
-    SeedSetting("Stop-RAG", "stoprag.threshold_objective", "reward", "Stop-RAG paper: the threshold tuned on validation"),
+    SeedSetting(
+        "Stop-RAG", "stoprag.threshold_objective", "reward", "Stop-RAG paper: the threshold tuned on validation"
+    ),
 )

@@ -127,7 +127,9 @@ def split_contents(contents: str) -> tuple[str, str]:
     return title, text
 
 
-def _json_lines(path: Path, start: int = 0, end: int | None = None, first_lineno: int = 1) -> Iterator[tuple[int, dict[str, Any]]]:
+def _json_lines(
+    path: Path, start: int = 0, end: int | None = None, first_lineno: int = 1
+) -> Iterator[tuple[int, dict[str, Any]]]:
     with path.open("rb") as fh:
         fh.seek(start)
         pos = start

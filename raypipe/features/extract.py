@@ -67,9 +67,7 @@ def _prepare(rows: Sequence[Mapping[str, Any]]) -> list[_Iteration]:
         doc_ids = list(row.get("doc_ids") or [])
         scores = [float(s) for s in (row.get("doc_scores") or [])]
         if len(doc_ids) != len(scores):
-            raise TrajectoryError(
-                f"qid {qid!r} iteration {index}: {len(doc_ids)} doc_ids but {len(scores)} doc_scores"
-            )
+            raise TrajectoryError(f"qid {qid!r} iteration {index}: {len(doc_ids)} doc_ids but {len(scores)} doc_scores")
         out.append(_Iteration(row, index, doc_ids, scores, index >= 1 and row.get("doc_ids") is not None))
     return out
 
@@ -142,11 +140,11 @@ def extract_trajectory(
             for name, fn in RBO_VARIANTS.items():
 
                 def rbo(other: list[str] | None) -> float | None:
-                    if not it.retrieved:
+                    if not it.retrieved:  # noqa: B023 - rbo is called in this iteration
                         return None
-                    if not it.doc_ids or not other:
+                    if not it.doc_ids or not other:  # noqa: B023
                         return missing
-                    return fn(it.doc_ids, other, depth, settings.rbo_p)
+                    return fn(it.doc_ids, other, depth, settings.rbo_p)  # noqa: B023
 
                 feats[f"{name}_prev_{depth}"] = rbo(previous.doc_ids if previous else None)
                 values = [v for v in (rbo(e.doc_ids) for e in earlier) if v is not None]

@@ -65,14 +65,14 @@ def rbo_extrapolated(a: Sequence[str], b: Sequence[str], depth: int, p: float = 
         return None
     a, b = list(dict.fromkeys(a)), list(dict.fromkeys(b))  # a repeated id counts once
     short, long_ = (a, b) if len(a) <= len(b) else (b, a)
-    s, l = len(short), len(long_)
-    x = _overlaps(short, long_, l)
-    d = np.arange(1, l + 1)
+    s, n = len(short), len(long_)  # Webber et al.'s s and l
+    x = _overlaps(short, long_, n)
+    d = np.arange(1, n + 1)
     pd_ = p**d
     head = np.sum(x / d * pd_)
-    x_s, x_l = x[s - 1], x[l - 1]
+    x_s, x_l = x[s - 1], x[n - 1]
     tail = np.sum((x_s * (d - s) / (s * d) * pd_)[s:])
-    return float((1 - p) / p * (head + tail) + ((x_l - x_s) / l + x_s / s) * p**l)
+    return float((1 - p) / p * (head + tail) + ((x_l - x_s) / n + x_s / s) * p**n)
 
 
 def _check(depth: int, p: float) -> None:

@@ -131,7 +131,7 @@ class IndexCorpus:
         self._vectors = StoredVectors(retriever)
 
     @classmethod
-    def open(cls, config: RunConfig) -> "IndexCorpus":
+    def open(cls, config: RunConfig) -> IndexCorpus:
         from raypipe.retrieval.build import encoder_spec, index_dir_for, search_params
         from raypipe.retrieval.searcher import LocalRetriever
 

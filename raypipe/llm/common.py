@@ -78,7 +78,9 @@ def check_request(request: GenerationRequest) -> None:
         raise EngineError("stop strings must be non-empty")
 
 
-def tokenized_request(tokenizer: LocalTokenizer, request: GenerationRequest, max_model_len: int) -> tuple[list[int], int]:
+def tokenized_request(
+    tokenizer: LocalTokenizer, request: GenerationRequest, max_model_len: int
+) -> tuple[list[int], int]:
     """A checked request's prompt token ids and the number of new tokens to ask for (the context policy above)."""
     check_request(request)
     prompt_ids = tokenizer.encode(request.prompt)
@@ -119,9 +121,11 @@ class LocalTokenizer:
         return len(self.encode(text))
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        # transformers annotates decode's return for batches too; one sequence decodes to a str
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)  # type: ignore[return-value]
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         if not self.tokenizer.chat_template:
             raise EngineError(f"the tokenizer in {self.path} has no chat template")
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return text  # type: ignore[return-value]  # tokenize=False returns a str; transformers annotates every kind

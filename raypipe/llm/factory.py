@@ -26,4 +26,3 @@ def build_engine(config: EngineConfig) -> Engine:
 
         return OpenAIEngine(config)
     raise ValueError(f"unknown engine backend {config.backend!r}")
-

@@ -45,11 +45,14 @@ class TransformersEngine:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = resolve_dtype(config.dtype, on_cpu=self.device == "cpu")
         dtype = "auto" if self.dtype == "auto" else getattr(torch, self.dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=dtype).to(self.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=dtype)
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers types .to as unbound
         self.eos_ids = _eos_ids(self.model, self.tokenizer.tokenizer)
         self._lock = threading.Lock()
         self.start_seconds = time.perf_counter() - started
-        log.info("transformers engine for %s (%s) loaded in %.1f s", self.model_path.name, self.dtype, self.start_seconds)
+        log.info(
+            "transformers engine for %s (%s) loaded in %.1f s", self.model_path.name, self.dtype, self.start_seconds
+        )
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt)

@@ -147,7 +147,7 @@ class OpenAIEngine:
                         return await response.json(content_type=None)
                     except ValueError as exc:
                         raise EngineUnavailableError(f"response from {self.url} is not JSON: {text[:200]}") from exc
-            except (_Retryable, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, _Retryable, aiohttp.ClientError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
                 if attempt == self.config.max_retries:
                     raise EngineUnavailableError(f"{self.url} failed after {attempt + 1} attempts: {problem}") from exc

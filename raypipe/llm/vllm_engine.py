@@ -128,7 +128,10 @@ def request_timings(stats: Any) -> dict[str, float | None]:
     if stats is None or not getattr(stats, "scheduled_ts", 0) or not getattr(stats, "last_token_ts", 0):
         return {"queue_s": None, "engine_s": None}
     queued = stats.queued_ts or stats.scheduled_ts
-    return {"queue_s": max(stats.scheduled_ts - queued, 0.0), "engine_s": max(stats.last_token_ts - stats.scheduled_ts, 0.0)}
+    return {
+        "queue_s": max(stats.scheduled_ts - queued, 0.0),
+        "engine_s": max(stats.last_token_ts - stats.scheduled_ts, 0.0),
+    }
 
 
 def process_running(pid: int) -> bool:
@@ -175,7 +178,11 @@ class VLLMEngine:
         self.block_size = cache.block_size
         log.info(
             "vLLM engine for %s (%s, block %d, prefix caching %s) started in %.1f s",
-            self.model_path.name, self.dtype, self.block_size, cache.enable_prefix_caching, self.start_seconds,
+            self.model_path.name,
+            self.dtype,
+            self.block_size,
+            cache.enable_prefix_caching,
+            self.start_seconds,
         )
 
     @staticmethod
@@ -196,11 +203,13 @@ class VLLMEngine:
 
     async def _generate(self, prompt_ids: list[int], request: GenerationRequest, max_tokens: int) -> Generation:
         final = None
-        self._check_alive(ask_processes=False)  # a hot path: vLLM itself refuses requests once it marked the engine dead
+        self._check_alive(
+            ask_processes=False
+        )  # a hot path: vLLM itself refuses requests once it marked the engine dead
         try:
             params = sampling_params(request, max_tokens)
             stream = self._llm.generate(self._engine_input(prompt_ids), params, uuid.uuid4().hex)
-            async for final in stream:
+            async for final in stream:  # noqa: B007 - the last output, read below
                 pass
         except EngineError:
             raise
@@ -222,8 +231,12 @@ class VLLMEngine:
         from vllm.v1.engine.exceptions import EngineDeadError
 
         llm = self._llm
-        dead = llm is None or llm.errored or isinstance(error, EngineDeadError) or isinstance(
-            getattr(error, "__cause__", None), EngineDeadError)
+        dead = (
+            llm is None
+            or llm.errored
+            or isinstance(error, EngineDeadError)
+            or isinstance(getattr(error, "__cause__", None), EngineDeadError)
+        )
         if dead or (ask_processes and self._core_exited()):
             state = "closed" if llm is None else "EngineCore errored" if self.core_pids() else "EngineCore not running"
             cause = f": {type(error).__name__}: {error}" if error is not None else ""

@@ -57,7 +57,7 @@ class PredictorBundle:
     @classmethod
     def load(
         cls, path: str | Path, doc_lookup: DocLookup | None = None, feature_extractor: FeatureExtractor | None = None
-    ) -> "PredictorBundle":
+    ) -> PredictorBundle:
         """Open a bundle folder (RUN_DIR/models)."""
         root = Path(path)
         if not (root / MANIFEST).exists():

@@ -21,8 +21,8 @@ decayed, and the last, smaller batch of an epoch (B' = rows mod 256) gets ``2 al
 ``wd``. Hence the torch head is the default and the derived alpha the sklearn head's default.
 
 Inputs (``train.head_input``): ``seed`` imputes NaN as 0 and then standard-scales (mlp.py: SimpleImputer
-constant 0, which drops a column never observed, then StandardScaler); ``indicators`` scales the observed values and then fills NaN with 0
-(the training mean), for windows with missing-slot indicators (:mod:`raypipe.predict.window`).
+constant 0, which drops a column never observed, then StandardScaler); ``indicators`` scales the observed values and
+then fills NaN with 0 (the training mean), for windows with missing-slot indicators (:mod:`raypipe.predict.window`).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class SeedMLP(RegressorMixin, BaseEstimator):
 
         optimizer, loss_fn = self.optimizer(net), torch.nn.MSELoss()
         best_loss, best_state, stale, epoch = float("inf"), None, 0, 0
-        for epoch in range(1, self.max_epochs + 1):
+        for epoch in range(1, self.max_epochs + 1):  # noqa: B007 - returned: the epochs run
             net.train()
             for xb, yb in loader:
                 optimizer.zero_grad()
@@ -154,8 +154,10 @@ def preprocessing(cfg: TrainConfig) -> list[tuple[str, object]]:
     """The steps before the MLP (``train.head_input``)."""
     if cfg.head_input == "seed":  # mlp.py's SimpleImputer defaults: a column never observed is dropped
         return [("fill", SimpleImputer(strategy="constant", fill_value=0.0)), ("scale", StandardScaler())]
-    return [("scale", StandardScaler()),
-            ("fill", SimpleImputer(strategy="constant", fill_value=0.0, keep_empty_features=True))]  # fmt: skip
+    return [
+        ("scale", StandardScaler()),
+        ("fill", SimpleImputer(strategy="constant", fill_value=0.0, keep_empty_features=True)),
+    ]
 
 
 def make_head(cfg: TrainConfig, seed: int = 0) -> Pipeline:
@@ -172,7 +174,11 @@ def make_head(cfg: TrainConfig, seed: int = 0) -> Pipeline:
             random_state=seed,
         )
     else:
-        alpha = cfg.head_alpha if cfg.head_alpha is not None else equivalent_alpha(cfg.head_weight_decay, cfg.head_batch_size)
+        alpha = (
+            cfg.head_alpha
+            if cfg.head_alpha is not None
+            else equivalent_alpha(cfg.head_weight_decay, cfg.head_batch_size)
+        )
         mlp = MLPRegressor(
             hidden_layer_sizes=tuple(cfg.head_hidden),
             activation="relu",

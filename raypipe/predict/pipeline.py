@@ -204,9 +204,16 @@ def head_grid(
             b = base[(name, short)]
             z, p = evaluate.fisher_z_test(s["pearson"], s["n"], b["pearson"], b["n"], cfg.fisher_alternative)
         results.append(
-            {label: name, "target": short, "window": window, **s, "fisher_z": z, "fisher_p": p,
-             "significant": bool(p < cfg.significance) if not np.isnan(p) else False}
-        )  # fmt: skip
+            {
+                label: name,
+                "target": short,
+                "window": window,
+                **s,
+                "fisher_z": z,
+                "fisher_p": p,
+                "significant": bool(p < cfg.significance) if not np.isnan(p) else False,
+            }
+        )
         log.info("%s=%s target=%s w=%d: r=%.3f tau=%.3f", label, name, short, window, s["pearson"], s["kendall"])
     return HeadGrid(pd.DataFrame(results), preds)
 

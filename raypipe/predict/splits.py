@@ -47,7 +47,9 @@ def train_test_masks(fold_of_row: np.ndarray, fold: int) -> tuple[np.ndarray, np
     return ~test, test
 
 
-def check_disjoint(train_qids, target_qids, train_name: str = "the training run", target_name: str = "this run") -> None:
+def check_disjoint(
+    train_qids, target_qids, train_name: str = "the training run", target_name: str = "this run"
+) -> None:
     """Fail when a question is in both runs (the seed paper trains on train splits and evaluates on dev)."""
     both = sorted(set(map(str, train_qids)) & set(map(str, target_qids)))
     if both:

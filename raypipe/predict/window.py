@@ -92,7 +92,11 @@ def type_onehot(frame: pd.DataFrame, categories: list[str]) -> tuple[np.ndarray,
     """One column per category: 1 where the row's question has that type (sequential.py's get_dummies)."""
     types = frame[TYPE_COLUMN] if TYPE_COLUMN in frame.columns else pd.Series([None] * len(frame))
     values = types.astype(object).to_numpy()
-    matrix = np.column_stack([(values == c).astype(np.float64) for c in categories]) if categories else np.zeros((len(frame), 0))
+    matrix = (
+        np.column_stack([(values == c).astype(np.float64) for c in categories])
+        if categories
+        else np.zeros((len(frame), 0))
+    )
     return matrix, [f"type_{c}" for c in categories]
 
 

@@ -46,16 +46,26 @@ from raypipe.core.lazy import lazy_exports
 
 # Each name loads from its module on first use: a process that needs one module (the GPU check: encoders,
 # gpu_memory) does not load Arrow, FAISS and the searcher with the package.
-__getattr__, __dir__ = lazy_exports(__name__, globals(), {
-    "batcher": ("QueryBatcher",),
-    "build": ("encoder_spec", "index_dir_for", "index_settings", "search_params"),
-    "encoders": ("Encoder", "EncoderSpec", "passage_text"),
-    "index": ("IndexDir", "IndexMismatchError", "IndexNotFoundError", "IndexSettings", "SearchParams",
-              "load_index_dir"),
-    "searcher": ("LocalRetriever",),
-    "store": ("CorpusStats", "DocStore", "tokenize"),
-    "types": ("Retriever", "SearchHit", "SearchResult"),
-})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    globals(),
+    {
+        "batcher": ("QueryBatcher",),
+        "build": ("encoder_spec", "index_dir_for", "index_settings", "search_params"),
+        "encoders": ("Encoder", "EncoderSpec", "passage_text"),
+        "index": (
+            "IndexDir",
+            "IndexMismatchError",
+            "IndexNotFoundError",
+            "IndexSettings",
+            "SearchParams",
+            "load_index_dir",
+        ),
+        "searcher": ("LocalRetriever",),
+        "store": ("CorpusStats", "DocStore", "tokenize"),
+        "types": ("Retriever", "SearchHit", "SearchResult"),
+    },
+)
 
 __all__ = [
     "CorpusStats",

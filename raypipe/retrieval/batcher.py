@@ -50,8 +50,9 @@ class QueryBatcher:
     client that died after claiming does not hold the replica longer).
     """
 
-    def __init__(self, search_fn: SearchFn, max_batch_size: int = 64, max_wait_s: float = 0.005,
-                 claim_hold_s: float = 10.0):
+    def __init__(
+        self, search_fn: SearchFn, max_batch_size: int = 64, max_wait_s: float = 0.005, claim_hold_s: float = 10.0
+    ):
         self.search_fn = search_fn
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
@@ -144,7 +145,7 @@ class QueryBatcher:
         elif left > 0:
             try:
                 await asyncio.wait_for(self._released_event().wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _drain(self) -> None:
@@ -152,7 +153,7 @@ class QueryBatcher:
             if self._queued < self.max_batch_size and self.max_wait_s > 0:
                 try:
                     await asyncio.wait_for(self._full.wait(), self.max_wait_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             while self._pending:
                 await self._run(self._take())

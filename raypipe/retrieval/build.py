@@ -128,7 +128,9 @@ def up_to_date(target: Path, expected: dict, force: bool) -> bool:
             return False
         problems = manifest_differences(read_manifest(target), expected)
         if problems:
-            raise IndexMismatchError(f"index {target} was built differently: {'; '.join(problems)} (rebuild with --force)")
+            raise IndexMismatchError(
+                f"index {target} was built differently: {'; '.join(problems)} (rebuild with --force)"
+            )
         log.info("index %s is up to date (corpus %s), nothing to encode", target, expected["corpus_sha256"][:12])
         add_missing_lexicons(target)
         return True
@@ -148,7 +150,12 @@ def add_missing_lexicons(target: Path, chunk_rows: int = 10_000) -> None:
         return
     start = time.perf_counter()
     docs = load_index_dir(target).docs.table
-    log.info("index %s: counting the %s document frequencies from its %d passages", target, " and ".join(missing), docs.num_rows)
+    log.info(
+        "index %s: counting the %s document frequencies from its %d passages",
+        target,
+        " and ".join(missing),
+        docs.num_rows,
+    )
     merger = FrequencyMerger()
     for batch in docs.to_batches(max_chunksize=chunk_rows):
         merger.add(*document_frequencies(table_passages(batch)))
@@ -216,8 +223,10 @@ def read_block(corpus: Path, block: Block) -> tuple[pa.Table, pa.Table]:
     """A block's doc-store rows and its document frequencies (lines validated as :func:`iter_corpus`)."""
     passages = list(iter_corpus(corpus, (block.byte_start, block.byte_end, block.first_lineno)))
     if len(passages) != block.n_rows:
-        raise RuntimeError(f"{corpus}: block {block.index} has {len(passages)} passages, planned {block.n_rows} "
-                           "(the file changed during the build?)")
+        raise RuntimeError(
+            f"{corpus}: block {block.index} has {len(passages)} passages, planned {block.n_rows} "
+            "(the file changed during the build?)"
+        )
     df, _ = document_frequencies(passages)
     return passages_table(passages), df
 
@@ -253,7 +262,9 @@ def encode_docs(encoder: Encoder, docs: pa.Table, call_rows: int) -> tuple[np.nd
     return out, time.process_time() - cpu
 
 
-def local_encode_blocks(spec: EncoderSpec, corpus: Path, blocks: list[Block], call_rows: int = 256) -> Iterator[EncodedBlock]:
+def local_encode_blocks(
+    spec: EncoderSpec, corpus: Path, blocks: list[Block], call_rows: int = 256
+) -> Iterator[EncodedBlock]:
     """Read and encode blocks one after another in this process (tests, small corpora)."""
     encoder = spec.load()
     for block in blocks:
@@ -273,7 +284,7 @@ class BuildDir:
         self.blocks = blocks
 
     @classmethod
-    def open(cls, target: Path, manifest: dict, block_rows: int) -> "BuildDir":
+    def open(cls, target: Path, manifest: dict, block_rows: int) -> BuildDir:
         """Resume the build directory of ``target`` if it was planned for this build, else plan afresh."""
         path = target.with_name(f".{target.name}.build")
         key = {"build": {k: manifest.get(k) for k in BUILD_KEYS}, "block_rows": block_rows}
@@ -282,8 +293,12 @@ class BuildDir:
             plan = json.loads(plan_file.read_text())
             if {k: plan.get(k) for k in key} == key:
                 build = cls(path, [Block(**b) for b in plan["blocks"]])
-                log.info("resuming the build in %s: %d of %d blocks already written", path,
-                         len(build.done()), len(build.blocks))
+                log.info(
+                    "resuming the build in %s: %d of %d blocks already written",
+                    path,
+                    len(build.done()),
+                    len(build.blocks),
+                )
                 return build
             log.info("discarding %s: planned for another corpus or other settings", path)
         if path.exists():
@@ -296,8 +311,13 @@ class BuildDir:
         tmp = plan_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({**key, "blocks": [asdict(b) for b in blocks]}) + "\n")
         tmp.rename(plan_file)
-        log.info("planned %d blocks of up to %d passages (%d passages, %.1f s)", len(blocks), block_rows,
-                 sum(b.n_rows for b in blocks), time.perf_counter() - start)
+        log.info(
+            "planned %d blocks of up to %d passages (%d passages, %.1f s)",
+            len(blocks),
+            block_rows,
+            sum(b.n_rows for b in blocks),
+            time.perf_counter() - start,
+        )
         return cls(path, blocks)
 
     def file(self, block: Block, kind: str) -> Path:
@@ -314,8 +334,10 @@ class BuildDir:
         """Write one block (the embeddings last, so a block on disk is complete)."""
         block = encoded.block
         if encoded.embeddings.shape[0] != block.n_rows or encoded.docs.num_rows != block.n_rows:
-            raise RuntimeError(f"block {block.index}: {encoded.embeddings.shape[0]} vectors and "
-                               f"{encoded.docs.num_rows} rows for {block.n_rows} passages")
+            raise RuntimeError(
+                f"block {block.index}: {encoded.embeddings.shape[0]} vectors and "
+                f"{encoded.docs.num_rows} rows for {block.n_rows} passages"
+            )
         for kind, table in (("docs.arrow", encoded.docs), ("df.arrow", encoded.df)):
             _write_ipc(table, self.file(block, kind))
         tmp = self.file(block, "npy.tmp")
@@ -345,9 +367,15 @@ def _write_ipc(table: pa.Table, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def build_index(config: RunConfig, target: Path, manifest: dict, encode: EncodeBlocks | None = None,
-                assemble: Callable[..., Path] | None = None, vectors: dict | None = None,
-                spec: EncoderSpec | None = None) -> Path:
+def build_index(
+    config: RunConfig,
+    target: Path,
+    manifest: dict,
+    encode: EncodeBlocks | None = None,
+    assemble: Callable[..., Path] | None = None,
+    vectors: dict | None = None,
+    spec: EncoderSpec | None = None,
+) -> Path:
     """Write the index of ``manifest``'s corpus to ``target``, resuming an interrupted build.
 
     ``encode`` defaults to :func:`local_encode_blocks`; ``assemble`` (``assemble_index``'s signature)
@@ -375,14 +403,27 @@ def build_index(config: RunConfig, target: Path, manifest: dict, encode: EncodeB
     if missing:
         raise RuntimeError(f"{len(missing)} blocks were not encoded (first: block {missing[0].index})")
     vectors = vectors or {"source": "encoded"}
-    log.info("%s %d passages in %d blocks with %s in %.1f s (%.0f passages/s; %d blocks kept from before)",
-             "encoded" if vectors["source"] == "encoded" else f"took {vectors['source']} vectors of", todo, len(pending),
-             spec.name, encode_s, todo / max(encode_s, 1e-9), len(work.blocks) - len(pending))
+    log.info(
+        "%s %d passages in %d blocks with %s in %.1f s (%.0f passages/s; %d blocks kept from before)",
+        "encoded" if vectors["source"] == "encoded" else f"took {vectors['source']} vectors of",
+        todo,
+        len(pending),
+        spec.name,
+        encode_s,
+        todo / max(encode_s, 1e-9),
+        len(work.blocks) - len(pending),
+    )
     # encode_cpu_seconds: the encoders' CPU time (Ray: the actors'), steadier than wall on a shared machine
-    timing = {"prepare_seconds": round(prepare_s, 2), "encode_seconds": round(encode_s, 2),
-              "encode_cpu_seconds": round(cpu_s, 2), "passages_encoded": todo if vectors["source"] == "encoded" else 0,
-              "vectors": vectors}
-    return (assemble or assemble_index)(work.path, work.blocks, target, {**manifest, "build": timing}, index_settings(cfg))
+    timing = {
+        "prepare_seconds": round(prepare_s, 2),
+        "encode_seconds": round(encode_s, 2),
+        "encode_cpu_seconds": round(cpu_s, 2),
+        "passages_encoded": todo if vectors["source"] == "encoded" else 0,
+        "vectors": vectors,
+    }
+    return (assemble or assemble_index)(
+        work.path, work.blocks, target, {**manifest, "build": timing}, index_settings(cfg)
+    )
 
 
 def assemble_index(work_path: Path, blocks: list[Block], target: Path, manifest: dict, settings: IndexSettings) -> Path:
@@ -437,8 +478,14 @@ def assemble_index(work_path: Path, blocks: list[Block], target: Path, manifest:
     return target
 
 
-def stream_flat_index(chunks: Callable[[], Iterable[np.ndarray]], n: int, dim: int, settings: IndexSettings,
-                      path: Path, progress: Progress | None = None) -> str | None:
+def stream_flat_index(
+    chunks: Callable[[], Iterable[np.ndarray]],
+    n: int,
+    dim: int,
+    settings: IndexSettings,
+    path: Path,
+    progress: Progress | None = None,
+) -> str | None:
     """Write a flat index (``flat``, ``flat`` fp16) of the ``n`` rows ``chunks()`` yields to ``path`` one chunk
     at a time, so no process holds all vectors (wiki-18's flat fp32 index is 64.6 GB); returns its factory
     string, or None for an index type that is not flat (it trains, or links rows: built in memory).
@@ -458,7 +505,7 @@ def stream_flat_index(chunks: Callable[[], Iterable[np.ndarray]], n: int, dim: i
     single = faiss.serialize_index(one).tobytes()
     head = len(empty) - 8
     changed = [i for i in range(head) if empty[i] != single[i]]
-    length_one = int.from_bytes(single[head:head + 8], "little")
+    length_one = int.from_bytes(single[head : head + 8], "little")
     if any(not 8 <= i < 16 for i in changed) or len(single) != head + 8 + index.code_size or not length_one:
         raise RuntimeError(f"faiss {faiss.__version__} writes {factory} in a layout the streamed build does not know")
     unit = index.code_size // length_one  # the codes' length counts bytes (SQ) or floats (flat fp32)

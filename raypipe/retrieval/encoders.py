@@ -196,8 +196,10 @@ def int8_kernel_isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The instruction set of the int8 kernels ONNX Runtime runs on this CPU (``INT8_KERNEL_ISAS``, from
     the flags the kernel reports), ``older`` below AVX2, ``unknown`` where the flags cannot be read."""
     try:
-        flags = next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines()
-                      if line.startswith("flags")), None)
+        flags = next(
+            (line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines() if line.startswith("flags")),
+            None,
+        )
     except OSError:
         flags = None
     if flags is None:
@@ -207,9 +209,11 @@ def int8_kernel_isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 def hash_dimension(ref: str) -> int:
     """DIM of a ``hash:DIM`` reference (a clear error for anything else)."""
-    value = ref[len(HASH_PREFIX):]
+    value = ref[len(HASH_PREFIX) :]
     if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"retrieval.encoder={ref!r}: the stand-in encoder is hash:DIM with a positive integer DIM, e.g. hash:768")
+        raise ValueError(
+            f"retrieval.encoder={ref!r}: the stand-in encoder is hash:DIM with a positive integer DIM, e.g. hash:768"
+        )
     return int(value)
 
 
@@ -295,7 +299,10 @@ class SentenceTransformerEncoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         texts = [prefix + t for t in texts]
         # sentence-transformers sorts a call's texts by characters; sorting by tokens pads less
-        lengths = [len(ids) for ids in self.model.tokenizer(texts, truncation=True, max_length=self.spec.max_length)["input_ids"]]
+        lengths = [
+            len(ids)
+            for ids in self.model.tokenizer(texts, truncation=True, max_length=self.spec.max_length)["input_ids"]
+        ]
         order = np.argsort(-np.asarray(lengths), kind="stable")
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         size = self.spec.batch_size
@@ -328,13 +335,20 @@ def _pooling_mode(folder: Path) -> str:
         cfg = folder / module.get("path", "") / "config.json"
         if kind.endswith(".Pooling") and cfg.exists():
             pooling = json.loads(cfg.read_text())
-            modes = [k for k in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")
-                     if pooling.get(f"pooling_mode_{k}")]
+            modes = [
+                k
+                for k in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")
+                if pooling.get(f"pooling_mode_{k}")
+            ]
             if modes not in (["cls_token"], ["mean_tokens"]):
-                raise ValueError(f"{folder}: the onnx backend supports mean or CLS pooling, not {modes}; use encoder_backend=torch")
+                raise ValueError(
+                    f"{folder}: the onnx backend supports mean or CLS pooling, not {modes}; use encoder_backend=torch"
+                )
             mode = "cls" if modes == ["cls_token"] else "mean"
         elif not kind.endswith((".Transformer", ".Pooling", ".Normalize")):
-            raise ValueError(f"{folder}: the onnx backend does not support the module {kind}; use encoder_backend=torch")
+            raise ValueError(
+                f"{folder}: the onnx backend does not support the module {kind}; use encoder_backend=torch"
+            )
     return mode
 
 
@@ -373,7 +387,6 @@ def onnx_model_file(folder: Path, quantization: str) -> Path:
 def _export_onnx(folder: Path, target: Path) -> None:
     import torch
     from transformers import AutoModel, AutoTokenizer
-
     from transformers.utils import logging as hf_logging
 
     pooling = _pooling_mode(folder)
@@ -406,11 +419,18 @@ def _export_onnx(folder: Path, target: Path) -> None:
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about shape-dependent Python branches of the mask code
         torch.onnx.export(
-            Pooled(model), (example["input_ids"], example["attention_mask"]), str(tmp),
-            input_names=["input_ids", "attention_mask"], output_names=["embedding"],
-            dynamic_axes={"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"},
-                          "embedding": {0: "batch"}},
-            opset_version=17, dynamo=False,
+            Pooled(model),
+            (example["input_ids"], example["attention_mask"]),
+            str(tmp),
+            input_names=["input_ids", "attention_mask"],
+            output_names=["embedding"],
+            dynamic_axes={
+                "input_ids": {0: "batch", 1: "tokens"},
+                "attention_mask": {0: "batch", 1: "tokens"},
+                "embedding": {0: "batch"},
+            },
+            opset_version=17,
+            dynamo=False,
         )
     tmp.rename(target)
 
@@ -422,7 +442,9 @@ def _quantize_int8(source: Path, target: Path) -> None:
 
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     log.info("quantising %s to int8 -> %s", source, target)
-    quantize_dynamic(str(source), str(tmp), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"])
+    quantize_dynamic(
+        str(source), str(tmp), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"]
+    )
     tmp.rename(target)
 
 
@@ -433,7 +455,9 @@ class OnnxEncoder:
         try:
             import onnxruntime as ort
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError("encoder_backend=onnx needs onnxruntime and onnx (the cpu extra; rerun scripts/install.sh)") from exc
+            raise ImportError(
+                "encoder_backend=onnx needs onnxruntime and onnx (the cpu extra; rerun scripts/install.sh)"
+            ) from exc
         from transformers import AutoTokenizer
 
         folder = Path(spec.path())
@@ -451,7 +475,9 @@ class OnnxEncoder:
     def _session(self, quantization: str):
         if quantization not in self._sessions:  # loaded on first use: an index build never needs fp32's
             path = onnx_model_file(self._folder, quantization)
-            self._sessions[quantization] = self._ort.InferenceSession(str(path), self._options, providers=["CPUExecutionProvider"])
+            self._sessions[quantization] = self._ort.InferenceSession(
+                str(path), self._options, providers=["CPUExecutionProvider"]
+            )
         return self._sessions[quantization]
 
     def _encode(self, texts: Sequence[str], prefix: str, quantization: str) -> np.ndarray:

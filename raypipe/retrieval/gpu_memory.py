@@ -57,8 +57,13 @@ def clone_events(rows: int, dim: int, fp16: bool, method: Method) -> list[Event]
     events = [Event("temporary memory", TEMP_MEMORY_BYTES)]
     if method == "copy":
         if fp16:
-            events += [Event("float32 rows", rows * dim * 4), Event("float16 rows", rows * dim * 2),
-                       Event("store", rows * dim * value), Event("float16 rows"), Event("float32 rows")]
+            events += [
+                Event("float32 rows", rows * dim * 4),
+                Event("float16 rows", rows * dim * 2),
+                Event("store", rows * dim * value),
+                Event("float16 rows"),
+                Event("float32 rows"),
+            ]
         else:
             events.append(Event("store", rows * dim * value))  # appended straight from the host array
         events.append(Event("norms", rows * 4))
@@ -70,8 +75,12 @@ def clone_events(rows: int, dim: int, fp16: bool, method: Method) -> list[Event]
     while added < rows:
         n = min(step, rows - added)
         if own:
-            events += [Event("page float32", n * dim * 4), Event("page float16", n * dim * 2),
-                       Event("page float16"), Event("page float32")]
+            events += [
+                Event("page float32", n * dim * 4),
+                Event("page float16", n * dim * 2),
+                Event("page float16"),
+                Event("page float32"),
+            ]
         added += n
         name = f"norms {added}"
         events.append(Event(name, added * 4))  # the new norms beside the previous page's

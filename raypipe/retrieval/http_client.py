@@ -115,12 +115,16 @@ def _hit(item: Any, query: str) -> SearchHit:
     document = item.get("document") if isinstance(item, dict) else None
     score = item.get("score") if isinstance(item, dict) else None
     if not isinstance(document, dict):
-        raise RetrievalResponseError(f"query {query!r}: expected {{'document': ..., 'score': ...}}, got {_preview(item)}")
+        raise RetrievalResponseError(
+            f"query {query!r}: expected {{'document': ..., 'score': ...}}, got {_preview(item)}"
+        )
     if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
         raise RetrievalResponseError(f"query {query!r}: hit without a numeric score: {_preview(item)}")
     doc_id, contents = document.get("id"), document.get("contents")
     if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or not isinstance(contents, str):
-        raise RetrievalResponseError(f"query {query!r}: document needs an 'id' and a 'contents' string: {_preview(document)}")
+        raise RetrievalResponseError(
+            f"query {query!r}: document needs an 'id' and a 'contents' string: {_preview(document)}"
+        )
     title, text = split_contents(contents)
     return SearchHit(doc_id=str(doc_id), score=float(score), title=title, text=text)
 
@@ -210,8 +214,8 @@ def _read_at_most(response: http.client.HTTPResponse, max_bytes: int) -> bytes:
 class HttpRetriever:
     """The ``Retriever`` protocol over a Search-R1-style server at ``url`` (see the module docstring).
 
-    ``token``: sent as ``Authorization: Bearer`` (default: the :data:`~raypipe.core.http.TOKEN_ENV` environment variable, read
-    when the client is made, so the client carries it to the actors it is pickled to)."""
+    ``token``: sent as ``Authorization: Bearer`` (default: the :data:`~raypipe.core.http.TOKEN_ENV` environment
+    variable, read when the client is made, so the client carries it to the actors it is pickled to)."""
 
     def __init__(
         self,
@@ -235,13 +239,21 @@ class HttpRetriever:
         self._batcher: QueryBatcher | None = None  # made on first use, in the caller's event loop
 
     @classmethod
-    def from_config(cls, retrieval) -> "HttpRetriever":
+    def from_config(cls, retrieval) -> HttpRetriever:
         """From a ``RetrievalConfig`` (``url``, ``http_timeout_s``, ``http_retries``, ``http_max_response_bytes``,
         batching settings)."""
         if not retrieval.url:
-            raise ConfigError("retrieval.backend=http needs retrieval.url, e.g. --set retrieval.url=http://127.0.0.1:8000")
-        return cls(retrieval.url, retrieval.http_timeout_s, retrieval.http_retries, retrieval.max_batch_size,
-                   retrieval.max_wait_ms, max_response_bytes=retrieval.http_max_response_bytes)  # fmt: skip
+            raise ConfigError(
+                "retrieval.backend=http needs retrieval.url, e.g. --set retrieval.url=http://127.0.0.1:8000"
+            )
+        return cls(
+            retrieval.url,
+            retrieval.http_timeout_s,
+            retrieval.http_retries,
+            retrieval.max_batch_size,
+            retrieval.max_wait_ms,
+            max_response_bytes=retrieval.http_max_response_bytes,
+        )
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_batcher": None}  # a batcher belongs to one process and event loop
@@ -276,8 +288,12 @@ class HttpRetriever:
         started = time.perf_counter()
         answer = self.request_json("/retrieve", retrieve_payload([HEALTH_QUERY], 1))
         result = parse_retrieve_response(answer, [HEALTH_QUERY], 1)[0]
-        return {"endpoint": "POST /retrieve", "status": "ok", "hits": len(result.hits),
-                "seconds": round(time.perf_counter() - started, 3)}  # fmt: skip
+        return {
+            "endpoint": "POST /retrieve",
+            "status": "ok",
+            "hits": len(result.hits),
+            "seconds": round(time.perf_counter() - started, 3),
+        }
 
     def describe(self) -> dict[str, Any]:
         """For the run's info: where searches go and what the server reported."""

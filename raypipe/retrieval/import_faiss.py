@@ -52,12 +52,16 @@ def imported_settings(index) -> tuple[IndexSettings, str]:
     import faiss
 
     if index.metric_type != faiss.METRIC_INNER_PRODUCT:
-        raise IndexMismatchError("the index uses L2 distance; raypipe searches by inner product (import an IndexFlatIP)")
+        raise IndexMismatchError(
+            "the index uses L2 distance; raypipe searches by inner product (import an IndexFlatIP)"
+        )
     if type(index) is faiss.IndexFlatIP or type(index) is faiss.IndexFlat:
         return IndexSettings("flat"), "Flat"
     if isinstance(index, faiss.IndexScalarQuantizer) and index.sq.qtype == faiss.ScalarQuantizer.QT_fp16:
         return IndexSettings("flat", fp16=True), "SQfp16"
-    raise IndexMismatchError(f"cannot import a {type(index).__name__}: only flat inner-product indexes (IndexFlatIP, SQfp16)")
+    raise IndexMismatchError(
+        f"cannot import a {type(index).__name__}: only flat inner-product indexes (IndexFlatIP, SQfp16)"
+    )
 
 
 def read_rows(corpus: Path, blocks: list[Block], rows: np.ndarray) -> pa.Table:
@@ -76,9 +80,17 @@ def cosines(stored: np.ndarray, fresh: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-300)
 
 
-def verify_sample(stored: Callable[[np.ndarray], np.ndarray], corpus: Path, blocks: list[Block], spec: EncoderSpec,
-                  size: int = VERIFY_SAMPLE, min_cosine: float = VERIFY_MIN_COSINE, seed: int = 0,
-                  encoder: Encoder | None = None, docs: pa.Table | None = None) -> dict[str, Any]:
+def verify_sample(
+    stored: Callable[[np.ndarray], np.ndarray],
+    corpus: Path,
+    blocks: list[Block],
+    spec: EncoderSpec,
+    size: int = VERIFY_SAMPLE,
+    min_cosine: float = VERIFY_MIN_COSINE,
+    seed: int = 0,
+    encoder: Encoder | None = None,
+    docs: pa.Table | None = None,
+) -> dict[str, Any]:
     """Re-encode ``size`` random passages and compare them with their stored rows (cosine); ``stored``
     gives the stored vectors of corpus rows (ascending row numbers). ``encoder``: ``spec``'s, if loaded;
     ``docs``: the corpus's doc-store rows, if read (else the blocks holding the sample are)."""
@@ -114,8 +126,16 @@ def faiss_rows(index) -> Callable[[np.ndarray], np.ndarray]:
     return lambda rows: np.stack([index.reconstruct(int(r)) for r in rows])
 
 
-def import_faiss(index_file: Path, corpus: Path, spec: EncoderSpec, target: Path, verify: bool = True,
-                 block_rows: int = 10_000, sample: int = VERIFY_SAMPLE, min_cosine: float = VERIFY_MIN_COSINE) -> Path:
+def import_faiss(
+    index_file: Path,
+    corpus: Path,
+    spec: EncoderSpec,
+    target: Path,
+    verify: bool = True,
+    block_rows: int = 10_000,
+    sample: int = VERIFY_SAMPLE,
+    min_cosine: float = VERIFY_MIN_COSINE,
+) -> Path:
     """Write the index directory ``target`` over ``index_file`` (row i = passage i of ``corpus``)."""
     index_file, corpus = Path(index_file), Path(corpus)
     for path in (index_file, corpus):
@@ -125,7 +145,9 @@ def import_faiss(index_file: Path, corpus: Path, spec: EncoderSpec, target: Path
     settings, factory = imported_settings(index)
     dim = spec.dimension()
     if index.d != dim:
-        raise IndexMismatchError(f"{index_file} has vectors of dimension {index.d}, the encoder {spec.name} gives {dim}")
+        raise IndexMismatchError(
+            f"{index_file} has vectors of dimension {index.d}, the encoder {spec.name} gives {dim}"
+        )
     start = time.perf_counter()
     blocks = plan_blocks(corpus, block_rows)
     n = sum(b.n_rows for b in blocks)
@@ -135,11 +157,18 @@ def import_faiss(index_file: Path, corpus: Path, spec: EncoderSpec, target: Path
             "index must be line i of the corpus"
         )
     log.info("import: %d rows of dimension %d, corpus %s (%.1f s)", n, dim, corpus, time.perf_counter() - start)
-    verification = (verify_sample(faiss_rows(index), corpus, blocks, spec, sample, min_cosine) if verify
-                    else {"verified": False, "skipped": True})
+    verification = (
+        verify_sample(faiss_rows(index), corpus, blocks, spec, sample, min_cosine)
+        if verify
+        else {"verified": False, "skipped": True}
+    )
     if verify:
-        log.info("import: %d sampled passages match their stored rows (cosine min %.5f, mean %.5f)",
-                 verification["sample_rows"], verification["cosine_min"], verification["cosine_mean"])
+        log.info(
+            "import: %d sampled passages match their stored rows (cosine min %.5f, mean %.5f)",
+            verification["sample_rows"],
+            verification["cosine_min"],
+            verification["cosine_mean"],
+        )
     del index
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))

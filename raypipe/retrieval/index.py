@@ -35,7 +35,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -135,8 +135,9 @@ def default_index_dir(cache: Path, corpus_sha256: str, encoder_name: str, settin
     return cache / "indexes" / f"{corpus_sha256[:12]}-{encoder_slug(encoder_name)}-{settings.slug}"
 
 
-def expected_manifest(spec: EncoderSpec, settings: IndexSettings, corpus: Path, corpus_sha256: str,
-                      vectors: str | None = None) -> dict[str, Any]:
+def expected_manifest(
+    spec: EncoderSpec, settings: IndexSettings, corpus: Path, corpus_sha256: str, vectors: str | None = None
+) -> dict[str, Any]:
     """The manifest fields a build with these settings produces (without count/created/factory).
 
     ``vectors``: the vector source the build must have (``encoded`` when shipped vectors are not
@@ -170,8 +171,21 @@ def expected_manifest(spec: EncoderSpec, settings: IndexSettings, corpus: Path, 
 # int8 kernels' instruction set is not one: an int8 index on shared storage serves any node (its queries
 # are fp32), with a warning where this CPU would encode its passages differently (check_encoder).
 BUILD_KEYS = (
-    "format_version", "encoder", "quantization", "query_prefix", "passage_prefix", "max_length", "dimension",
-    "corpus_sha256", "vectors", "index_type", "fp16", "ivf_nlist", "pq_m", "pq_nbits", "hnsw_m",
+    "format_version",
+    "encoder",
+    "quantization",
+    "query_prefix",
+    "passage_prefix",
+    "max_length",
+    "dimension",
+    "corpus_sha256",
+    "vectors",
+    "index_type",
+    "fp16",
+    "ivf_nlist",
+    "pq_m",
+    "pq_nbits",
+    "hnsw_m",
 )
 # Fields a searcher needs to agree with: the query encoder must embed into the same space (the same
 # model, quantised or not; the backend does not matter, fp32 ONNX and torch give the same vectors).
@@ -221,7 +235,9 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     if not any((path / name).exists() for name in (LEXICON_FILES["plain"], LEGACY_STATS_FILE)):
         missing.append(LEXICON_FILES["plain"])
     if missing:
-        raise IndexNotFoundError(f"index directory {path} is incomplete: missing {', '.join(missing)} (rebuild with `raypipe index --force`)")
+        raise IndexNotFoundError(
+            f"index directory {path} is incomplete: missing {', '.join(missing)} (rebuild with `raypipe index --force`)"
+        )
     size = (path / FAISS_FILE).stat().st_size
     if manifest.get("faiss_bytes", size) != size:  # indexes built before the field was recorded have none
         raise IndexMismatchError(
@@ -234,20 +250,29 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
 def check_encoder(manifest: dict[str, Any], spec: EncoderSpec, where: Path) -> None:
     """Raise IndexMismatchError if the configured encoder cannot query this index."""
     query_prefix, _ = spec.prompts()
-    expected = {"encoder": spec.name, "quantization": spec.resolved_quantization, "dimension": spec.dimension(),
-                "query_prefix": query_prefix}
+    expected = {
+        "encoder": spec.name,
+        "quantization": spec.resolved_quantization,
+        "dimension": spec.dimension(),
+        "query_prefix": query_prefix,
+    }
     problems = manifest_differences(manifest, expected, ENCODER_KEYS)
     if problems:
         raise IndexMismatchError(f"index {where} does not match the configured encoder: " + "; ".join(problems))
     here, there = int8_kernel_isa(), manifest.get("int8_isa")
     if manifest_field(manifest, "quantization") == "int8" and there != here:
-        made_by = f"other int8 kernels than this CPU's ({there} there, {here} here)" if there else (
-            f"int8 kernels it does not record (built before the manifest did; this CPU's: {here})")
+        made_by = (
+            f"other int8 kernels than this CPU's ({there} there, {here} here)"
+            if there
+            else (f"int8 kernels it does not record (built before the manifest did; this CPU's: {here})")
+        )
         log.warning(
             "index %s holds int8 passage vectors made by %s: its queries are encoded in fp32, alike on every CPU, "
             "so searches return this index's results; but the same index built here may hold other vectors (cosine "
             "~0.99) and rank differently. For results any machine reproduces, use the fp32 encoder "
-            "(retrieval.encoder_quantization=none) and rebuild.", where, made_by,
+            "(retrieval.encoder_quantization=none) and rebuild.",
+            where,
+            made_by,
         )
 
 
@@ -258,8 +283,14 @@ def train_sample_rows(n: int, settings: IndexSettings, dim: int) -> np.ndarray:
     return np.arange(n) if size >= n else np.linspace(0, n - 1, size).astype(np.int64)
 
 
-def build_faiss_chunked(chunks: Callable[[], Iterable[np.ndarray]], n: int, dim: int, settings: IndexSettings,
-                        sample: Callable[[np.ndarray], np.ndarray] | None = None, progress=None):
+def build_faiss_chunked(
+    chunks: Callable[[], Iterable[np.ndarray]],
+    n: int,
+    dim: int,
+    settings: IndexSettings,
+    sample: Callable[[np.ndarray], np.ndarray] | None = None,
+    progress=None,
+):
     """A trained, filled FAISS inner-product index over L2-normalised float32 rows, added chunk by chunk.
 
     ``chunks()`` yields the rows in order; ``sample(rows)`` returns the given rows (for training; only
@@ -302,7 +333,7 @@ def finish_index_dir(tmp: Path, target: Path, manifest: dict[str, Any]) -> Path:
         **manifest,
         "vectors": vector_source(manifest),
         "faiss_bytes": (tmp / FAISS_FILE).stat().st_size,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     (tmp / MANIFEST).write_text(json.dumps(full, indent=2) + "\n")
     if target.exists():
@@ -374,8 +405,9 @@ class IndexDir:
             return
         free = free if free is not None else free_gpu_memory(gpus)
         if free is None:
-            log.warning("cannot read the GPUs' free memory (no CUDA torch, no nvidia-smi): cloning %s unchecked",
-                        self.path)
+            log.warning(
+                "cannot read the GPUs' free memory (no CUDA torch, no nvidia-smi): cloning %s unchecked", self.path
+            )
             return
         check_gpu_memory(plan, free, where=f"index {self.path}")
 
@@ -428,8 +460,13 @@ def free_gpu_memory(gpus: int) -> list[int] | None:
     except ImportError:
         pass
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     free = {i.strip(): int(mib) * 1024**2 for i, mib in (line.split(",") for line in out.strip().splitlines())}
@@ -455,9 +492,10 @@ def to_gpus(index, shard: bool, fp16: bool = True, gpu=None):
     if not hasattr(gpu, "GpuMultipleClonerOptions") or gpu.get_num_gpus() == 0:
         raise RuntimeError("retrieval.faiss_gpu needs faiss-gpu and at least one visible GPU")
     n_gpus = gpu.get_num_gpus()
-    if not (isinstance(index, faiss.IndexFlat) or (
-        isinstance(index, faiss.IndexScalarQuantizer) and index.sq.qtype == faiss.ScalarQuantizer.QT_fp16
-    )):
+    if not (
+        isinstance(index, faiss.IndexFlat)
+        or (isinstance(index, faiss.IndexScalarQuantizer) and index.sq.qtype == faiss.ScalarQuantizer.QT_fp16)
+    ):
         options = gpu.GpuMultipleClonerOptions()
         options.shard = shard
         options.useFloat16 = fp16

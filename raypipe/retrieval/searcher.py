@@ -28,7 +28,7 @@ class LocalRetriever:
         self.docs = index_dir.docs
 
     @classmethod
-    def open(cls, path: str | Path, spec: EncoderSpec, params: SearchParams | None = None) -> "LocalRetriever":
+    def open(cls, path: str | Path, spec: EncoderSpec, params: SearchParams | None = None) -> LocalRetriever:
         """Check the manifest against ``spec`` first (fails before loading anything), then load."""
         index_dir = IndexDir(path, spec)
         return cls(index_dir, spec.load(), params)

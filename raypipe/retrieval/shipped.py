@@ -75,8 +75,12 @@ MIN_COSINE = 1 - MAX_DISTANCE**2 / 2  # unit vectors: ||a - b||^2 = 2 - 2 cos
 def encoder_identity(spec: EncoderSpec) -> dict[str, Any]:
     """What must agree between the shipped vectors and a build for the build to use them."""
     _, passage_prefix = spec.prompts()
-    return {"encoder": spec.name, "passage_prefix": passage_prefix, "max_length": spec.max_length,
-            "dimension": spec.dimension()}
+    return {
+        "encoder": spec.name,
+        "passage_prefix": passage_prefix,
+        "max_length": spec.max_length,
+        "dimension": spec.dimension(),
+    }
 
 
 def shipped_name(spec: EncoderSpec) -> str:
@@ -97,8 +101,10 @@ def check_norms(vectors: np.ndarray) -> dict[str, Any]:
     off = np.flatnonzero(np.abs(norms - 1) > MAX_DISTANCE)
     if len(off):
         shown = ", ".join(f"row {int(r)}: {norms[r]:.6f}" for r in off[:5])
-        raise ImportVerificationError(f"{len(off)} of {len(norms)} rows are not unit vectors (norm 1 +- {MAX_DISTANCE:.1e}): "
-                                      f"{shown}{' ...' if len(off) > 5 else ''}")
+        raise ImportVerificationError(
+            f"{len(off)} of {len(norms)} rows are not unit vectors (norm 1 +- {MAX_DISTANCE:.1e}): "
+            f"{shown}{' ...' if len(off) > 5 else ''}"
+        )
     return {"norm_rows": len(norms), "norm_deviation_max": float(f"{np.abs(norms - 1).max():.3g}")}
 
 
@@ -120,9 +126,16 @@ class ShippedVectors:
         """float32 vectors of corpus rows (ascending)."""
         return np.asarray(np.load(self.path, mmap_mode="r")[rows], dtype=np.float32)
 
-    def verify(self, corpus: Path, blocks: list[Block], spec: EncoderSpec, size: int = SHIPPED_VERIFY_SAMPLE,
-               questions: int = SHIPPED_VERIFY_QUESTIONS, k: int = SHIPPED_VERIFY_TOPK,
-               seed: int | None = None) -> dict[str, Any] | None:
+    def verify(
+        self,
+        corpus: Path,
+        blocks: list[Block],
+        spec: EncoderSpec,
+        size: int = SHIPPED_VERIFY_SAMPLE,
+        questions: int = SHIPPED_VERIFY_QUESTIONS,
+        k: int = SHIPPED_VERIFY_TOPK,
+        seed: int | None = None,
+    ) -> dict[str, Any] | None:
         """Check every row's norm, re-encode a random sample of passages and the passages a sample of
         questions ranks first (in the file or freshly), and compare them with the shipped rows: the checks'
         result, or None (logged) when they do not match. ``seed`` (default: a fresh one, recorded in the
@@ -134,21 +147,28 @@ class ShippedVectors:
             norms = check_norms(stored)
             encoder = spec.load()
             docs = passages_table(list(iter_corpus(corpus)))  # read once for both checks (no lexicon counts)
-            check = verify_sample(self.rows, corpus, blocks, spec, size, MIN_COSINE, seed=seed, encoder=encoder, docs=docs)
+            check = verify_sample(
+                self.rows, corpus, blocks, spec, size, MIN_COSINE, seed=seed, encoder=encoder, docs=docs
+            )
             check.update(self.verify_rankings(docs, encoder, sample_questions(questions, seed), k, stored))
         except ImportVerificationError as exc:
-            log.warning("not using the shipped vectors %s (sample seed %d): %s; encoding the corpus instead",
-                        self.path.name, seed, exc)
+            log.warning(
+                "not using the shipped vectors %s (sample seed %d): %s; encoding the corpus instead",
+                self.path.name,
+                seed,
+                exc,
+            )
             return None
         return {"dtype": self.meta["dtype"], "sha256": self.meta["sha256"], **norms, **check}
 
-    def verify_rankings(self, docs: pa.Table, encoder: Encoder, questions: list[Question], k: int,
-                        stored: np.ndarray) -> dict[str, Any]:
-        """Search ``questions`` in the shipped vectors ``stored`` (of the corpus ``docs``), re-encode every passage that could be in a
-        top-k (the top k, those within twice ``MAX_DISTANCE`` of the k-th score: no other can overtake them
-        if every vector is within ``MAX_DISTANCE``, which is checked on them too; and each question's own
-        context paragraphs, whose rank comes from the fresh encoding alone) and require the fresh top-k to
-        be the shipped one."""
+    def verify_rankings(
+        self, docs: pa.Table, encoder: Encoder, questions: list[Question], k: int, stored: np.ndarray
+    ) -> dict[str, Any]:
+        """Search ``questions`` in the shipped vectors ``stored`` (of the corpus ``docs``), re-encode every passage
+        that could be in a top-k (the top k, those within twice ``MAX_DISTANCE`` of the k-th score: no other can
+        overtake them if every vector is within ``MAX_DISTANCE``, which is checked on them too; and each question's own
+        context paragraphs, whose rank comes from the fresh encoding alone) and require the fresh top-k to be the
+        shipped one."""
         queries = [q.question for q in questions]
         k = min(k, len(stored))
         query_vectors = encoder.encode_queries(queries)
@@ -156,17 +176,22 @@ class ShippedVectors:
         order = np.argsort(-scores, axis=1, kind="stable")
         kth = scores[np.arange(len(queries)), order[:, k - 1]]
         row_of = {doc_id: row for row, doc_id in enumerate(docs.column("doc_id").to_pylist())}
-        own = [np.asarray([row_of[p] for p in q.extra.get("paragraph_ids", ()) if p in row_of], dtype=np.int64)
-               for q in questions]  # fmt: skip
-        candidates = [np.union1d(order[i][scores[i, order[i]] >= kth[i] - 2 * MAX_DISTANCE], own[i])
-                      for i in range(len(queries))]  # fmt: skip
+        own = [
+            np.asarray([row_of[p] for p in q.extra.get("paragraph_ids", ()) if p in row_of], dtype=np.int64)
+            for q in questions
+        ]
+        candidates = [
+            np.union1d(order[i][scores[i, order[i]] >= kth[i] - 2 * MAX_DISTANCE], own[i]) for i in range(len(queries))
+        ]
         rows = np.unique(np.concatenate(candidates))
         fresh, _ = encode_docs(encoder, docs.take(rows), 64)
         found = cosines(stored[rows], fresh)
         if (found < MIN_COSINE).any():
             raise ImportVerificationError(
                 f"{int((found < MIN_COSINE).sum())} of the {len(rows)} passages the sample questions rank first or "
-                f"cite, re-encoded, do not match their shipped vectors (least cosine {found.min():.9f} < {MIN_COSINE:.9f})")
+                f"cite, re-encoded, do not match their shipped vectors (least cosine {found.min():.9f} < "
+                f"{MIN_COSINE:.9f})"
+            )
         fresh_of = dict(zip(rows.tolist(), range(len(rows))))
         identical, identical_read, differing = 0, 0, []
         for i, rows_i in enumerate(candidates):
@@ -180,10 +205,17 @@ class ShippedVectors:
         if differing:
             raise ImportVerificationError(
                 f"{len(differing)} of {len(queries)} sample questions rank other passages first in the shipped "
-                f"vectors than in a fresh encoding (top {k}), e.g. {differing[0]!r}")
-        return {"rank_questions": len(queries), "rank_top_k": k, "rank_passages_encoded": len(rows),
-                "rank_own_paragraphs": int(sum(len(o) for o in own)), "rank_identical": identical,
-                f"rank_identical_top{SHIPPED_READ_TOPK}": identical_read, "rank_cosine_min": round(float(found.min()), 9)}
+                f"vectors than in a fresh encoding (top {k}), e.g. {differing[0]!r}"
+            )
+        return {
+            "rank_questions": len(queries),
+            "rank_top_k": k,
+            "rank_passages_encoded": len(rows),
+            "rank_own_paragraphs": int(sum(len(o) for o in own)),
+            "rank_identical": identical,
+            f"rank_identical_top{SHIPPED_READ_TOPK}": identical_read,
+            "rank_cosine_min": round(float(found.min()), 9),
+        }
 
     def encode_blocks(self, spec: EncoderSpec, corpus: Path, blocks: list[Block]) -> Iterator[EncodedBlock]:
         """An ``EncodeBlocks`` that reads each block and takes its vectors from the file (no encoder)."""
@@ -207,20 +239,30 @@ def find_shipped(spec: EncoderSpec, corpus_sha256: str, directory: Path | None =
     wanted = encoder_identity(spec)
     differences = {k: (meta.get(k), v) for k, v in wanted.items() if meta.get(k) != v}
     if differences:
-        log.info("shipped vectors %s not used: made with %s", meta_file.name,
-                 ", ".join(f"{k}={old!r} (this build: {new!r})" for k, (old, new) in differences.items()))
+        log.info(
+            "shipped vectors %s not used: made with %s",
+            meta_file.name,
+            ", ".join(f"{k}={old!r} (this build: {new!r})" for k, (old, new) in differences.items()),
+        )
         return None
     path = meta_file.with_suffix(".npy")
     digest = file_sha256(path)
     if digest != meta.get("sha256"):
-        log.warning("not using the shipped vectors %s: its sha256 is %s, %s records %s (the file was changed after "
-                    "it was made; reinstalling raypipe restores it); encoding the corpus instead",
-                    path, digest, meta_file.name, meta.get("sha256"))
+        log.warning(
+            "not using the shipped vectors %s: its sha256 is %s, %s records %s (the file was changed after "
+            "it was made; reinstalling raypipe restores it); encoding the corpus instead",
+            path,
+            digest,
+            meta_file.name,
+            meta.get("sha256"),
+        )
         return None
     shape = np.load(path, mmap_mode="r").shape
     if shape != (meta.get("rows"), wanted["dimension"]):
-        raise IndexMismatchError(f"{path} holds {shape[0]} x {shape[1]} vectors, its {meta_file.name} says "
-                                 f"{meta.get('rows')} x {wanted['dimension']}")
+        raise IndexMismatchError(
+            f"{path} holds {shape[0]} x {shape[1]} vectors, its {meta_file.name} says "
+            f"{meta.get('rows')} x {wanted['dimension']}"
+        )
     return ShippedVectors(path, meta)
 
 
@@ -229,7 +271,9 @@ def export_vectors(index_dir: Path, spec: EncoderSpec, out_dir: Path, command: s
     loaded = load_index_dir(index_dir, spec)
     manifest = loaded.manifest
     if manifest["index_type"] != "flat":
-        raise IndexMismatchError(f"{index_dir} is a {manifest['index_type']} index: only a flat index holds its vectors exactly")
+        raise IndexMismatchError(
+            f"{index_dir} is a {manifest['index_type']} index: only a flat index holds its vectors exactly"
+        )
     if manifest.get("build", {}).get("vectors", {}).get("source") == "shipped":
         log.warning("%s was built from shipped vectors: exporting it reproduces them, not an encoding", index_dir)
     index = loaded.faiss_index()
@@ -238,8 +282,17 @@ def export_vectors(index_dir: Path, spec: EncoderSpec, out_dir: Path, command: s
     path = out_dir / f"{shipped_name(spec)}.npy"
     np.save(path, vectors)
     encoder_build = {key: manifest[key] for key in ("encoder_backend", "quantization", "int8_isa") if key in manifest}
-    meta = {"format": FORMAT, "corpus_sha256": manifest["corpus_sha256"], "rows": int(vectors.shape[0]),
-            "dtype": "float16", "sha256": file_sha256(path), **encoder_identity(spec), **encoder_build,
-            "made_by": command, "index_built": manifest.get("created"), "index_build": manifest.get("build", {})}
+    meta = {
+        "format": FORMAT,
+        "corpus_sha256": manifest["corpus_sha256"],
+        "rows": int(vectors.shape[0]),
+        "dtype": "float16",
+        "sha256": file_sha256(path),
+        **encoder_identity(spec),
+        **encoder_build,
+        "made_by": command,
+        "index_built": manifest.get("created"),
+        "index_build": manifest.get("build", {}),
+    }
     path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
     return path

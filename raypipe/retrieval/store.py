@@ -90,7 +90,7 @@ class DocStore:
         self._row_of: dict[str, int] | None = None
 
     @classmethod
-    def read(cls, path: str | Path, doc_rows: str | Path | None = None) -> "DocStore":
+    def read(cls, path: str | Path, doc_rows: str | Path | None = None) -> DocStore:
         """An Arrow IPC file (``.arrow``) is memory-mapped, a Parquet file read into memory."""
         path = Path(path)
         rows = np.load(doc_rows, mmap_mode="r") if doc_rows is not None and Path(doc_rows).exists() else None
@@ -167,7 +167,9 @@ def check_unique_ids(doc_rows: np.ndarray, doc_id_at) -> None:
     for at in np.flatnonzero(hashes[1:] == hashes[:-1]):
         first, second = int(doc_rows[at, 1]), int(doc_rows[at + 1, 1])
         if doc_id_at(first) == doc_id_at(second):
-            raise DataError(f"duplicate passage id {doc_id_at(first)!r} (corpus rows {min(first, second)} and {max(first, second)})")
+            raise DataError(
+                f"duplicate passage id {doc_id_at(first)!r} (corpus rows {min(first, second)} and {max(first, second)})"
+            )
 
 
 def corpus_documents(path: str | Path, wanted: Collection[str] | None = None) -> dict[str, tuple[str, str]]:
@@ -251,14 +253,14 @@ class CorpusStats:
         self.where = where
 
     @classmethod
-    def count(cls, passages: Iterable[Passage]) -> "CorpusStats":
+    def count(cls, passages: Iterable[Passage]) -> CorpusStats:
         """Both lexicons counted in memory (small corpora, tests)."""
         merger = FrequencyMerger()
         merger.add(*document_frequencies(passages))
         return cls({lexicon: TermTable(table) for lexicon, table in merger.tables()}, merger.n_docs)
 
     @classmethod
-    def read(cls, directory: str | Path) -> "CorpusStats":
+    def read(cls, directory: str | Path) -> CorpusStats:
         """Map the lexicons' tables of an index directory (``plain`` from ``corpus_stats.parquet`` in
         indexes written before the mapped tables); a lexicon without a table raises on lookup."""
         directory = Path(directory)
@@ -270,7 +272,9 @@ class CorpusStats:
                 tables[lexicon] = TermTable(pq.read_table(directory / LEGACY_STATS_FILE))  # written sorted by term
         n_docs = {table.metadata.get("n_docs") for table in tables.values()}
         if not tables or None in n_docs or len(n_docs) > 1:
-            raise ValueError(f"{directory}: corpus statistics missing or without one n_docs ({sorted(map(str, n_docs))})")
+            raise ValueError(
+                f"{directory}: corpus statistics missing or without one n_docs ({sorted(map(str, n_docs))})"
+            )
         return cls(tables, int(n_docs.pop()), str(directory))
 
     def df(self, term: str, lexicon: str = "plain") -> int:

@@ -47,13 +47,13 @@ class TermTable:
         self._df = table.column("df").to_numpy() if table.num_rows else np.zeros(0, np.int64)
 
     @classmethod
-    def from_counts(cls, counts: Mapping[str, int], metadata: Mapping[str, str] | None = None) -> "TermTable":
+    def from_counts(cls, counts: Mapping[str, int], metadata: Mapping[str, str] | None = None) -> TermTable:
         terms = sorted(counts)
         table = pa.table({"term": terms, "df": [counts[t] for t in terms]}, schema=TERMS_SCHEMA)
         return cls(table.replace_schema_metadata(dict(metadata or {})))
 
     @classmethod
-    def read(cls, path: str | Path) -> "TermTable":
+    def read(cls, path: str | Path) -> TermTable:
         """Map an IPC file written by :meth:`write` (nothing is copied into the heap)."""
         return cls(pa.ipc.open_file(pa.memory_map(str(path))).read_all())
 

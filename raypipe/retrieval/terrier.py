@@ -29,10 +29,14 @@ MAX_DIGITS = 4
 MAX_SAME_RUN = 3
 
 _TOKEN = re.compile(r"[A-Za-z0-9]+")
-_SAME_RUN = re.compile(r"(.)\1{%d}" % MAX_SAME_RUN)  # MAX_SAME_RUN + 1 identical characters in a row
+# MAX_SAME_RUN + 1 identical characters in a row (%-formatted: an f-string would have to double the regex's braces)
+_SAME_RUN = re.compile(r"(.)\1{%d}" % MAX_SAME_RUN)  # noqa: UP031
 STOPWORDS = frozenset(
     word.strip()
-    for word in resources.files("raypipe.retrieval").joinpath("data/terrier-stopword-list.txt").read_text("utf-8").splitlines()
+    for word in resources.files("raypipe.retrieval")
+    .joinpath("data/terrier-stopword-list.txt")
+    .read_text("utf-8")
+    .splitlines()
     if word.strip()
 )
 

@@ -4,8 +4,8 @@
 (``raypipe.runtime.retrieval.open_retrieval``) is a :class:`RetrievalService`: it also stops what the job
 started (``shutdown``), and is either a :class:`ReplicaService` (replicas started for the job: the index they
 hold and where they were placed) or a :class:`SharedRetrievalService` (a deployment or server that outlives
-the job: ``describe`` says where it is and what it reports). Callers tell them apart with ``isinstance``. A search that fails because its query crashes the service
-raises :class:`QueryCrashError`; any other failure is an outage.
+the job: ``describe`` says where it is and what it reports). Callers tell them apart with ``isinstance``. A search that
+fails because its query crashes the service raises :class:`QueryCrashError`; any other failure is an outage.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +58,16 @@ log = logging.getLogger(__name__)
 
 # What /health shows of an engine's record (raypipe.llm.common.engine_record and the backends' settings): none of
 # them a path or an address.
-PUBLIC_ENGINE_FIELDS = ("backend", "dtype", "max_model_len", "supports_regex", "start_seconds", "block_size",
-                        "enable_prefix_caching", "served_model")  # fmt: skip
+PUBLIC_ENGINE_FIELDS = (
+    "backend",
+    "dtype",
+    "max_model_len",
+    "supports_regex",
+    "start_seconds",
+    "block_size",
+    "enable_prefix_caching",
+    "served_model",
+)
 
 
 def model_name(engine: EngineConfig) -> str:
@@ -86,8 +94,9 @@ class PolicyBook:
     :data:`~raypipe.stopping.policies.POLICIES`). ``predictor``: the heuristic's bundle (``--controller``);
     ``stoprag``: the Stop-RAG controller (``--stoprag``); ``stopping``: the server's default thresholds and variant."""
 
-    def __init__(self, stopping: StoppingConfig, predictor: Predictor | None = None,
-                 stoprag: StopController | None = None):  # fmt: skip
+    def __init__(
+        self, stopping: StoppingConfig, predictor: Predictor | None = None, stoprag: StopController | None = None
+    ):
         self.stopping, self.predictor, self.stoprag = stopping, predictor, stoprag
         self._lock = threading.Lock()
 
@@ -117,7 +126,7 @@ class RequestLog:
         info = {**run_info(config), "service": service}
         (run_dir.path / INFO_FILE).write_text(yaml.safe_dump(info, sort_keys=False))
         self.run_dir, self.engine_json = run_dir, engine_json
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self.prefix = f"part-{stamp}-{uuid.uuid4().hex[:8]}"  # replicas write side by side
         self._numbers = itertools.count(1)  # one part number per request, taken once under the lock
         self._lock = threading.Lock()
@@ -132,17 +141,28 @@ class RequestLog:
 class AgentAnswerer:
     """One replica's answers (module docstring); build it with :meth:`start`."""
 
-    def __init__(self, config: RunConfig, engine: Engine, retriever: Retriever, policies: PolicyBook,
-                 request_log: RequestLog | None = None):  # fmt: skip
+    def __init__(
+        self,
+        config: RunConfig,
+        engine: Engine,
+        retriever: Retriever,
+        policies: PolicyBook,
+        request_log: RequestLog | None = None,
+    ):
         self.config, self.engine, self.retriever, self.policies = config, engine, retriever, policies
         self.request_log = request_log
         self.protocol = build_protocol(config.agent)
         self.visible = visible_docs(config, self.protocol)
 
     @classmethod
-    async def start(cls, config: RunConfig, retriever: Retriever, policies: PolicyBook,
-                    engine_factory: Callable[[EngineConfig], Engine] | None = None,
-                    log_run: str | Path | None = None) -> AgentAnswerer:  # fmt: skip
+    async def start(
+        cls,
+        config: RunConfig,
+        retriever: Retriever,
+        policies: PolicyBook,
+        engine_factory: Callable[[EngineConfig], Engine] | None = None,
+        log_run: str | Path | None = None,
+    ) -> AgentAnswerer:
         """Start the engine (in a worker thread: vLLM's start blocks) and warm it up as a generation actor does."""
         built = await asyncio.to_thread(engine_factory or build_engine, config.engine)
         engine = await prepare_engine(built, config, build_protocol(config.agent))
@@ -180,9 +200,14 @@ class AgentAnswerer:
         record = self.engine.describe()
         engine = {key: record[key] for key in PUBLIC_ENGINE_FIELDS if key in record}
         engine["model"] = model_name(self.config.engine)
-        return {"engine": engine, "protocol": self.protocol.name,
-                "max_turns": self.protocol.turn_limit(self.config.agent), "documents_read": self.visible,
-                "policies": self.policies.offered(), "request_log": self.request_log is not None}  # fmt: skip
+        return {
+            "engine": engine,
+            "protocol": self.protocol.name,
+            "max_turns": self.protocol.turn_limit(self.config.agent),
+            "documents_read": self.visible,
+            "policies": self.policies.offered(),
+            "request_log": self.request_log is not None,
+        }
 
     async def close(self) -> None:
         await self.engine.close()
@@ -197,8 +222,12 @@ class Admission:
 
     def enter(self) -> None:
         if self.in_flight >= self.limit:
-            raise ApiError(429, f"this replica is answering {self.in_flight} questions, its limit "
-                                "(serve_agent.max_in_flight): retry later", {"Retry-After": "1"})  # fmt: skip
+            raise ApiError(
+                429,
+                f"this replica is answering {self.in_flight} questions, its limit "
+                "(serve_agent.max_in_flight): retry later",
+                {"Retry-After": "1"},
+            )
         self.in_flight += 1
 
     def leave(self) -> None:
@@ -210,5 +239,5 @@ async def within_deadline(work, timeout_s: float):
     requests are aborted)."""
     try:
         return await asyncio.wait_for(work, timeout_s)
-    except asyncio.TimeoutError:  # TimeoutError itself only from Python 3.11
+    except TimeoutError:  # asyncio.TimeoutError is this builtin from Python 3.11
         raise ApiError(408, f"no answer within {timeout_s:g} s (serve_agent.timeout_s)") from None

@@ -11,7 +11,6 @@ The probe's generation stage, the features stage and the index build's encoders 
 from __future__ import annotations
 
 import warnings
-
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar

@@ -55,8 +55,12 @@ def init_ray(config: RunConfig, log_to_driver: bool = True) -> None:
     if config.ray.address or os.environ.get("RAY_ADDRESS"):
         ray.init(address=config.ray.address, log_to_driver=log_to_driver, runtime_env=job_runtime_env())
     else:
-        ray.init(num_cpus=config.ray.num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
-                 runtime_env=job_runtime_env())
+        ray.init(
+            num_cpus=config.ray.num_cpus,
+            include_dashboard=False,
+            log_to_driver=log_to_driver,
+            runtime_env=job_runtime_env(),
+        )
 
 
 def rerun_on_node_loss(step: Callable[[], T], what: str, reruns: int = NODE_LOSS_RERUNS) -> T:
@@ -74,8 +78,15 @@ def rerun_on_node_loss(step: Callable[[], T], what: str, reruns: int = NODE_LOSS
             lost = alive - {n["NodeID"] for n in ray.nodes() if n["Alive"]}
             if not lost or attempt == reruns:
                 raise
-            log.warning("%s failed after %d node(s) were lost (%s: %s); running it again (%d of %d)",
-                        what, len(lost), type(exc).__name__, str(exc).splitlines()[0][:200], attempt + 1, reruns)  # fmt: skip
+            log.warning(
+                "%s failed after %d node(s) were lost (%s: %s); running it again (%d of %d)",
+                what,
+                len(lost),
+                type(exc).__name__,
+                str(exc).splitlines()[0][:200],
+                attempt + 1,
+                reruns,
+            )
     raise AssertionError("unreachable")
 
 

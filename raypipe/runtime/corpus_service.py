@@ -76,8 +76,12 @@ class CorpusAnswers:
 
     def corpus_info(self) -> dict[str, Any]:
         """``n_docs`` (the statistics' passage count), the vector dimension, passages indexed, the encoder."""
-        return {"n_docs": int(self.stats.n_docs), "dimension": int(self.retriever.index.d),
-                "passages": int(self.retriever.index.ntotal), "encoder": self.retriever.encoder.name}  # fmt: skip
+        return {
+            "n_docs": int(self.stats.n_docs),
+            "dimension": int(self.retriever.index.d),
+            "passages": int(self.retriever.index.ntotal),
+            "encoder": self.retriever.encoder.name,
+        }
 
     def doc_vectors(self, doc_ids: Sequence[str]) -> np.ndarray:
         """The stored vectors of passage ids, one float32 row per id, in order (KeyError if one is unknown)."""

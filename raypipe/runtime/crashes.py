@@ -108,13 +108,18 @@ class CrashLedger:
         starting = [began for began, ready in self._engines.values() if ready is None]
         ready = [(began + start_s, start_s) for began, start_s in self._engines.values() if start_s is not None]
         return GenerationStatus(
-            started=len(self._started), finished=len(self._finished), in_flight=len(self._in_flight),
+            started=len(self._started),
+            finished=len(self._finished),
+            in_flight=len(self._in_flight),
             turns_in_flight=sum(self._turns[qid] for qid in self._in_flight),
             running_s=0.0 if self._first_start is None else now - self._first_start,
-            engines_starting=len(starting), starting_s=now - min(starting) if starting else 0.0,
-            engines_ready=len(ready), last_start_s=max(ready)[1] if ready else None,
-            deaths=self._deaths, last_error=self._last_error,
-        )  # fmt: skip
+            engines_starting=len(starting),
+            starting_s=now - min(starting) if starting else 0.0,
+            engines_ready=len(ready),
+            last_start_s=max(ready)[1] if ready else None,
+            deaths=self._deaths,
+            last_error=self._last_error,
+        )
 
 
 class RemoteCrashLedger:

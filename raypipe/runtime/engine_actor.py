@@ -36,14 +36,21 @@ class EngineHost:
         if inspect.isawaitable(engine):
             engine = self._thread.run(engine)
         self.engine: Engine = engine
-        self.placement = {"node_id": current_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}  # fmt: skip
+        self.placement = {
+            "node_id": current_node_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
 
     def info(self) -> dict[str, Any]:
         """What the driver's :class:`ActorEngine` mirrors: the protocol's attributes, the engine's record and
         where the actor runs."""
-        return {"max_model_len": self.engine.max_model_len, "supports_regex": self.engine.supports_regex,
-                "describe": self.engine.describe(), "placement": self.placement}  # fmt: skip
+        return {
+            "max_model_len": self.engine.max_model_len,
+            "supports_regex": self.engine.supports_regex,
+            "describe": self.engine.describe(),
+            "placement": self.placement,
+        }
 
     def generate(self, request: GenerationRequest) -> Generation:
         return self._thread.run(self.engine.generate(request))
@@ -121,9 +128,11 @@ def actor_engine_factory(
 
     def start(config: EngineConfig) -> Engine:
         actor = ray.remote(EngineHost).options(
-            num_cpus=generation.actor_num_cpus, num_gpus=generation.actor_num_gpus,
-            resources=generation.resources or None, max_concurrency=generation.max_concurrent_trajectories,
-        )  # fmt: skip
+            num_cpus=generation.actor_num_cpus,
+            num_gpus=generation.actor_num_gpus,
+            resources=generation.resources or None,
+            max_concurrency=generation.max_concurrent_trajectories,
+        )
         return ActorEngine(actor.remote(config.model_dump(mode="json"), engine_factory))
 
     return start

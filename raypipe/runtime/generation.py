@@ -200,10 +200,18 @@ def crashed_output(question: Question, record: CrashRecord) -> TrajectoryOutput:
     cause = record.error or "the generation actor's process died"
     trajectory: dict[str, Any] = dict.fromkeys(TRAJECTORIES.names)
     trajectory.update(
-        qid=question.qid, dataset=question.dataset, question=question.question, golden_answers=list(question.golden_answers),
-        final_f1=0.0, n_iterations=0, stop_reason=STOP_ENGINE_CRASH, tokens_generated=0, probe_tokens=0, transcript="",
+        qid=question.qid,
+        dataset=question.dataset,
+        question=question.question,
+        golden_answers=list(question.golden_answers),
+        final_f1=0.0,
+        n_iterations=0,
+        stop_reason=STOP_ENGINE_CRASH,
+        tokens_generated=0,
+        probe_tokens=0,
+        transcript="",
         error=f"in flight at {record.crashes} engine or actor deaths, the last one alone; last error: {cause}",
-    )  # fmt: skip
+    )
     return TrajectoryOutput(trajectory, [])
 
 

@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from raypipe.agents.hooks import StopController
 from raypipe.agents.probe_run import INFO_FILE, update_info
@@ -48,27 +48,36 @@ def generate(
     try:
         stage = BatchStage(
             udf,
-            {"config": resolved.model_dump(mode="json"), "retriever": client, "controller": controller,
-             "engine_factory": engine_factory, "crash_ledger": ledger,
-             "log_dir": None if relay_worker_logs else str(logs.resolve())},
+            {
+                "config": resolved.model_dump(mode="json"),
+                "retriever": client,
+                "controller": controller,
+                "engine_factory": engine_factory,
+                "crash_ledger": ledger,
+                "log_dir": None if relay_worker_logs else str(logs.resolve()),
+            },
             actors=gen.actors,
             batch_size=gen.batch_size,
             num_cpus=gen.actor_num_cpus,
             num_gpus=gen.actor_num_gpus,
             resources=gen.resources or None,
-            pool={"max_concurrent_calls_per_actor": gen.batches_per_actor,
-                  "enable_true_multi_threading": gen.batches_per_actor > 1},
+            pool={
+                "max_concurrent_calls_per_actor": gen.batches_per_actor,
+                "enable_true_multi_threading": gen.batches_per_actor > 1,
+            },
             # bounded, unlike Ray Data's defaults (unlimited): the crash ledger ends a question that kills
             # every engine; this ends a job whose actors die with no question in flight
             options={"max_restarts": gen.max_actor_restarts, "max_task_retries": gen.max_actor_restarts},
-        )  # fmt: skip
+        )
         ds = stage.apply(ray.data.from_items(question_items(todo)))
         # A batch ends when its slowest trajectory does: on a CPU that can outlast Ray Data's 30-minute
         # no-progress guard; the driver's generation line shows that work goes on.
         ds.context.execution_no_progress_timeout_s = -1
         engines: list[dict] = []
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-        progress = GenerationReporter(len(todo), engine_start_hint(config), log=log, turn_limit=resolved.agent.max_turns)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        progress = GenerationReporter(
+            len(todo), engine_start_hint(config), log=log, turn_limit=resolved.agent.max_turns
+        )
         try:
             with progress.heartbeat(ledger.read_status):
                 for index, batch in enumerate(ds.iter_batches(batch_size=None, batch_format="pyarrow")):

@@ -67,8 +67,10 @@ class GenerationReporter:
     def report(self, status: GenerationStatus) -> str:
         """Log the line for ``status`` (and a warning per engine death not yet reported); returns the line."""
         if status.deaths > self._deaths:
-            self.log.warning("generation: an engine died (%s); Ray restarts its actor and the questions it had in "
-                             "flight run again", status.last_error)  # fmt: skip
+            self.log.warning(
+                "generation: an engine died (%s); Ray restarts its actor and the questions it had in flight run again",
+                status.last_error,
+            )
             self._deaths = status.deaths
         text = self.line(status)
         self.log.info("%s", text)
@@ -81,8 +83,16 @@ class GenerationReporter:
                 return f"generation: engine starting ({duration(status.starting_s)}{hint})"
             return f"generation: starting the generation actors ({duration(self.clock() - self.created)})"
         if self._progress is None:
-            self._progress = Progress("trajectories", self.total, label="generation", every_s=0, per="min",
-                                      log=self.log, clock=self.clock, started_ago=status.running_s)  # fmt: skip
+            self._progress = Progress(
+                "trajectories",
+                self.total,
+                label="generation",
+                every_s=0,
+                per="min",
+                log=self.log,
+                clock=self.clock,
+                started_ago=status.running_s,
+            )
         self._progress.done = min(self.total, max(status.finished, self.written))
         if self.turn_limit:  # a turn limit's last turn may still end in a forced answer: in flight, never whole
             self._progress.partial = status.turns_in_flight / (self.turn_limit + 1)

@@ -79,8 +79,15 @@ def ensure_index(config: RunConfig, force: bool = False, use_ray: bool = True) -
         encode, vectors = shipped_encoding(config, spec, corpus, sha)
         if encode is None and use_ray:
             encode = partial(ray_encode_blocks, cfg=cfg)
-        build_index(config, target, expected, encode=encode, assemble=ray_assemble if use_ray else None, vectors=vectors,
-                    spec=spec)
+        build_index(
+            config,
+            target,
+            expected,
+            encode=encode,
+            assemble=ray_assemble if use_ray else None,
+            vectors=vectors,
+            spec=spec,
+        )
     return target
 
 
@@ -99,10 +106,21 @@ def shipped_encoding(
     check = shipped.verify(corpus, plan_blocks(corpus, config.retrieval.build_block_rows), spec)
     if check is None:
         return None, None
-    log.info("using the shipped vectors %s: every row a unit vector, %d re-encoded passages and the rankings of %d "
-             "questions match (cosine min %.5f; sample seed %d)", shipped.path, check["sample_rows"],
-             check["rank_questions"], check["cosine_min"], check["seed"])
-    return shipped.encode_blocks, {"source": "shipped", "file": shipped.path.name, "made_by": shipped.meta.get("made_by"), **check}
+    log.info(
+        "using the shipped vectors %s: every row a unit vector, %d re-encoded passages and the rankings of %d "
+        "questions match (cosine min %.5f; sample seed %d)",
+        shipped.path,
+        check["sample_rows"],
+        check["rank_questions"],
+        check["cosine_min"],
+        check["seed"],
+    )
+    return shipped.encode_blocks, {
+        "source": "shipped",
+        "file": shipped.path.name,
+        "made_by": shipped.meta.get("made_by"),
+        **check,
+    }
 
 
 def read_blocks(batch: pa.Table, corpus: str) -> pa.Table:
@@ -136,11 +154,16 @@ class BlockEncoder(BatchUDF):
             embeddings.append(vectors.tobytes())
             dims.append(vectors.shape[1])
             cpu.append(cpu_s)
-        return batch.append_column("embedding", pa.array(embeddings, pa.large_binary())).append_column(
-            "dim", pa.array(dims, pa.int64())).append_column("cpu_s", pa.array(cpu, pa.float64()))
+        return (
+            batch.append_column("embedding", pa.array(embeddings, pa.large_binary()))
+            .append_column("dim", pa.array(dims, pa.int64()))
+            .append_column("cpu_s", pa.array(cpu, pa.float64()))
+        )
 
 
-def ray_encode_blocks(spec: EncoderSpec, corpus: Path, blocks: list[Block], cfg: RetrievalConfig) -> Iterator[EncodedBlock]:
+def ray_encode_blocks(
+    spec: EncoderSpec, corpus: Path, blocks: list[Block], cfg: RetrievalConfig
+) -> Iterator[EncodedBlock]:
     """Read (Ray tasks over byte ranges of the corpus) and encode (actor pool of ``encode_actors``) the
     blocks; yields each block when it is done, in any order. The driver holds one block at a time and
     logs the passages the actors have encoded every 15 s."""
@@ -151,8 +174,9 @@ def ray_encode_blocks(spec: EncoderSpec, corpus: Path, blocks: list[Block], cfg:
     if cfg.encode_threads:
         spec = EncoderSpec(**{**spec.__dict__, "threads": cfg.encode_threads})
     ds = ray.data.from_items([{"block": asdict(b)} for b in blocks], override_num_blocks=len(blocks))
-    ds = ds.map_batches(read_blocks, fn_kwargs={"corpus": str(corpus)}, batch_size=1, batch_format="pyarrow",
-                        num_cpus=cfg.read_num_cpus)
+    ds = ds.map_batches(
+        read_blocks, fn_kwargs={"corpus": str(corpus)}, batch_size=1, batch_format="pyarrow", num_cpus=cfg.read_num_cpus
+    )
     tally = start_tally()
     ds = BatchStage(
         BlockEncoder,

@@ -29,13 +29,14 @@ FAISS on that input) would otherwise take down, retry after retry, every query c
   nobody's (the claim is asked again). A claim whose search does not come within ``claim_hold_s`` lapses.
 - A query that kills its replica while alone fails that search with
   :class:`~raypipe.retrieval.types.QueryCrashError` ("in flight at 3 retrieval replica deaths, the last one
-  alone ..."), which the agent loop writes as ``query_crash`` (kept by a rerun); the client never sends it again. The other queries of its batches were charged
-  the same deaths, so some run alone once and succeed: their results are the same as without it.
+  alone ..."), which the agent loop writes as ``query_crash`` (kept by a rerun); the client never sends it again. The
+  other queries of its batches were charged the same deaths, so some run alone once and succeed: their results are the
+  same as without it.
 - So a query that kills every replica it reaches costs ``max_query_crashes`` + 1 replica restarts, and an
-  innocent one coalesced with it ``max_query_crashes`` failed sends at most (then it runs alone). ``retrieval.max_task_retries``
-  still caps the failed sends of one search (deaths, claims lost); with ``max_task_retries=0`` (retries
-  off) a search is sent once and fails with Ray's error at the first death, and so does every query
-  coalesced with it (no isolation). ``-1``: no cap but isolation and ``UNLIMITED_RETRIES``.
+  innocent one coalesced with it ``max_query_crashes`` failed sends at most (then it runs alone).
+  ``retrieval.max_task_retries`` still caps the failed sends of one search (deaths, claims lost); with
+  ``max_task_retries=0`` (retries off) a search is sent once and fails with Ray's error at the first death, and so does
+  every query coalesced with it (no isolation). ``-1``: no cap but isolation and ``UNLIMITED_RETRIES``.
 
 The corpus-side methods (:class:`~raypipe.runtime.corpus_service.CorpusMethods`, the features stage's) and
 the plain ``search`` (``ReplicaTransport``) keep Ray's retries (``retrieval.max_task_retries``) and are not
@@ -75,7 +76,9 @@ UNLIMITED_RETRIES = 100  # retrieval.max_task_retries=-1: failed sends of one se
 BUSY_TIMEOUT_S = 300.0  # a search refused by every replica (held for searches alone) this long fails
 
 
-def open_replica(index_path: str, spec: EncoderSpec, params: SearchParams, threads: int | None = None) -> LocalRetriever:
+def open_replica(
+    index_path: str, spec: EncoderSpec, params: SearchParams, threads: int | None = None
+) -> LocalRetriever:
     """A replica's searcher: the index, with ``threads`` (``retrieval.search_threads``) for FAISS and the encoder."""
     if threads:
         import faiss
@@ -89,9 +92,16 @@ class RetrievalActor(CorpusMethods):
     """One replica: index + query encoder + doc store behind a :class:`QueryBatcher` (async actor); its
     corpus methods (:class:`~raypipe.runtime.corpus_service.CorpusMethods`) serve the features stage."""
 
-    def __init__(self, index_path: str, spec: EncoderSpec, params: SearchParams, max_batch_size: int,
-                 max_wait_ms: float, threads: int | None = None,
-                 search_fault: Callable[[list[str]], None] | None = None):
+    def __init__(
+        self,
+        index_path: str,
+        spec: EncoderSpec,
+        params: SearchParams,
+        max_batch_size: int,
+        max_wait_ms: float,
+        threads: int | None = None,
+        search_fault: Callable[[list[str]], None] | None = None,
+    ):
         self.retriever = open_replica(index_path, spec, params, threads)
         search_fn = self.retriever.search_batch
         if search_fault is not None:  # a test's fault hook (tests/helpers/faults.py), in the replica's process
@@ -103,7 +113,11 @@ class RetrievalActor(CorpusMethods):
         self.batcher = QueryBatcher(search_fn, max_batch_size, max_wait_ms / 1000)
 
     async def ready(self) -> dict:
-        return {"count": self.retriever.index.ntotal, "encoder": self.retriever.encoder.name, "node_id": current_node_id()}
+        return {
+            "count": self.retriever.index.ntotal,
+            "encoder": self.retriever.encoder.name,
+            "node_id": current_node_id(),
+        }
 
     async def search(self, queries: list[str], k: int) -> list[SearchResult]:
         """Coalesced with the other waiting requests; waits while the replica is claimed (Ray retries it)."""
@@ -154,8 +168,14 @@ class RetrievalClient:
     replica died and searching alone a query in flight at ``max_query_crashes`` deaths (module docstring).
     Picklable; each copy keeps its own counts."""
 
-    def __init__(self, actors: Sequence, index_path: str | Path, node_ids: Sequence[str | None] = (),
-                 max_task_retries: int = 3, max_query_crashes: int = 2):
+    def __init__(
+        self,
+        actors: Sequence,
+        index_path: str | Path,
+        node_ids: Sequence[str | None] = (),
+        max_task_retries: int = 3,
+        max_query_crashes: int = 2,
+    ):
         if not actors:
             raise ValueError("a retrieval client needs at least one actor")
         self.actors = list(actors)
@@ -208,7 +228,9 @@ class RetrievalClient:
             if not together:
                 break
             try:
-                found = await self._actor().try_search.options(max_task_retries=0).remote([queries[i] for i in together], k)
+                found = (
+                    await self._actor().try_search.options(max_task_retries=0).remote([queries[i] for i in together], k)
+                )
             except (RayActorError, ReplicaBusy) as exc:
                 failure = exc
                 continue
@@ -275,12 +297,13 @@ def wait_ready(actors: list, timeout_s: float, asks: str) -> list[dict]:
             f"{len(calls) - len(done)} of {len(calls)} retrieval replica(s) not ready within {timeout_s:g} s "
             f"(retrieval.start_timeout_s); each asks {asks}: check the cluster has them (`ray status`) and the "
             "index loads on the nodes that do"
-        )  # fmt: skip
+        )
     return ray.get(calls)
 
 
-def start_retrieval_service(config: RunConfig, index_path: str | Path,
-                            search_fault: Callable[[list[str]], None] | None = None) -> RetrievalClient:
+def start_retrieval_service(
+    config: RunConfig, index_path: str | Path, search_fault: Callable[[list[str]], None] | None = None
+) -> RetrievalClient:
     """Start the replica actors for an existing index on the connected Ray, wait until each has loaded it,
     and return their client.
 
@@ -292,19 +315,32 @@ def start_retrieval_service(config: RunConfig, index_path: str | Path,
     spec = encoder_spec(cfg)
     IndexDir(index_path, spec)  # manifest/encoder check in the driver, before any actor starts
     actor_cls = ray.remote(RetrievalActor).options(
-        num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=cfg.resources or None, max_concurrency=1000,
-        max_restarts=cfg.max_restarts, max_task_retries=cfg.max_task_retries,
+        num_cpus=cfg.num_cpus,
+        num_gpus=cfg.num_gpus,
+        resources=cfg.resources or None,
+        max_concurrency=1000,
+        max_restarts=cfg.max_restarts,
+        max_task_retries=cfg.max_task_retries,
     )
     actors = [
-        actor_cls.remote(str(index_path), spec, search_params(cfg), cfg.max_batch_size, cfg.max_wait_ms,
-                         cfg.search_threads, search_fault)
+        actor_cls.remote(
+            str(index_path),
+            spec,
+            search_params(cfg),
+            cfg.max_batch_size,
+            cfg.max_wait_ms,
+            cfg.search_threads,
+            search_fault,
+        )
         for _ in range(cfg.replicas)
     ]
     info = wait_ready(actors, cfg.start_timeout_s, placement(cfg.num_cpus, cfg.num_gpus, cfg.resources))
-    log.info("retrieval service: %d replica(s) over %d passages (%s)", len(actors), info[0]["count"],
-             info[0]["encoder"])
-    return RetrievalClient(actors, index_path, [i["node_id"] for i in info], cfg.max_task_retries,
-                           cfg.max_query_crashes)
+    log.info(
+        "retrieval service: %d replica(s) over %d passages (%s)", len(actors), info[0]["count"], info[0]["encoder"]
+    )
+    return RetrievalClient(
+        actors, index_path, [i["node_id"] for i in info], cfg.max_task_retries, cfg.max_query_crashes
+    )
 
 
 def open_retrieval(config: RunConfig, build: bool = True) -> ReplicaService | SharedRetrievalService:
@@ -337,7 +373,9 @@ def check_index_folder(config: RunConfig) -> None:
     can hold a retrieval actor, or :class:`~raypipe.runtime.shared_storage.SharedStorageError`."""
     nodes = alive_nodes()
     if len(nodes) > 1:  # the default index folder's name hashes the corpus: only worth it on a cluster
-        folder = SharedPath("index folder", index_dir_for(config).parent, "retrieval.index_dir", demand=retrieval_demand(config))
+        folder = SharedPath(
+            "index folder", index_dir_for(config).parent, "retrieval.index_dir", demand=retrieval_demand(config)
+        )
         check_shared_storage([folder], nodes)
 
 

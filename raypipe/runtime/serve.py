@@ -54,7 +54,9 @@ from raypipe.runtime.corpus_service import PREFIX, CorpusMethods
 from raypipe.runtime.retrieval import open_replica
 from raypipe.runtime.service import RequestGate, replica_gate, start_proxy, undeploy_app, warn_if_open
 
-DEFAULT_TOPK = 3  # Search-R1's retrieval_server.py --topk default, used when neither the request nor retrieval.top_k sets it
+DEFAULT_TOPK = (
+    3  # Search-R1's retrieval_server.py --topk default, used when neither the request nor retrieval.top_k sets it
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -83,35 +85,51 @@ class ServeLimits:
     max_batch_results: int
 
     @classmethod
-    def from_config(cls, retrieval: RetrievalConfig) -> "ServeLimits":
-        return cls(retrieval.serve_max_queries, retrieval.serve_max_topk, retrieval.serve_max_items,
-                   retrieval.serve_max_body_bytes, retrieval.serve_timeout_s, retrieval.serve_max_results,
-                   retrieval.serve_max_batch_results)  # fmt: skip
+    def from_config(cls, retrieval: RetrievalConfig) -> ServeLimits:
+        return cls(
+            retrieval.serve_max_queries,
+            retrieval.serve_max_topk,
+            retrieval.serve_max_items,
+            retrieval.serve_max_body_bytes,
+            retrieval.serve_timeout_s,
+            retrieval.serve_max_results,
+            retrieval.serve_max_batch_results,
+        )
 
     def check_queries(self, count: int) -> None:
         if count > self.max_queries:
-            raise RequestError(413, f"{count} queries in one request, over this server's limit of {self.max_queries} "
-                               "(retrieval.serve_max_queries): send them in smaller requests")  # fmt: skip
+            raise RequestError(
+                413,
+                f"{count} queries in one request, over this server's limit of {self.max_queries} "
+                "(retrieval.serve_max_queries): send them in smaller requests",
+            )
 
     def depth(self, topk: int, passages: int) -> int:
         """The depth searched for ``topk``: refused outside 1..max_topk, and never more than the passages
         indexed (FAISS allocates queries x depth)."""
         if not 1 <= topk <= self.max_topk:
-            raise RequestError(422, f"topk {topk} is outside 1..{self.max_topk}, this server's range "
-                               "(retrieval.serve_max_topk)")  # fmt: skip
+            raise RequestError(
+                422, f"topk {topk} is outside 1..{self.max_topk}, this server's range (retrieval.serve_max_topk)"
+            )
         return min(topk, max(passages, 1))
 
     def check_results(self, queries: int, depth: int) -> None:
         """Queries x the depth searched: the hits one request asks for (and FAISS allocates)."""
         if queries * depth > self.max_results:
-            raise RequestError(413, f"{queries} queries x depth {depth} = {queries * depth:,} hits in one request, over "
-                               f"this server's limit of {self.max_results:,} (retrieval.serve_max_results): send fewer "
-                               "queries per request or a smaller topk")  # fmt: skip
+            raise RequestError(
+                413,
+                f"{queries} queries x depth {depth} = {queries * depth:,} hits in one request, over "
+                f"this server's limit of {self.max_results:,} (retrieval.serve_max_results): send fewer "
+                "queries per request or a smaller topk",
+            )
 
     def check_items(self, field: str, count: int) -> None:
         if count > self.max_items:
-            raise RequestError(413, f"{count} {field} in one request, over this server's limit of {self.max_items} "
-                               "(retrieval.serve_max_items): send them in chunks")  # fmt: skip
+            raise RequestError(
+                413,
+                f"{count} {field} in one request, over this server's limit of {self.max_items} "
+                "(retrieval.serve_max_items): send them in chunks",
+            )
 
 
 api = FastAPI(title="raypipe retrieval", description="Search-R1's POST /retrieve over a raypipe index")
@@ -155,9 +173,11 @@ async def within_deadline(work: Awaitable[T], timeout_s: float) -> T:
     running it finishes unseen)."""
     try:
         return await asyncio.wait_for(work, timeout_s)
-    except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
-        raise RequestError(408, f"no answer within {timeout_s:g} s (retrieval.serve_timeout_s): the server is busy "
-                           "or the request too big") from None  # fmt: skip
+    except TimeoutError:  # asyncio.TimeoutError is this builtin from Python 3.11
+        raise RequestError(
+            408,
+            f"no answer within {timeout_s:g} s (retrieval.serve_timeout_s): the server is busy or the request too big",
+        ) from None
 
 
 async def search_by_topk(
@@ -193,9 +213,18 @@ class RetrievalDeployment(CorpusMethods):
     corpus methods (handle calls ``corpus_info``, ``doc_vectors``, ``document_frequencies``,
     ``encode_queries``; HTTP under ``/raypipe``), each within the replica's :class:`ServeLimits`."""
 
-    def __init__(self, index_path: str, spec: EncoderSpec, params: SearchParams, threads: int | None,
-                 max_batch_size: int, max_wait_ms: float, default_topk: int, limits: ServeLimits,
-                 token: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        index_path: str,
+        spec: EncoderSpec,
+        params: SearchParams,
+        threads: int | None,
+        max_batch_size: int,
+        max_wait_ms: float,
+        default_topk: int,
+        limits: ServeLimits,
+        token: str | None = None,
+    ):
         self.retriever = open_replica(index_path, spec, params, threads)
         self.default_topk = default_topk
         self.limits = limits
@@ -291,17 +320,28 @@ def retrieval_app(config: RunConfig, index_path: str | Path, token: str | None =
         ray_actor_options={"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "resources": cfg.resources},
         max_ongoing_requests=2 * cfg.max_batch_size,  # one batch searching while the next one fills
         logging_config={"enable_access_log": False},  # a line per request floods the console under load
-    ).bind(str(index_path), spec, search_params(cfg), cfg.search_threads, cfg.max_batch_size, cfg.max_wait_ms,
-           cfg.top_k or DEFAULT_TOPK, ServeLimits.from_config(cfg), token)  # fmt: skip
+    ).bind(
+        str(index_path),
+        spec,
+        search_params(cfg),
+        cfg.search_threads,
+        cfg.max_batch_size,
+        cfg.max_wait_ms,
+        cfg.top_k or DEFAULT_TOPK,
+        ServeLimits.from_config(cfg),
+        token,
+    )
 
 
-def deploy_retrieval(config: RunConfig, index_path: str | Path, host: str = "127.0.0.1", port: int = 8000,
-                     token: str | None = None) -> str:  # fmt: skip
+def deploy_retrieval(
+    config: RunConfig, index_path: str | Path, host: str = "127.0.0.1", port: int = 8000, token: str | None = None
+) -> str:
     """Start Serve's HTTP proxy at ``host:port`` (on the connected Ray), run the application and wait
     until every replica has loaded the index; returns the base URL. ``token``: the bearer token every
     HTTP request must carry (None: none)."""
-    warn_if_open(host, port, token, "search the index and read its passages, vectors and term counts "
-                 "(docs/retrieval.md)")  # fmt: skip
+    warn_if_open(
+        host, port, token, "search the index and read its passages, vectors and term counts (docs/retrieval.md)"
+    )
     start_proxy(host, port, config.retrieval.serve_timeout_s)
     serve.run(retrieval_app(config, index_path, token), name=config.retrieval.deployment, route_prefix="/")
     return f"http://{host}:{port}"

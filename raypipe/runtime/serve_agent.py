@@ -113,12 +113,15 @@ class ServiceMetrics:
     def __init__(self):
         self.requests = Counter("raypipe_agent_requests", "Questions by policy and outcome", ("policy", "outcome"))
         self.iterations = Counter("raypipe_agent_iterations", "Retrieval iterations run", ("policy",))
-        self.left = Counter("raypipe_agent_iterations_left",
-                            "The turn limit's searching turns minus the iterations run, of trajectories a policy stopped",
-                            ("policy",))  # fmt: skip
+        self.left = Counter(
+            "raypipe_agent_iterations_left",
+            "The turn limit's searching turns minus the iterations run, of trajectories a policy stopped",
+            ("policy",),
+        )
         self.tokens = Counter("raypipe_agent_tokens", "Engine tokens by kind (prompt, cached, generated)", ("kind",))
-        self.latency = Histogram("raypipe_agent_latency_s", "Seconds from arrival to answer", LATENCY_BUCKETS,
-                                 ("policy",))  # fmt: skip
+        self.latency = Histogram(
+            "raypipe_agent_latency_s", "Seconds from arrival to answer", LATENCY_BUCKETS, ("policy",)
+        )
         self.in_flight = Gauge("raypipe_agent_in_flight", "Questions being answered")
         self.counts: Tally[str] = Tally()
 
@@ -136,8 +139,13 @@ class ServiceMetrics:
             if value:  # a Ray counter takes positive steps only (null: a backend that does not report it)
                 counter.inc(value, tags)
         self.latency.observe(seconds, {"policy": policy})
-        self.counts.update({"iterations": trajectory["n_iterations"], "iterations_left": answer.iterations_left,
-                            "generated_tokens": generated})  # fmt: skip
+        self.counts.update(
+            {
+                "iterations": trajectory["n_iterations"],
+                "iterations_left": answer.iterations_left,
+                "generated_tokens": generated,
+            }
+        )
 
     def outcome(self, policy: str, outcome: str) -> None:
         self.requests.inc(1, {"policy": policy, "outcome": outcome})
@@ -175,9 +183,16 @@ class TrajectoryStream(StreamingResponse):
 class AgentDeployment:
     """One replica: an :class:`AgentAnswerer` behind the routes, its admission bound and its metrics."""
 
-    async def __init__(self, config: dict[str, Any], retriever: Retriever, token: str | None = None,
-                       controller: str | None = None, stoprag: str | None = None, log_run: str | None = None,
-                       engine_factory: Callable[[EngineConfig], Engine] | None = None):  # fmt: skip
+    async def __init__(
+        self,
+        config: dict[str, Any],
+        retriever: Retriever,
+        token: str | None = None,
+        controller: str | None = None,
+        stoprag: str | None = None,
+        log_run: str | None = None,
+        engine_factory: Callable[[EngineConfig], Engine] | None = None,
+    ):
         self.config = RunConfig.model_validate(config)
         self.limits, self.token = self.config.serve_agent, token  # replica_gate reads both
         policies = await asyncio.to_thread(load_policies, self.config, controller, stoprag)
@@ -229,9 +244,19 @@ class AgentDeployment:
             **self.answerer.describe(),
             "in_flight": self.admission.in_flight,
             "counts": dict(self.metrics.counts),
-            "limits": {k: v for k, v in self.limits.model_dump().items()
-                       if k in ("max_in_flight", "max_queued", "timeout_s", "max_body_bytes", "max_question_chars",
-                                "max_turns_limit")},  # fmt: skip
+            "limits": {
+                k: v
+                for k, v in self.limits.model_dump().items()
+                if k
+                in (
+                    "max_in_flight",
+                    "max_queued",
+                    "timeout_s",
+                    "max_body_bytes",
+                    "max_question_chars",
+                    "max_turns_limit",
+                )
+            },
             "token": self.token is not None,
         }
 
@@ -288,9 +313,15 @@ class AgentDeployment:
             yield sse(stream_failure(exc), "error")
 
 
-def agent_app(config: RunConfig, retriever: Retriever, token: str | None = None, controller: str | None = None,
-              stoprag: str | None = None, log_run: str | None = None,
-              engine_factory: Callable[[EngineConfig], Engine] | None = None):  # fmt: skip
+def agent_app(
+    config: RunConfig,
+    retriever: Retriever,
+    token: str | None = None,
+    controller: str | None = None,
+    stoprag: str | None = None,
+    log_run: str | None = None,
+    engine_factory: Callable[[EngineConfig], Engine] | None = None,
+):
     """The Serve application; ``retriever`` (every replica gets a copy: it must pickle) and ``engine_factory``
     (tests, benchmarks; picklable)."""
     cfg = config.serve_agent
@@ -305,13 +336,24 @@ def agent_app(config: RunConfig, retriever: Retriever, token: str | None = None,
     else:
         options["num_replicas"] = cfg.replicas
     return AgentDeployment.options(**options).bind(
-        config.model_dump(mode="json"), retriever, token, controller, stoprag,
-        None if log_run is None else str(Path(log_run).resolve()), engine_factory,
-    )  # fmt: skip
+        config.model_dump(mode="json"),
+        retriever,
+        token,
+        controller,
+        stoprag,
+        None if log_run is None else str(Path(log_run).resolve()),
+        engine_factory,
+    )
 
 
-def deploy_agent(config: RunConfig, retriever: Retriever, host: str = "127.0.0.1", port: int = 8000,
-                 token: str | None = None, **app_args: Any) -> str:  # fmt: skip
+def deploy_agent(
+    config: RunConfig,
+    retriever: Retriever,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    token: str | None = None,
+    **app_args: Any,
+) -> str:
     """Start Serve's HTTP proxy at ``host:port`` (on the connected Ray), run the application and wait until every
     replica has started its engine (at most ``serve_agent.start_timeout_s``: :class:`AgentStartError`); returns
     the base URL. ``app_args``: :func:`agent_app`'s."""
@@ -343,7 +385,7 @@ def wait_running(name: str, timeout_s: float, asks: str) -> None:
             raise AgentStartError(
                 f"the agent application {name!r} was not running within {timeout_s:g} s (serve_agent.start_timeout_s):"
                 f" each replica asks {asks} and starts an engine; check the cluster has them (`ray status`)"
-            )  # fmt: skip
+            )
         time.sleep(0.5)
 
 

@@ -38,16 +38,21 @@ class ServeRetriever:
 
         try:
             return await asyncio.wait_for(answer(), self.timeout_s)
-        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+        except TimeoutError:  # asyncio.TimeoutError is this builtin from Python 3.11
             response.cancel()
-            raise RetrievalServerError(f"no answer from the Ray Serve application {self.name!r} within "
-                                       f"{self.timeout_s:g} s (retrieval.serve_timeout_s), its queue included") from None
+            raise RetrievalServerError(
+                f"no answer from the Ray Serve application {self.name!r} within "
+                f"{self.timeout_s:g} s (retrieval.serve_timeout_s), its queue included"
+            ) from None
 
     def describe(self) -> dict[str, Any]:
         started = time.perf_counter()
         health = self.handle.health.remote().result(timeout_s=60)
-        return {"backend": "serve", "deployment": self.name,
-                "health": {**health, "seconds": round(time.perf_counter() - started, 3)}}  # fmt: skip
+        return {
+            "backend": "serve",
+            "deployment": self.name,
+            "health": {**health, "seconds": round(time.perf_counter() - started, 3)},
+        }
 
     def shutdown(self) -> None:
         """Nothing to stop: the deployment outlives the job."""

@@ -32,11 +32,17 @@ def service_parser(description: str) -> argparse.ArgumentParser:
     """A job parser with the flags of every raypipe HTTP service (serve-retrieval, serve-agent)."""
     parser = job_parser(description)
     parser.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000, Search-R1's)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (0.0.0.0: every machine that reaches this one; set a token)")
-    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV),
-                        help=f"bearer token every HTTP request must carry (default: ${TOKEN_ENV}, which keeps it out "
-                        "of the process list; the HTTP client sends it from there; none: no authentication)")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (0.0.0.0: every machine that reaches this one; set a token)",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"bearer token every HTTP request must carry (default: ${TOKEN_ENV}, which keeps it out "
+        "of the process list; the HTTP client sends it from there; none: no authentication)",
+    )
     return parser
 
 
@@ -48,8 +54,9 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
-def serve_until_stopped(stop: threading.Event, deploy: Callable[[], str], ready: Callable[[str], str], app: str,
-                        what: str) -> None:  # fmt: skip
+def serve_until_stopped(
+    stop: threading.Event, deploy: Callable[[], str], ready: Callable[[str], str], app: str, what: str
+) -> None:
     """Run ``deploy()`` (it returns the base URL), print ``ready(url)``, wait for ``stop``, then delete the Serve
     application ``app`` (also when ``deploy`` failed). ``what``: the service, as the log names it."""
     try:
@@ -65,8 +72,13 @@ def serve_until_stopped(stop: threading.Event, deploy: Callable[[], str], ready:
 def warn_if_open(host: str, port: int, token: str | None, exposes: str) -> None:
     """Warn when ``host`` is not a loopback address and no token guards it: anyone reaching the port ``exposes``."""
     if host not in LOOPBACK and not token:
-        log.warning("listening on %s without a token: anyone who can reach port %d can %s; set --token or %s",
-                    host, port, exposes, TOKEN_ENV)  # fmt: skip
+        log.warning(
+            "listening on %s without a token: anyone who can reach port %d can %s; set --token or %s",
+            host,
+            port,
+            exposes,
+            TOKEN_ENV,
+        )
 
 
 def start_proxy(host: str, port: int, deadline_s: float) -> None:
@@ -77,7 +89,8 @@ def start_proxy(host: str, port: int, deadline_s: float) -> None:
 
 
 def undeploy_app(name: str) -> None:
-    """Delete the Serve application ``name``, then Serve itself (its proxy and controller) if nothing else runs on it."""
+    """Delete the Serve application ``name``, then Serve itself (its proxy and controller) if nothing else runs on
+    it."""
     try:
         serve.delete(name)
     except RayServeException:  # Serve never started (the deployment failed first): nothing to delete
@@ -91,8 +104,12 @@ class RequestGate:
     FastAPI reads or parses anything (a body is read up to the limit, never further). ``settings()`` gives
     the serving replica's ``(token, max_body_bytes)``; ``body_setting`` names the limit in the 413's detail."""
 
-    def __init__(self, app: Any, settings: Callable[[], tuple[str | None, int]],
-                 body_setting: str = "retrieval.serve_max_body_bytes"):  # fmt: skip
+    def __init__(
+        self,
+        app: Any,
+        settings: Callable[[], tuple[str | None, int]],
+        body_setting: str = "retrieval.serve_max_body_bytes",
+    ):
         self.app, self.settings, self.body_setting = app, settings, body_setting
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
@@ -105,8 +122,9 @@ class RequestGate:
             detail = f"this server wants the header `Authorization: Bearer TOKEN` (raypipe's client sends ${TOKEN_ENV})"
             await JSONResponse({"detail": detail}, 401, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
             return
-        too_big = JSONResponse({"detail": f"a request body over this server's limit of {max_bytes:,} bytes "
-                                          f"({self.body_setting})"}, 413)  # fmt: skip
+        too_big = JSONResponse(
+            {"detail": f"a request body over this server's limit of {max_bytes:,} bytes ({self.body_setting})"}, 413
+        )
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > max_bytes:
             await too_big(scope, receive, send)

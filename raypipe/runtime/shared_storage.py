@@ -52,18 +52,22 @@ def nodes_with(nodes: Sequence[Mapping], demand: Mapping[str, float]) -> list[Ma
     """The alive nodes of ``ray.nodes()`` records whose total resources cover ``demand`` (all alive ones when
     ``demand`` is empty or asks for nothing)."""
     return [
-        n for n in nodes
-        if n.get("Alive") and all(n.get("Resources", {}).get(name, 0) >= amount for name, amount in demand.items() if amount > 0)
-    ]  # fmt: skip
+        n
+        for n in nodes
+        if n.get("Alive")
+        and all(n.get("Resources", {}).get(name, 0) >= amount for name, amount in demand.items() if amount > 0)
+    ]
 
 
 def describe_node(node: Mapping) -> str:
     """``127.0.0.1 (GPU 2, raypipe_generation 2, CPU 4)``: the node's IP and its resources, which name its
     node type; ``head`` marks the head node."""
     resources = node.get("Resources", {})
-    shown = [f"{name} {amount:g}" for name, amount in sorted(resources.items())
-             if not name.startswith("node:") and name not in HIDDEN_RESOURCES
-             and not name.startswith("accelerator_type:")]  # fmt: skip
+    shown = [
+        f"{name} {amount:g}"
+        for name, amount in sorted(resources.items())
+        if not name.startswith("node:") and name not in HIDDEN_RESOURCES and not name.startswith("accelerator_type:")
+    ]
     role = "head, " if HEAD_RESOURCE in resources else ""
     return f"{node.get('NodeManagerAddress', '?')} ({role}{', '.join(shown) or 'no resources'})"
 
@@ -74,7 +78,8 @@ def missing_line(shared: SharedPath, blind: Sequence[Mapping], checked: int) -> 
     target = f"{shared.path / shared.expect}" if shared.expect else f"{shared.path}"
     return (
         f"{shared.what} {target} is not visible from node {describe_node(blind[0])}{others}: put it on storage every "
-        f"node mounts (a shared POSIX mount) and set {shared.setting} to a path there (docs/cluster.md, 'Shared storage')"
+        f"node mounts (a shared POSIX mount) and set {shared.setting} to a path there (docs/cluster.md, 'Shared "
+        "storage')"
     )
 
 
@@ -87,8 +92,9 @@ def alive_nodes() -> list[dict]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
-def check_shared_storage(paths: Sequence[SharedPath], nodes: Sequence[Mapping] | None = None,
-                         timeout_s: float = ANSWER_TIMEOUT_S) -> None:
+def check_shared_storage(
+    paths: Sequence[SharedPath], nodes: Sequence[Mapping] | None = None, timeout_s: float = ANSWER_TIMEOUT_S
+) -> None:
     """Raise :class:`SharedStorageError` when a node that needs one of ``paths`` does not see it (module
     docstring); nothing to do on a single-node Ray. ``nodes``: ``ray.nodes()`` records (default: the alive ones)."""
     nodes = alive_nodes() if nodes is None else [n for n in nodes if n.get("Alive")]
@@ -118,7 +124,9 @@ def _check(shared: SharedPath, targets: list[Mapping], path: Path, token: str | 
 
     probe = ray.remote(num_cpus=0, max_retries=0)(_sees)
     refs = [
-        probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(str(path), token)
+        probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+            str(path), token
+        )
         for n in targets
     ]
     try:

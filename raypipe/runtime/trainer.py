@@ -183,8 +183,11 @@ def run_training(build: Callable[[Worker], Training], *, seed: int, threads: int
     torch.manual_seed(seed)
     gpu_ids = ray.get_gpu_ids() if ray.is_initialized() else []  # a Train worker has joined Ray; a test calls it bare
     device = worker_device(gpu_ids, torch.cuda.is_available(), simulated_gpus())
-    worker = RayWorker(ctx.get_world_rank(), ctx.get_world_size(),
-                       ray.train.torch.get_device() if device == "cuda" else torch.device("cpu"))  # fmt: skip
+    worker = RayWorker(
+        ctx.get_world_rank(),
+        ctx.get_world_size(),
+        ray.train.torch.get_device() if device == "cuda" else torch.device("cpu"),
+    )
     training = build(worker)
     resumed = ray.train.get_checkpoint()
     if resumed is not None:

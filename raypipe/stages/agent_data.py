@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> None:
         "used": [q.qid for q in questions],
     }
     summary = write_outputs(Path(args.out), kept, rejected, split_info)
-    print(f"{summary['kept']} trajectories kept of {summary['questions']} training questions "
-          f"({summary['rejected']} rejected: {summary['rejected_by_reason']}); searches {summary['searches']}; "
-          f"{time.monotonic() - started:.0f} s; in {args.out}")
+    print(
+        f"{summary['kept']} trajectories kept of {summary['questions']} training questions "
+        f"({summary['rejected']} rejected: {summary['rejected_by_reason']}); searches {summary['searches']}; "
+        f"{time.monotonic() - started:.0f} s; in {args.out}"
+    )

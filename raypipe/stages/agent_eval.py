@@ -20,7 +20,7 @@ DESCRIPTION = """Print a probe run's agent figures; with --artifact, record them
 Final F1 and EM, own answers, P_0 -> P_last, the share of trajectories whose best P_i comes before the end (RQ-1)
 and the U_i distribution. --artifact DIR needs a run made with --set data.split=dev --set data.limit=null
 --set engine.adapter=DIR.
-"""
+"""  # noqa: E501 - the --help text as printed; its first line is the job's summary in `raypipe`
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     artifact = Path(args.artifact)
     manifest = read_manifest(artifact)
-    adapter, split, limit = (run.recorded(*key) for key in (("engine", "adapter"), ("data", "split"), ("data", "limit")))
+    adapter, split, limit = (
+        run.recorded(*key) for key in (("engine", "adapter"), ("data", "split"), ("data", "limit"))
+    )
     if adapter is None or Path(adapter).resolve() != artifact.resolve():
         raise SystemExit(f"error: {run.path} ran engine.adapter={adapter}, not {artifact}")
     if split != "dev" or limit is not None:

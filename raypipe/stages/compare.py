@@ -71,8 +71,14 @@ def main() -> None:
     settings = tracking_or_exit(run_tracking, config.tracking, baseline)  # the baseline's own when not set here
     tracker = tracking_or_exit(StageTracker.open, settings, baseline, "compare")
     try:
-        comparison = compare_runs(runs, correction, options.bootstrap_samples, options.confidence,
-                                  options.bootstrap_seed, args.allow_mixed_metrics)  # fmt: skip
+        comparison = compare_runs(
+            runs,
+            correction,
+            options.bootstrap_samples,
+            options.confidence,
+            options.bootstrap_seed,
+            args.allow_mixed_metrics,
+        )
     except (CompareError, ConfigError) as exc:
         sys.exit(f"error: {exc}")
     if comparison.mixed_metrics:
@@ -87,7 +93,13 @@ def main() -> None:
     html, md = write_comparison(comparison, args.out or baseline / "compare")
     print_model_note(*(RunDir(run) for run in runs))
     print(f"(page: {html})")
-    params = {"compare": {"baseline": str(baseline.resolve()), "runs": [str(r.resolve()) for r in runs],
-                          "correction": correction, "allow_mixed_metrics": args.allow_mixed_metrics}}  # fmt: skip
+    params = {
+        "compare": {
+            "baseline": str(baseline.resolve()),
+            "runs": [str(r.resolve()) for r in runs],
+            "correction": correction,
+            "allow_mixed_metrics": args.allow_mixed_metrics,
+        }
+    }
     headline = Headline(comparison_figures(comparison), [html, md, html.parent / "tables"])
     log_finished(tracker, config, headline, params)

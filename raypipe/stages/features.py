@@ -42,9 +42,17 @@ from raypipe.runtime.stage_main import RunDirStage, StageRun
 log = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = (
-    "qid", "dataset", "iteration", "query", "doc_ids", "doc_scores", "reasoning",
-    "probe_token_logprobs", "probe_f1", "utility",
-)  # fmt: skip
+    "qid",
+    "dataset",
+    "iteration",
+    "query",
+    "doc_ids",
+    "doc_scores",
+    "reasoning",
+    "probe_token_logprobs",
+    "probe_f1",
+    "utility",
+)
 LOG_EVERY_S = 30.0
 ROWS_PER_PARTITION = 5000
 MAX_PARTITIONS = 200
@@ -141,8 +149,12 @@ def open_corpus_service(
     return service, partial(ServiceCorpus, transport)
 
 
-def _run_features(run: RunDir, config: RunConfig, corpus_factory: Callable[[], CorpusResources],
-                  sentence_factory: Callable[[], SentenceEncoder] | None) -> int:
+def _run_features(
+    run: RunDir,
+    config: RunConfig,
+    corpus_factory: Callable[[], CorpusResources],
+    sentence_factory: Callable[[], SentenceEncoder] | None,
+) -> int:
     import ray
 
     cfg = config.features
@@ -157,16 +169,23 @@ def _run_features(run: RunDir, config: RunConfig, corpus_factory: Callable[[], C
     partitions = cfg.partitions or max(cfg.actors, min(-(-n_rows // ROWS_PER_PARTITION), MAX_PARTITIONS))
     log.info(
         "features: %d iteration rows, %d questions, %d partitions, %d actors",
-        n_rows, len(questions), partitions, cfg.actors,
-    )  # fmt: skip
+        n_rows,
+        len(questions),
+        partitions,
+        cfg.actors,
+    )
     stage = BatchStage(
         FeatureStage,
-        {"questions": questions, "corpus_factory": corpus_factory,
-         "sentence_factory": sentence_factory or partial(SbertEncoder, cfg.sentence_model), "settings": cfg},
+        {
+            "questions": questions,
+            "corpus_factory": corpus_factory,
+            "sentence_factory": sentence_factory or partial(SbertEncoder, cfg.sentence_model),
+            "settings": cfg,
+        },
         actors=cfg.actors,
         batch_size=cfg.batch_trajectories,
         num_cpus=cfg.actor_num_cpus,
-    )  # fmt: skip
+    )
     target = run.table_dir("features")
     tmp = run.path / ".features.tmp"
 
@@ -208,7 +227,7 @@ job over the run's index (actors), or a running `raypipe serve-retrieval` deploy
 URL (http; a plain Search-R1 server lacks the vectors and statistics and is refused)). Writes
 RUN_DIR/features/ (one row per qid x iteration; columns: raypipe.core.schema.FEATURES), then prints each signal's Pearson r with P_i and U_i and saves that table as RUN_DIR/feature_correlations.csv.
 The run's own config.yaml is the base configuration (its retrieval index) unless --config names another.
-"""
+"""  # noqa: E501 - the --help text as printed; its first line is the job's summary in `raypipe`
 
 
 def _features(stage: StageRun) -> int:

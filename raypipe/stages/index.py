@@ -41,22 +41,49 @@ reproduces the shipped file from an encoding.
 def main() -> None:
     parser = job_parser(DESCRIPTION)
     parser.add_argument("--force", action="store_true", help="rebuild even if an identical index exists")
-    parser.add_argument("--export-vectors", metavar="DIR",
-                        help="then write the (flat) index's vectors as DIR/<encoder>.npy (float16) and .json: the format of "
-                        "the vectors shipped for the bundled corpus (raypipe/data/mhqa/vectors/)")
+    parser.add_argument(
+        "--export-vectors",
+        metavar="DIR",
+        help="then write the (flat) index's vectors as DIR/<encoder>.npy (float16) and .json: the format of "
+        "the vectors shipped for the bundled corpus (raypipe/data/mhqa/vectors/)",
+    )
     imports = parser.add_argument_group("import an existing FAISS index (no re-encoding)")
-    imports.add_argument("--import-faiss", metavar="INDEX_FILE", help="a flat inner-product FAISS index; row i = line i of --corpus")
+    imports.add_argument(
+        "--import-faiss", metavar="INDEX_FILE", help="a flat inner-product FAISS index; row i = line i of --corpus"
+    )
     imports.add_argument("--corpus", metavar="CORPUS.jsonl", help="the corpus of the index (sets data.corpus)")
-    imports.add_argument("--encoder", metavar="ENCODER", help="the encoder that made its vectors (sets retrieval.encoder)")
+    imports.add_argument(
+        "--encoder", metavar="ENCODER", help="the encoder that made its vectors (sets retrieval.encoder)"
+    )
     imports.add_argument("--out", metavar="INDEX_DIR", help="the index directory to write (sets retrieval.index_dir)")
-    imports.add_argument("--no-verify", action="store_true", help="skip re-encoding a sample of passages to check the encoder")
-    imports.add_argument("--verify-sample", type=int, default=VERIFY_SAMPLE, metavar="N", help=f"passages re-encoded (default {VERIFY_SAMPLE})")
-    imports.add_argument("--verify-min-cosine", type=float, default=VERIFY_MIN_COSINE, metavar="C",
-                         help=f"least cosine between a stored row and its re-encoded passage (default {VERIFY_MIN_COSINE})")
+    imports.add_argument(
+        "--no-verify", action="store_true", help="skip re-encoding a sample of passages to check the encoder"
+    )
+    imports.add_argument(
+        "--verify-sample",
+        type=int,
+        default=VERIFY_SAMPLE,
+        metavar="N",
+        help=f"passages re-encoded (default {VERIFY_SAMPLE})",
+    )
+    imports.add_argument(
+        "--verify-min-cosine",
+        type=float,
+        default=VERIFY_MIN_COSINE,
+        metavar="C",
+        help=f"least cosine between a stored row and its re-encoded passage (default {VERIFY_MIN_COSINE})",
+    )
     args = parser.parse_args()
     setup_logging(args.verbose)
-    extra = [f"{key}={value}" for key, value in (("data.corpus", args.corpus), ("retrieval.encoder", args.encoder),
-                                                 ("retrieval.index_dir", args.out)) if value]
+    extra = [
+        f"{key}={value}"
+        for key, value in (
+            ("data.corpus", args.corpus),
+            ("retrieval.encoder", args.encoder),
+            ("retrieval.index_dir", args.out),
+        )
+        if value
+    ]
     config = config_from_args(args, extra)
     spec = encoder_spec(config.retrieval)
     start = time.perf_counter()
@@ -64,9 +91,16 @@ def main() -> None:
         if not (args.corpus and args.encoder and args.out):
             parser.error("--import-faiss needs --corpus, --encoder and --out")
         try:
-            path = import_faiss(Path(args.import_faiss), Path(args.corpus), spec, Path(args.out),
-                                verify=not args.no_verify, block_rows=config.retrieval.build_block_rows,
-                                sample=args.verify_sample, min_cosine=args.verify_min_cosine)
+            path = import_faiss(
+                Path(args.import_faiss),
+                Path(args.corpus),
+                spec,
+                Path(args.out),
+                verify=not args.no_verify,
+                block_rows=config.retrieval.build_block_rows,
+                sample=args.verify_sample,
+                min_cosine=args.verify_min_cosine,
+            )
         except (RetrievalIndexError, FileNotFoundError, ValueError) as exc:
             raise SystemExit(f"error: {exc}") from None
     else:
@@ -98,12 +132,17 @@ def print_summary(path: Path, elapsed: float) -> None:
         print(f"  {key:<10} {manifest[key]}")
     if "import" in manifest:
         imported = manifest["import"]
-        check = (f"verified on {imported['sample_rows']} passages (cosine min {imported['cosine_min']})"
-                 if imported.get("verified") else "not verified (--no-verify)")
+        check = (
+            f"verified on {imported['sample_rows']} passages (cosine min {imported['cosine_min']})"
+            if imported.get("verified")
+            else "not verified (--no-verify)"
+        )
         print(f"  {'imported':<10} {imported['source']} ({imported['source_bytes'] / 1e6:.1f} MB), {check}")
     vectors = manifest.get("build", {}).get("vectors", {})
     if vectors.get("source") == "shipped":
-        print(f"  {'vectors':<10} shipped {vectors['file']}, verified on {vectors['sample_rows']} re-encoded passages "
-              f"(cosine min {vectors['cosine_min']}; sample seed {vectors.get('seed', 0)})")
+        print(
+            f"  {'vectors':<10} shipped {vectors['file']}, verified on {vectors['sample_rows']} re-encoded passages "
+            f"(cosine min {vectors['cosine_min']}; sample seed {vectors.get('seed', 0)})"
+        )
     print(f"  {'size':<10} {size / 1e6:.1f} MB on disk")
     print(f"  {'elapsed':<10} {elapsed:.1f} s")

@@ -15,10 +15,10 @@ its first batch comes, so a rerun whose engine or retrieval does not start remov
 actor whose process dies is restarted and its batches run again (up to ``generation.max_actor_restarts``
 times); only the driver writes, and each output batch reaches it once. A dead engine is a dead actor: when
 the engine reports :class:`~raypipe.llm.base.EngineDiedError` (vLLM's EngineCore process died) the actor
-exits its process, so Ray restarts it with a new engine, instead of writing the batch's rows as engine errors. The crash ledger
-(``raypipe/runtime/crashes.py``) bounds the questions that kill every engine. SIGINT or SIGTERM stops
-``main`` within seconds (:func:`~raypipe.runtime.interrupt.shutdown_now`): the parts written are kept and
-the same command resumes. ``main`` ends the Ray that :func:`run_probe` started.
+exits its process, so Ray restarts it with a new engine, instead of writing the batch's rows as engine errors. The crash
+ledger (``raypipe/runtime/crashes.py``) bounds the questions that kill every engine. SIGINT or SIGTERM stops ``main``
+within seconds (:func:`~raypipe.runtime.interrupt.shutdown_now`): the parts written are kept and the same command
+resumes. ``main`` ends the Ray that :func:`run_probe` started.
 
 Progress: every 15 s the driver's generation line (:mod:`raypipe.runtime.generation_progress`: the engine
 starting, then trajectories done of all, in flight, rate and ETA), read from the crash ledger while the
@@ -84,7 +84,7 @@ into <runs_dir>/<config name>/ (runs_dir: runs; the GPU presets' /mnt/raypipe/ru
 summary: questions, mean retrieval iterations, final F1 and mean probed-answer F1 (P_i) by iteration.
 A rerun resumes: questions already written are skipped.
 On a cluster: ray job submit --working-dir . -- python jobs/probe.py --config PRESET --out RUN_DIR
-"""
+"""  # noqa: E501 - the --help text as printed; its first line is the job's summary in `raypipe`
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,13 @@ def run_probe(
     info_path = run_dir.path / INFO_FILE
     info_path.write_text(yaml.safe_dump(run_info(config), sort_keys=False))
     todo, retried = plan_work(config, run_dir, questions)
-    log.info("%d questions: %d already written, %d to run -> %s", len(questions), len(questions) - len(todo), len(todo), run_dir.path)
+    log.info(
+        "%d questions: %d already written, %d to run -> %s",
+        len(questions),
+        len(questions) - len(todo),
+        len(todo),
+        run_dir.path,
+    )
     if not todo:
         return 0
     logs = run_dir.path / "logs"
@@ -166,8 +172,22 @@ def run_probe(
 
     def generate_rest() -> int:  # a rerun after a lost node runs what the last attempt did not write
         work, outages = first.pop() if first else plan_work(config, run_dir, questions)
-        return generate(GenerateStage, config, resolved, run_dir, work, outages, client, controller, engine_factory,
-                        relay_worker_logs) if work else 0  # fmt: skip
+        return (
+            generate(
+                GenerateStage,
+                config,
+                resolved,
+                run_dir,
+                work,
+                outages,
+                client,
+                controller,
+                engine_factory,
+                relay_worker_logs,
+            )
+            if work
+            else 0
+        )
 
     try:
         rerun_on_node_loss(generate_rest, "generation")
@@ -209,20 +229,38 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
 
 def main() -> None:
     parser = job_parser(DESCRIPTION)
-    parser.add_argument("--dataset", action="append", default=[], metavar="NAME_OR_PATH",
-                        help="bundled dataset name or question file (repeatable or comma-separated; default: the config's)")
-    parser.add_argument("--limit", type=int, metavar="N",
-                        help="first N questions of each dataset, question files included (a preset's data.limit "
-                        "cuts only the bundled datasets)")
-    parser.add_argument("--out", metavar="RUN_DIR", help="run directory (default: <runs_dir>/<config name>, runs_dir "
-                        "defaulting to runs)")
+    parser.add_argument(
+        "--dataset",
+        action="append",
+        default=[],
+        metavar="NAME_OR_PATH",
+        help="bundled dataset name or question file (repeatable or comma-separated; default: the config's)",
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help="first N questions of each dataset, question files included (a preset's data.limit "
+        "cuts only the bundled datasets)",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="RUN_DIR",
+        help="run directory (default: <runs_dir>/<config name>, runs_dir defaulting to runs)",
+    )
     parser.add_argument("--no-probe", action="store_true", help="switch probing off (agent.probe=false)")
-    parser.add_argument("--no-retry", action="store_true",
-                        help="on a rerun, keep the rows that ended engine_error or retrieval_error instead of running "
-                        "those questions again (generation.retry_transient=false)")
-    parser.add_argument("--controller", metavar="PATH",
-                        help="stop trajectories in flight with the 4-state heuristic on the predictor bundle at PATH "
-                        "(a bundle folder or a run directory with models/); thresholds: stopping.theta_p/theta_u/variant")
+    parser.add_argument(
+        "--no-retry",
+        action="store_true",
+        help="on a rerun, keep the rows that ended engine_error or retrieval_error instead of running "
+        "those questions again (generation.retry_transient=false)",
+    )
+    parser.add_argument(
+        "--controller",
+        metavar="PATH",
+        help="stop trajectories in flight with the 4-state heuristic on the predictor bundle at PATH "
+        "(a bundle folder or a run directory with models/); thresholds: stopping.theta_p/theta_u/variant",
+    )
     args = parser.parse_args()
     setup_logging(args.verbose)
     config = config_from_args(args, flag_overrides(args))
@@ -234,7 +272,14 @@ def main() -> None:
         controller = controller_from_path(args.controller, config) if args.controller else None
         written = run_probe(config, run, controller=controller, relay_worker_logs=args.verbose)
         log_finished(tracker, config, probe_headline(run, written))
-    except (ConfigError, DataError, FileNotFoundError, RetrievalIndexError, RetrievalServerError, SharedStorageError) as exc:
+    except (
+        ConfigError,
+        DataError,
+        FileNotFoundError,
+        RetrievalIndexError,
+        RetrievalServerError,
+        SharedStorageError,
+    ) as exc:
         sys.exit(f"error: {exc}")
     except KeyboardInterrupt:
         shutdown_now()  # the parts written are complete files; nothing else needs to finish

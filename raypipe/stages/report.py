@@ -44,8 +44,10 @@ class ReportResult:
 
     def headline(self, more: tuple[Path, ...] = ()) -> Headline:
         """Sections by status; the page, its Markdown, tables and plots (and ``more``)."""
-        counts = {f"sections_{status}": float(sum(s.status == status for s in self.sections))
-                  for status in ("ok", "missing", "error")}  # fmt: skip
+        counts = {
+            f"sections_{status}": float(sum(s.status == status for s in self.sections))
+            for status in ("ok", "missing", "error")
+        }
         out = self.html.parent
         return Headline(counts, [self.html, self.markdown, out / "tables", out / "plots", *more])
 
@@ -69,8 +71,9 @@ def build_report(
     for r in others:
         if not (r.has("trajectories") and r.has("iterations")):
             raise FileNotFoundError(f"compared run {r.path} has no trajectories/iterations tables")
-    ctx = ReportContext(run, Path(out) if out else run.path / "report", options or ReportConfig(), RunMeta.read(run),
-                        others)
+    ctx = ReportContext(
+        run, Path(out) if out else run.path / "report", options or ReportConfig(), RunMeta.read(run), others
+    )
     ctx.out.mkdir(parents=True, exist_ok=True)
     rendered = []
     for section in ordered_sections():
@@ -78,17 +81,25 @@ def build_report(
         if missing:
             paths = ", ".join(f"{run.path / m}" for m in missing)
             hint = f"; run {section.producer} on {run.path}" if section.producer else ""
-            rendered.append(RenderedSection(section.key, section.title,
-                                            [Text(f"Not run yet: {paths} missing{hint}.", "missing")], "missing"))
+            rendered.append(
+                RenderedSection(
+                    section.key, section.title, [Text(f"Not run yet: {paths} missing{hint}.", "missing")], "missing"
+                )
+            )
             continue
         try:
             blocks = section.render(ctx)
             rendered.append(RenderedSection(section.key, section.title, blocks))
         except Exception as exc:
             log.exception("section %s failed", section.key)
-            rendered.append(RenderedSection(section.key, section.title,
-                                            [Text(f"This section failed: {type(exc).__name__}: {exc}", "error")],
-                                            "error"))
+            rendered.append(
+                RenderedSection(
+                    section.key,
+                    section.title,
+                    [Text(f"This section failed: {type(exc).__name__}: {exc}", "error")],
+                    "error",
+                )
+            )
     title = f"raypipe report: {ctx.meta.name}"
     stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     subtitle = f"{run.path.resolve()} · agent {ctx.meta.agent} · model {ctx.meta.model} · generated {stamp}"
@@ -101,11 +112,20 @@ def build_report(
 def main() -> None:
     parser = job_parser(DESCRIPTION)
     parser.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="the run directory to report on")
-    parser.add_argument("--compare", type=Path, nargs="+", default=[], metavar="OTHER_RUN",
-                        help="more run directories (e.g. the other agent) to put beside this run in the RQ-1 tables")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="OTHER_RUN",
+        help="more run directories (e.g. the other agent) to put beside this run in the RQ-1 tables",
+    )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: RUN_DIR/report)")
-    parser.add_argument("--screenshot", action="store_true",
-                        help="also render the page in headless Chromium to REPORT/screenshot.png and check it")
+    parser.add_argument(
+        "--screenshot",
+        action="store_true",
+        help="also render the page in headless Chromium to REPORT/screenshot.png and check it",
+    )
     args = parser.parse_args()
     setup_logging(args.verbose)
     config = config_from_args(args)

@@ -28,7 +28,7 @@ then deletes the deployment. Point jobs at it with --set retrieval.backend=http 
 or on the same Ray cluster (ray.address) with --set retrieval.backend=serve. Besides Search-R1's API it
 answers raypipe's corpus calls under /raypipe/ (passage vectors, document frequencies, query vectors),
 which `raypipe features` needs and a plain Search-R1 server lacks.
-"""
+"""  # noqa: E501 - the --help text as printed; its first line is the job's summary in `raypipe`
 
 
 def serve_until_stopped(
@@ -40,10 +40,15 @@ def serve_until_stopped(
     index_path = ensure_index(config)
     cfg = config.retrieval
     service.serve_until_stopped(
-        stop, lambda: deploy_retrieval(config, index_path, host, port, token),
-        lambda url: f"retrieval service ready at {url}  (POST {url}/retrieve, GET {url}/health; Ray Serve application "
-                    f"{cfg.deployment!r}, {cfg.replicas} replica(s))",
-        cfg.deployment, "retrieval service")  # fmt: skip
+        stop,
+        lambda: deploy_retrieval(config, index_path, host, port, token),
+        lambda url: (
+            f"retrieval service ready at {url}  (POST {url}/retrieve, GET {url}/health; Ray Serve application "
+            f"{cfg.deployment!r}, {cfg.replicas} replica(s))"
+        ),
+        cfg.deployment,
+        "retrieval service",
+    )
 
 
 def main() -> None:

@@ -56,10 +56,18 @@ def bundle_paths(config: RunConfig, controller: str | None, stoprag: str | None)
     return controller, stoprag
 
 
-def serve_until_stopped(config: RunConfig, host: str, port: int, stop: threading.Event, token: str | None = None,
-                        controller: str | None = None, stoprag: str | None = None, log_run: str | None = None,
-                        engine_factory: Callable[[EngineConfig], Engine] | None = None,
-                        retriever: Retriever | None = None) -> None:  # fmt: skip
+def serve_until_stopped(
+    config: RunConfig,
+    host: str,
+    port: int,
+    stop: threading.Event,
+    token: str | None = None,
+    controller: str | None = None,
+    stoprag: str | None = None,
+    log_run: str | None = None,
+    engine_factory: Callable[[EngineConfig], Engine] | None = None,
+    retriever: Retriever | None = None,
+) -> None:
     """Open the retrieval every replica shares (once: with ``retrieval.backend: actors`` the retrieval replicas
     start here, not in each agent replica), deploy, print the URL, wait for ``stop``, then delete the application
     and stop the retrieval replicas. ``engine_factory`` and ``retriever`` (tests, benchmarks; picklable) replace
@@ -74,11 +82,25 @@ def serve_until_stopped(config: RunConfig, host: str, port: int, stop: threading
     cfg = config.serve_agent
     try:
         service.serve_until_stopped(
-            stop, lambda: deploy_agent(config, shared, host, port, token, controller=controller, stoprag=stoprag,
-                                       log_run=log_run, engine_factory=engine_factory),
-            lambda url: f"agent service ready at {url}  (POST {url}/v1/answer, POST {url}/v1/chat/completions, "
-                        f"GET {url}/health; Ray Serve application {cfg.deployment!r})",
-            cfg.deployment, "agent service")  # fmt: skip
+            stop,
+            lambda: deploy_agent(
+                config,
+                shared,
+                host,
+                port,
+                token,
+                controller=controller,
+                stoprag=stoprag,
+                log_run=log_run,
+                engine_factory=engine_factory,
+            ),
+            lambda url: (
+                f"agent service ready at {url}  (POST {url}/v1/answer, POST {url}/v1/chat/completions, "
+                f"GET {url}/health; Ray Serve application {cfg.deployment!r})"
+            ),
+            cfg.deployment,
+            "agent service",
+        )
     finally:
         if retriever is None:
             shared.shutdown()
@@ -86,16 +108,25 @@ def serve_until_stopped(config: RunConfig, host: str, port: int, stop: threading
 
 def main() -> None:
     parser = service.service_parser(DESCRIPTION)
-    parser.add_argument("--controller", metavar="BUNDLE",
-                        help="offer the heuristic policy: the predictor bundle at BUNDLE (a bundle folder or a run "
-                        "directory with models/, from `raypipe train`); default thresholds: stopping.theta_p/theta_u, "
-                        "stopping.variant")
-    parser.add_argument("--stoprag", metavar="PATH",
-                        help="offer the stoprag policy: the Q-network at PATH (a network folder or a run directory "
-                        "with stoprag/qnet, from `raypipe stoprag`)")
-    parser.add_argument("--log-run", metavar="RUN_DIR",
-                        help="write every answered request to RUN_DIR's trajectories/ and iterations/ (a probe run's "
-                        "tables, which the later stages read); on a cluster a path every replica's node shares")
+    parser.add_argument(
+        "--controller",
+        metavar="BUNDLE",
+        help="offer the heuristic policy: the predictor bundle at BUNDLE (a bundle folder or a run "
+        "directory with models/, from `raypipe train`); default thresholds: stopping.theta_p/theta_u, "
+        "stopping.variant",
+    )
+    parser.add_argument(
+        "--stoprag",
+        metavar="PATH",
+        help="offer the stoprag policy: the Q-network at PATH (a network folder or a run directory "
+        "with stoprag/qnet, from `raypipe stoprag`)",
+    )
+    parser.add_argument(
+        "--log-run",
+        metavar="RUN_DIR",
+        help="write every answered request to RUN_DIR's trajectories/ and iterations/ (a probe run's "
+        "tables, which the later stages read); on a cluster a path every replica's node shares",
+    )
     args = parser.parse_args()
     setup_logging(args.verbose)
     config = config_from_args(args)
@@ -109,10 +140,19 @@ def main() -> None:
     init_ray(config)
     stop = service.stop_on_signals()
     try:
-        serve_until_stopped(config, args.host, args.port, stop, args.token or None, args.controller, args.stoprag,
-                            args.log_run)  # fmt: skip
-    except (AgentStartError, ConfigError, DataError, FileNotFoundError, RetrievalIndexError, RetrievalServerError,
-            RetrievalStartError, ValueError) as exc:  # fmt: skip
+        serve_until_stopped(
+            config, args.host, args.port, stop, args.token or None, args.controller, args.stoprag, args.log_run
+        )
+    except (
+        AgentStartError,
+        ConfigError,
+        DataError,
+        FileNotFoundError,
+        RetrievalIndexError,
+        RetrievalServerError,
+        RetrievalStartError,
+        ValueError,
+    ) as exc:
         sys.exit(f"error: {exc}")
     finally:
         ray.shutdown()

@@ -72,7 +72,9 @@ OUT_DIR = "stoprag"
 def train_loop(config: dict[str, Any]) -> None:
     """The Ray Train worker loop: the Q-network of ``config`` (:func:`raypipe.stoprag.train.loop_config`),
     its epochs and checkpoints those of :class:`~raypipe.stoprag.train.QNetTraining`."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     run_training(partial(QNetTraining, config), seed=config["seed"], threads=config["threads"])
 
 
@@ -164,8 +166,14 @@ def run_stoprag(
         protocol = f"protocol: trained and tuned on the training run {train_run.path}, tested on this run's questions"
     if not splits.train or not splits.val or not splits.test:
         raise ValueError(f"{len(trajectories)} questions are too few for a train/val/test split {cfg.split}")
-    log.info("%d questions: %d train, %d val, %d test; %s", len(trajectories), len(splits.train), len(splits.val),
-             len(splits.test), protocol)  # fmt: skip
+    log.info(
+        "%d questions: %d train, %d val, %d test; %s",
+        len(trajectories),
+        len(splits.train),
+        len(splits.val),
+        len(splits.test),
+        protocol,
+    )
     questions, histories = load_histories(source, config, {t.qid for t in trajectories})
     scores, answers_note = state_rewards(source, config, questions, histories, engines, out)
     trajectories = [rescore(t, scores[t.qid]) for t in trajectories]  # one generator scores every controller
@@ -184,8 +192,13 @@ def run_stoprag(
         outcomes += more_out
     pvalues = stoprag_pvalues(out, rows, outcomes, config.report)
     table = write_comparison(out, rows, outcomes, len(test_t), len(splits.val), answers_note, protocol, pvalues)
-    return StopRagReport(table, out, {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
-                         excluded, time.monotonic() - started)  # fmt: skip
+    return StopRagReport(
+        table,
+        out,
+        {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
+        excluded,
+        time.monotonic() - started,
+    )
 
 
 DESCRIPTION = """Train and evaluate Stop-RAG (Q(lambda) value-based stopping) and the LLM-Stop baseline on a run: RUN_DIR/stoprag/.
@@ -198,24 +211,37 @@ stopping per question (F1: t and Wilcoxon signed-rank; EM: McNemar exact; iterat
 exact or by seeded sign flips; Holm-corrected, --set report.correction=bh for Benjamini-Hochberg), in full in RUN_DIR/stoprag/significance.md/.csv. Options are the ``stoprag``
 section of the config (``--set stoprag.target=mc``, ``--set stoprag.epochs=5``). The run's own config.yaml
 is the base configuration unless --config names another; --set tracking.mlflow_uri=PATH_OR_URL logs to MLflow.
-"""
+"""  # noqa: E501 - the --help text as printed; its first line is the job's summary in `raypipe`
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-llm-stop", action="store_true", help="skip the LLM-Stop baseline (it runs the engine)")
-    parser.add_argument("--ablation", nargs="*", default=[], choices=["qlambda", "mc", "q0", "binary"],
-                        help="also train these target types (the paper's ablation) and add them to the comparison")  # fmt: skip
+    parser.add_argument(
+        "--ablation",
+        nargs="*",
+        default=[],
+        choices=["qlambda", "mc", "q0", "binary"],
+        help="also train these target types (the paper's ablation) and add them to the comparison",
+    )
 
 
 def _stoprag(stage: StageRun) -> StopRagReport:
-    return run_stoprag(stage.run, stage.config, llm_stop=False if stage.args.no_llm_stop else None,
-                       ablation=stage.args.ablation, train_run=stage.train_run)  # fmt: skip
+    return run_stoprag(
+        stage.run,
+        stage.config,
+        llm_stop=False if stage.args.no_llm_stop else None,
+        ablation=stage.args.ablation,
+        train_run=stage.train_run,
+    )
 
 
 def _headline(run: RunDir, report: StopRagReport) -> Headline:
     """Every controller's test figures; the comparison and the tests."""
-    figures = {f"{r.controller}.{k}": float(getattr(r, k)) for r in report.table.itertuples()
-               for k in ("mean_f1", "f1_share", "mean_iterations", "iterations_change")}  # fmt: skip
+    figures = {
+        f"{r.controller}.{k}": float(getattr(r, k))
+        for r in report.table.itertuples()
+        for k in ("mean_f1", "f1_share", "mean_iterations", "iterations_change")
+    }
     files = [report.out / f"{stem}.{x}" for stem in ("comparison", STOPRAG_SIGNIFICANCE) for x in ("md", "csv")]
     return Headline({**figures, "seconds": report.seconds}, [*files, report.out / "comparison.png"])
 
@@ -233,6 +259,12 @@ STAGE = RunDirStage(
 
 def main() -> None:
     stage, report = STAGE.main(_stoprag)
-    log.info("questions %s, left out %s, %.0f s; wrote %s", report.splits, report.excluded or "none", report.seconds, report.out)
+    log.info(
+        "questions %s, left out %s, %.0f s; wrote %s",
+        report.splits,
+        report.excluded or "none",
+        report.seconds,
+        report.out,
+    )
     print((report.out / "comparison.md").read_text())
     print_model_note(stage.run)

@@ -64,18 +64,37 @@ class SweepReport:
 
 
 def sweep_grid(
-    inputs: SweepInputs, cfg: StoppingConfig, out: Path, experiment: str, train: TrainConfig | None, seed: int,
-    callbacks: Sequence = (), storage: str | None = None,
+    inputs: SweepInputs,
+    cfg: StoppingConfig,
+    out: Path,
+    experiment: str,
+    train: TrainConfig | None,
+    seed: int,
+    callbacks: Sequence = (),
+    storage: str | None = None,
 ) -> tuple[pd.DataFrame, dict[HeadKey, Predictions]]:
     """Step 2: every head's threshold grid as a Tune experiment under ``storage`` (a path or URI; None:
     ``out/tune``), kept as data/grid.parquet; with the refit heads' predictions."""
+    # Packed (fmt: skip), this call keeps the stage module under its size target (tests/test_layout.py).
     grid, refit_heads = run_tune(
-        inputs.trajectories, inputs.heads, inputs.split_of, variants=cfg.variants, theta_p=inputs.theta_p,
-        theta_u=inputs.theta_u, min_f1_share=cfg.min_f1_share, storage_path=storage or out / "tune", name=experiment,
-        max_concurrent_trials=cfg.max_concurrent_trials, trial_num_cpus=cfg.trial_num_cpus,
-        refits=inputs.refits, refit_frame=inputs.refit_frame, train=train, seed=seed, train_qids=inputs.train_qids,
+        inputs.trajectories,
+        inputs.heads,
+        inputs.split_of,
+        variants=cfg.variants,
+        theta_p=inputs.theta_p,
+        theta_u=inputs.theta_u,
+        min_f1_share=cfg.min_f1_share,
+        storage_path=storage or out / "tune",
+        name=experiment,
+        max_concurrent_trials=cfg.max_concurrent_trials,
+        trial_num_cpus=cfg.trial_num_cpus,
+        refits=inputs.refits,
+        refit_frame=inputs.refit_frame,
+        train=train,
+        seed=seed,
+        train_qids=inputs.train_qids,
         callbacks=callbacks,
-    )  # fmt: skip
+    )
     grid.to_parquet(out / DATA / "grid.parquet")
     return grid, refit_heads
 
@@ -233,7 +252,7 @@ exact or by seeded sign flips; Holm-corrected, --set report.correction=bh for Be
 selected.json (for the online controller), data/ (grid, selections, Pareto front), tune/.
 The run's own config.yaml is the base configuration unless --config names another; settings: stopping.*,
 report.correction and report.bootstrap_*; --set tracking.mlflow_uri=PATH_OR_URL logs to MLflow (trials too).
-"""
+"""  # noqa: E501 - the --help text as printed; its first line is the job's summary in `raypipe`
 
 
 def _check_runs(stage: StageRun) -> None:
@@ -246,9 +265,17 @@ def _sweep(stage: StageRun) -> SweepReport:
     types = {}
     if config.train.include_type and config.stopping.refits:
         types = {**run_question_types(run.path), **(run_question_types(train_run.path) if train_run else {})}
-    return run_sweep(run, config.stopping, train=config.train, seed=config.seed, train_run=train_run,
-                     question_types=types, options=config.report, callbacks=tune_callbacks(stage.tracker),
-                     storage=storage_location(config.ray.storage_path, run.path, f"{STOPPING_DIR}/tune"))  # fmt: skip
+    return run_sweep(
+        run,
+        config.stopping,
+        train=config.train,
+        seed=config.seed,
+        train_run=train_run,
+        question_types=types,
+        options=config.report,
+        callbacks=tune_callbacks(stage.tracker),
+        storage=storage_location(config.ray.storage_path, run.path, f"{STOPPING_DIR}/tune"),
+    )
 
 
 def _headline(run: RunDir, report: SweepReport) -> Headline:
@@ -269,10 +296,12 @@ def main() -> None:
     stage, report = STAGE.main(_sweep)
     q = report.selected["questions"]
     print(
-        f"\n{q['val']} validation / {q['test']} test questions, {report.seconds:.0f} s; left out: {report.excluded or 'none'}\n"
+        f"\n{q['val']} validation / {q['test']} test questions, {report.seconds:.0f} s; left out: "
+        f"{report.excluded or 'none'}\n"
     )
     print((report.out_dir / f"{TRADEOFF}.md").read_text())
     print_model_note(stage.run)
     print(
-        f"(tables, {FIGURE} and selected.json in {report.out_dir}; TensorBoard: raypipe dashboard {report.out_dir.parent})"
+        f"(tables, {FIGURE} and selected.json in {report.out_dir}; TensorBoard: raypipe dashboard "
+        f"{report.out_dir.parent})"
     )

@@ -71,7 +71,11 @@ def train_loop_per_worker(config: dict) -> None:
 
 
 def train_crossencoders(
-    tasks: list[Task], cfg: TrainConfig, models_dir: Path, seed: int = 0, max_failures: int = MAX_FAILURES,
+    tasks: list[Task],
+    cfg: TrainConfig,
+    models_dir: Path,
+    seed: int = 0,
+    max_failures: int = MAX_FAILURES,
     storage: str | None = None,
 ) -> dict[str, TrainedModel]:
     """Fine-tune every task in one TorchTrainer run; each last-epoch model lands in ``model_dir(task)``.
@@ -240,16 +244,25 @@ def _train(stage: StageRun) -> dict[str, object]:
     if config.train.include_type:
         types = {**run_question_types(run.path), **(run_question_types(train_run.path) if train_run else {})}
     storage = storage_location(config.ray.storage_path, run.path, f"models/{TRAIN_STORAGE}")
-    return run_train(run, config.train, doc_lookup_for(config), seed=config.seed, train_run=train_run,
-                     question_types=types, trainer=partial(train_crossencoders, storage=storage))  # fmt: skip
+    return run_train(
+        run,
+        config.train,
+        doc_lookup_for(config),
+        seed=config.seed,
+        train_run=train_run,
+        question_types=types,
+        trainer=partial(train_crossencoders, storage=storage),
+    )
 
 
 def main() -> None:
     stage, summary = STAGE.main(_train)
     run = stage.run
     tables = run.path / "predictions" / "tables"
-    print(f"\n{summary['questions']} questions, {summary['rows']} rows, {summary['seconds']:.0f} s in all; "
-          f"{summary['protocol']}\n")
+    print(
+        f"\n{summary['questions']} questions, {summary['rows']} rows, {summary['seconds']:.0f} s in all; "
+        f"{summary['protocol']}\n"
+    )
     for name in ("crossencoders.md", "table3_signal_groups.md", "table4_unsup_sources.md"):
         print((tables / name).read_text())
     print_model_note(run)

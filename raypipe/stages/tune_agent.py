@@ -63,10 +63,15 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         trainer = torch_trainer(
-            train_loop_per_worker, loop_config(cfg, model_path, data, config.seed, resume),
-            name=f"tune-agent-{time.strftime('%Y%m%d-%H%M%S')}", storage=storage, num_workers=cfg.num_workers,
-            use_gpu=cfg.use_gpu, cpus_per_worker=cfg.cpus_per_worker, keep=2,
-        )  # fmt: skip
+            train_loop_per_worker,
+            loop_config(cfg, model_path, data, config.seed, resume),
+            name=f"tune-agent-{time.strftime('%Y%m%d-%H%M%S')}",
+            storage=storage,
+            num_workers=cfg.num_workers,
+            use_gpu=cfg.use_gpu,
+            cpus_per_worker=cfg.cpus_per_worker,
+            keep=2,
+        )
         result = trainer.fit()
     finally:
         ray.shutdown()
@@ -74,10 +79,19 @@ def main(argv: list[str] | None = None) -> None:
     cpu = sum(cpu_after[i] - cpu_before[i] for i in range(4))  # this process and its children (a local Ray)
     with result.checkpoint.as_directory() as folder:
         model, flags, cores = cpu_description()
-        taken = {"wall_s": time.monotonic() - started, "cpu_s": cpu, "cpu_count": cores, "cpu_model": model,
-                 "cpu_flags": flags, "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
-        manifest = write_artifact(out / "artifact", Path(folder), loop_config(cfg, model_path, data, config.seed),
-                                  source, taken)
-    print(f"{manifest['steps']} steps on {len(manifest['question_ids'])} trajectories, {manifest['tokens']} tokens, "
-          f"{manifest['wall_s']:.0f} s on {manifest['cpu_count']} cores of {manifest['cpu_model']} ({manifest['cpu_flags']}); "
-          f"artifact {out / 'artifact'} ({manifest['adapter_bytes'] / 1e6:.1f} MB)")
+        taken = {
+            "wall_s": time.monotonic() - started,
+            "cpu_s": cpu,
+            "cpu_count": cores,
+            "cpu_model": model,
+            "cpu_flags": flags,
+            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+        manifest = write_artifact(
+            out / "artifact", Path(folder), loop_config(cfg, model_path, data, config.seed), source, taken
+        )
+    print(
+        f"{manifest['steps']} steps on {len(manifest['question_ids'])} trajectories, {manifest['tokens']} tokens, "
+        f"{manifest['wall_s']:.0f} s on {manifest['cpu_count']} cores of {manifest['cpu_model']} "
+        f"({manifest['cpu_flags']}); artifact {out / 'artifact'} ({manifest['adapter_bytes'] / 1e6:.1f} MB)"
+    )

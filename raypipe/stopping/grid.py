@@ -43,7 +43,7 @@ def predictions_by_head(table: pa.Table) -> dict[HeadKey, Predictions]:
         if it in per_q:
             raise ValueError(f"duplicate prediction for {qid} iteration {it} ({group}/w{window})")
         per_q[int(it)] = (float(p), float(u))
-    return heads
+    return dict(heads)  # typed dict[HeadKey, Predictions]: the inner dicts as read-only mappings
 
 
 def threshold_grid(base: Sequence[float], values: Iterable[float], quantile_points: int) -> list[float]:
@@ -61,7 +61,7 @@ def outcome_sums(outcomes: Iterable[Outcome], split_of: Mapping[str, str]) -> li
     acc: dict[tuple[str, str], dict] = {}
     for o in outcomes:
         key = (split_of[o.qid], o.dataset)
-        row = acc.setdefault(key, {"split": key[0], "dataset": key[1], "n": 0, **{c: 0.0 for c in SUMS}})
+        row = acc.setdefault(key, {"split": key[0], "dataset": key[1], "n": 0, **dict.fromkeys(SUMS, 0.0)})
         row["n"] += 1
         for c in SUMS:
             row[c] += getattr(o, c)
@@ -120,8 +120,14 @@ def evaluate_grid(
             counts[key] = counts.get(key, 0) + 1
         grid_p, grid_u = np.meshgrid(tp, tu, indexing="ij")
         for (split, dataset), total in sums.items():
-            block = {"variant": variant, "theta_p": grid_p.ravel(), "theta_u": grid_u.ravel(), "split": split,
-                     "dataset": dataset, "n": counts[(split, dataset)]}  # fmt: skip
+            block = {
+                "variant": variant,
+                "theta_p": grid_p.ravel(),
+                "theta_u": grid_u.ravel(),
+                "split": split,
+                "dataset": dataset,
+                "n": counts[(split, dataset)],
+            }
             block.update({c: total[:, :, k].ravel() for k, c in enumerate(SUMS)})
             frames.append(pd.DataFrame(block))
     return pd.concat(frames, ignore_index=True)

@@ -52,7 +52,7 @@ def check_inputs(run: RunDir) -> None:
         run.read(name, columns=["qid"])
 
 
-def load_heads(run: RunDir, which: str) -> tuple[HeadKey, dict]:
+def load_heads(run: RunDir, which: str) -> tuple[HeadKey, dict[HeadKey, Predictions]]:
     """The chosen head (``predictions``) and the heads to sweep (``which``: chosen, windows, all)."""
     chosen_all = predictions_by_head(run.read("predictions"))
     if len(chosen_all) != 1:
@@ -102,14 +102,18 @@ def load_runs(
     if train_run is None:
         return trajectories, excluded, chosen_head, heads, None
     train_t, train_excluded = load_trajectories(train_run)
-    check_disjoint([t.qid for t in train_t], [t.qid for t in trajectories], f"the training run {train_run.path}",
-                   f"the run {run.path}")  # fmt: skip
+    check_disjoint(
+        [t.qid for t in train_t],
+        [t.qid for t in trajectories],
+        f"the training run {train_run.path}",
+        f"the run {run.path}",
+    )
     train_chosen, train_heads = load_heads(train_run, which)
     if train_chosen != chosen_head:
         raise ValueError(
             f"the training run's chosen head {head_name(train_chosen)} is not this run's {head_name(chosen_head)}"
         )
-    shared = {h: {**train_heads[h], **heads[h]} for h in heads if h in train_heads}
+    shared: dict[HeadKey, Predictions] = {h: {**train_heads[h], **heads[h]} for h in heads if h in train_heads}
     for reason, n in train_excluded.items():
         excluded[f"train_run_{reason}"] = n
     return [*train_t, *trajectories], excluded, chosen_head, shared, {t.qid for t in train_t}
@@ -143,21 +147,31 @@ def load_inputs(
         raise ValueError(f"{len(keep)} questions are too few for a validation/test split")
     val_preds = [pu for q in val for pu in chosen.get(q, {}).values()]
     theta_p = threshold_grid(cfg.theta_p_grid, [p for p, _ in val_preds], cfg.quantile_points)
-    theta_u = threshold_grid(cfg.theta_u_grid, [u for _, u in val_preds], cfg.quantile_points)
+    theta_u = threshold_grid(cfg.theta_u_grid, [u for _, u in val_preds if u is not None], cfg.quantile_points)
     log.info(
         "%d questions (%d val, %d test), %d heads (+%d refits) x %d variants x %d θ_P x %d θ_U",
-        len(keep), len(val), len(test), len(heads), len(cfg.refits), len(cfg.variants), len(theta_p), len(theta_u),
-    )  # fmt: skip
+        len(keep),
+        len(val),
+        len(test),
+        len(heads),
+        len(cfg.refits),
+        len(cfg.variants),
+        len(theta_p),
+        len(theta_u),
+    )
     runs = [run] if train_run is None else [train_run, run]
     refits, refit_frame = load_refits(runs, cfg.refits, train, question_types)
     if train_run is None:
-        protocol = f"protocol: cross-fitting within this run (validation/test halves by qid hash, {cfg.val_fraction:g} validation)"
+        protocol = (
+            "protocol: cross-fitting within this run (validation/test halves by qid hash, "
+            f"{cfg.val_fraction:g} validation)"
+        )
     else:
         protocol = f"protocol: thresholds chosen on the training run {train_run.path}, reported on this run's questions"
     return SweepInputs(
         trajectories=keep,
         excluded=excluded,
-        split_of={**{q: "val" for q in val}, **{q: "test" for q in test}},
+        split_of={**dict.fromkeys(val, "val"), **dict.fromkeys(test, "test")},
         questions={"val": len(val), "test": len(test)},
         chosen_head=chosen_head,
         heads=heads,

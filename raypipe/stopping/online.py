@@ -171,6 +171,7 @@ class OnlineController:
             if self._factory is not None:
                 self._predictor = self._factory()
             else:
+                assert self.bundle_path is not None  # the constructor asks for a bundle or a factory
                 config = RunConfig.model_validate(self._config) if self._config is not None else None
                 self._predictor = load_bundle_predictor(self.bundle_path, config)
         p_hat, u_hat = self._predictor.predict(rows, question)

@@ -55,7 +55,10 @@ def _write_figure(out: Path, inputs: SweepInputs, grid: pd.DataFrame, choices: C
             },
             {
                 **best.to_dict(),
-                "label": f"best on val: {best['variant']} {best['feature_group']}/w{int(best['window'])} ({best['selection']})",
+                "label": (
+                    f"best on val: {best['variant']} {best['feature_group']}/w{int(best['window'])} "
+                    f"({best['selection']})"
+                ),
             },
         ]
     )
@@ -65,9 +68,13 @@ def _write_figure(out: Path, inputs: SweepInputs, grid: pd.DataFrame, choices: C
 
 
 def write_outputs(
-    out: Path, inputs: SweepInputs, grid: pd.DataFrame, choices: Choices, min_share: float,
+    out: Path,
+    inputs: SweepInputs,
+    grid: pd.DataFrame,
+    choices: Choices,
+    min_share: float,
     pvalues: PValues | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """Step 4: the tables, the Pareto front, Figure 5, selected.json and the Markdown trade-off; returns selected.
     ``pvalues``: the trade-off rows' paired tests against natural stopping (columns of the CSV and the Markdown)."""
     to_frame(choices.rows).assign(protocol=inputs.protocol).to_csv(out / DATA / "selections.csv", index=False)
@@ -104,7 +111,8 @@ def write_outputs(
 def output_files(out: Path) -> list[Path]:
     """The files a reader (or experiment tracking) takes from ``RUN_DIR/stopping/``."""
     return [out / f"{stem}{suffix}" for stem in (TRADEOFF, SIGNIFICANCE) for suffix in (".md", ".csv")] + [
-        out / FIGURE, out / SELECTED
+        out / FIGURE,
+        out / SELECTED,
     ]
 
 

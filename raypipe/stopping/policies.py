@@ -71,43 +71,67 @@ class StopPolicy:
 
 def _heuristic(policy: Policy, loaded: Loaded) -> tuple[StopController, str]:
     stopping = loaded.stopping
-    theta_p, theta_u = THRESHOLD_PRESETS.get(policy.preset, (stopping.theta_p, stopping.theta_u))
-    thresholds = Thresholds(theta_p if policy.theta_p is None else policy.theta_p,
-                            theta_u if policy.theta_u is None else policy.theta_u)  # fmt: skip
+    default = (stopping.theta_p, stopping.theta_u)
+    theta_p, theta_u = default if policy.preset is None else THRESHOLD_PRESETS.get(policy.preset, default)
+    thresholds = Thresholds(
+        theta_p if policy.theta_p is None else policy.theta_p, theta_u if policy.theta_u is None else policy.theta_u
+    )
     variant = policy.variant or stopping.variant
     predictor = loaded.predictor
+    assert predictor is not None  # build_controller checked that the server offers the policy (check_offered)
     controller = OnlineController(None, thresholds, VARIANTS[variant], predictor_factory=lambda: predictor)
     return controller, f"heuristic(theta_p={thresholds.theta_p:g}, theta_u={thresholds.theta_u:g}, {variant})"
 
 
+def _cap(policy: Policy, loaded: Loaded) -> tuple[StopController, str]:
+    assert policy.k is not None  # a required setting: check_policy answers a request without it with a 422
+    return CapController(policy.k), f"cap{policy.k}"
+
+
 _PRESETS_NOTE = ", ".join(f"`{name}`: {p:g}/{u:g}" for name, (p, u) in THRESHOLD_PRESETS.items())
 
-POLICIES: dict[str, StopPolicy] = {p.name: p for p in (
-    StopPolicy("natural", "the agent runs to its own end", lambda policy, loaded: (None, "natural")),
-    StopPolicy(
-        "heuristic",
-        "the seed paper's 4-state heuristic with rollback on the bundle's P̂/Û (`raypipe/stopping/online.py`); without "
-        "settings the server's `stopping.theta_p`/`theta_u`/`variant`; a preset's pair, then `theta_p`/`theta_u` "
-        "override it",
-        _heuristic,
-        (Setting("theta_p"), Setting("theta_u"),
-         Setting("preset", choices=tuple(THRESHOLD_PRESETS), note=_PRESETS_NOTE),
-         Setting("variant", choices=VARIANT_NAMES, note=", ".join(f"`{v}`" for v in VARIANT_NAMES))),
-        needs="predictor", loads="a predictor bundle", flag="--controller BUNDLE",
-    ),
-    StopPolicy(
-        "cap",
-        "Cap@k: stop after retrieval iteration k with that iteration's probe (`k = 0`: before any search)",
-        lambda policy, loaded: (CapController(policy.k), f"cap{policy.k}"),
-        (Setting("k", required="the retrieval iterations it allows (0: answer before any search)",
-                 note="required, >= 0"),),
-    ),
-    StopPolicy(
-        "stoprag", "Stop-RAG's Q-network with its tuned threshold (`raypipe/stoprag/qnet.py`)",
-        lambda policy, loaded: (loaded.stoprag, "stoprag"),
-        needs="stoprag", loads="a Stop-RAG Q-network", flag="--stoprag PATH",
-    ),
-)}  # fmt: skip
+POLICIES: dict[str, StopPolicy] = {
+    p.name: p
+    for p in (
+        StopPolicy("natural", "the agent runs to its own end", lambda policy, loaded: (None, "natural")),
+        StopPolicy(
+            "heuristic",
+            "the seed paper's 4-state heuristic with rollback on the bundle's P̂/Û (`raypipe/stopping/online.py`); "
+            "without settings the server's `stopping.theta_p`/`theta_u`/`variant`; a preset's pair, then "
+            "`theta_p`/`theta_u` override it",
+            _heuristic,
+            (
+                Setting("theta_p"),
+                Setting("theta_u"),
+                Setting("preset", choices=tuple(THRESHOLD_PRESETS), note=_PRESETS_NOTE),
+                Setting("variant", choices=VARIANT_NAMES, note=", ".join(f"`{v}`" for v in VARIANT_NAMES)),
+            ),
+            needs="predictor",
+            loads="a predictor bundle",
+            flag="--controller BUNDLE",
+        ),
+        StopPolicy(
+            "cap",
+            "Cap@k: stop after retrieval iteration k with that iteration's probe (`k = 0`: before any search)",
+            _cap,
+            (
+                Setting(
+                    "k",
+                    required="the retrieval iterations it allows (0: answer before any search)",
+                    note="required, >= 0",
+                ),
+            ),
+        ),
+        StopPolicy(
+            "stoprag",
+            "Stop-RAG's Q-network with its tuned threshold (`raypipe/stoprag/qnet.py`)",
+            lambda policy, loaded: (loaded.stoprag, "stoprag"),
+            needs="stoprag",
+            loads="a Stop-RAG Q-network",
+            flag="--stoprag PATH",
+        ),
+    )
+}
 SETTINGS = tuple(name for name in Policy.model_fields if name != "name")  # what a request's policy may set
 
 
@@ -119,8 +143,11 @@ def check_policy(policy: Policy) -> None:
         raise ApiError(400, f"unknown policy {policy.name!r}: this server knows {', '.join(POLICIES)}")
     given = {name for name in SETTINGS if getattr(policy, name) is not None}
     if given - entry.takes:
-        raise ApiError(422, f"policy {policy.name} takes no {', '.join(sorted(given - entry.takes))}"
-                            + (f" (it takes {', '.join(sorted(entry.takes))})" if entry.takes else ""))  # fmt: skip
+        raise ApiError(
+            422,
+            f"policy {policy.name} takes no {', '.join(sorted(given - entry.takes))}"
+            + (f" (it takes {', '.join(sorted(entry.takes))})" if entry.takes else ""),
+        )
     for setting in entry.settings:
         value = getattr(policy, setting.name)
         if value is None and setting.required:
@@ -139,8 +166,13 @@ def check_offered(policy: Policy, loaded: Loaded) -> None:
     """A 400 for a policy this server does not offer (what it needs not loaded, or no such policy)."""
     if policy.name not in offered(loaded):
         entry = POLICIES.get(policy.name)
-        raise ApiError(400, f"policy {policy.name} needs {entry.loads} (start the server with {entry.flag}), which "
-                            "this server has not loaded" if entry else f"unknown policy {policy.name!r}")  # fmt: skip
+        raise ApiError(
+            400,
+            f"policy {policy.name} needs {entry.loads} (start the server with {entry.flag}), which "
+            "this server has not loaded"
+            if entry
+            else f"unknown policy {policy.name!r}",
+        )
 
 
 def build_controller(policy: Policy, loaded: Loaded) -> tuple[StopController | None, str]:

@@ -24,8 +24,16 @@ from raypipe.stopping.heuristic import Predictions
 
 KEYS = ("qid", "dataset", "iteration")
 # A head's predictions as a trial hands them to the driver (predictions_table)
-HEAD_SCHEMA = pa.schema([("qid", pa.string()), ("iteration", pa.int32()), ("feature_group", pa.string()),
-                         ("window", pa.int32()), ("p_hat", pa.float64()), ("u_hat", pa.float64())])  # fmt: skip
+HEAD_SCHEMA = pa.schema(
+    [
+        ("qid", pa.string()),
+        ("iteration", pa.int32()),
+        ("feature_group", pa.string()),
+        ("window", pa.int32()),
+        ("p_hat", pa.float64()),
+        ("u_hat", pa.float64()),
+    ]
+)
 
 
 def resolve(refit: HeadRefit, train: TrainConfig) -> HeadRefit:
@@ -44,6 +52,7 @@ def refit_label(refit: HeadRefit) -> str:
 def refit_columns(refit: HeadRefit, train: TrainConfig) -> list[str]:
     from raypipe.predict.groups import group_columns
 
+    assert refit.group is not None, "a resolved refit (resolve) names its group"
     return group_columns(refit.group, train.unsup_columns, train.relations)
 
 
@@ -85,14 +94,15 @@ def refit_predictions(
     frame = frame.sort_values(["qid", "iteration"]).reset_index(drop=True)
     trainable = None if train_qids is None else frame["qid"].isin(set(train_qids)).to_numpy()
     questions = frame[["qid", "dataset"]].drop_duplicates("qid")
-    if trainable is None:
+    if train_qids is None:  # trainable is None
         folds = assign_folds(questions, train.folds, seed)
     else:  # the target questions are one more fold, fit on every training question and never trained on
-        folds = {q: train.folds for q in questions["qid"]}
+        folds = dict.fromkeys(questions["qid"], train.folds)
         folds.update(assign_folds(questions[questions["qid"].isin(set(train_qids))], train.folds, seed))
     fold_of_row = fold_column(frame, folds)
     settings = refit.model_dump(include={"head_hidden", "head_weight_decay", "head_learning_rate"})
     cfg = train.model_copy(update={**settings, "head_alpha": None})  # the sklearn head's alpha follows the decay
+    assert refit.window is not None, "a resolved refit (resolve) names its window"
     x, _ = head_inputs(frame, columns, refit.window, cfg)
     p = out_of_fold(x, frame["probe_f1"].to_numpy(dtype=float), fold_of_row, cfg, seed, trainable)
     u = out_of_fold(x, frame["utility"].to_numpy(dtype=float), fold_of_row, cfg, seed, trainable)
@@ -105,8 +115,11 @@ def refit_predictions(
 def predictions_table(head: tuple[str, int], predictions: Predictions) -> pa.Table:
     """One head's (P̂, Û) in the columns :func:`raypipe.stopping.grid.predictions_by_head` reads back: how a Tune
     trial hands a refit head's predictions to the driver (the paired tests replay the trade-off table's rows)."""
-    rows = [{"qid": qid, "iteration": it, "feature_group": head[0], "window": head[1], "p_hat": p, "u_hat": u}
-            for qid, per_iteration in predictions.items() for it, (p, u) in per_iteration.items()]  # fmt: skip
+    rows = [
+        {"qid": qid, "iteration": it, "feature_group": head[0], "window": head[1], "p_hat": p, "u_hat": u}
+        for qid, per_iteration in predictions.items()
+        for it, (p, u) in per_iteration.items()
+    ]
     return pa.Table.from_pylist(rows, schema=HEAD_SCHEMA)
 
 

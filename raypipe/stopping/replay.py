@@ -47,8 +47,14 @@ log = logging.getLogger(__name__)
 
 # Trajectories with no natural outcome to compare against: infrastructure failures, and trajectories an
 # online controller already cut short.
-EXCLUDED_STOP_REASONS = (STOP_ENGINE_ERROR, STOP_ENGINE_CRASH, STOP_RETRIEVAL_ERROR, STOP_INTERNAL_ERROR, STOP_QUERY_CRASH,
-                         STOP_CONTROLLER)
+EXCLUDED_STOP_REASONS = (
+    STOP_ENGINE_ERROR,
+    STOP_ENGINE_CRASH,
+    STOP_RETRIEVAL_ERROR,
+    STOP_INTERNAL_ERROR,
+    STOP_QUERY_CRASH,
+    STOP_CONTROLLER,
+)
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,9 @@ class Trajectory:
                 f"trajectory {self.qid}: {len(self.iteration_tokens)} token counts for {len(self.probe_f1)} iterations"
             )
         if self.probe_em is not None and len(self.probe_em) != len(self.probe_f1):
-            raise ValueError(f"trajectory {self.qid}: {len(self.probe_em)} EM values for {len(self.probe_f1)} iterations")
+            raise ValueError(
+                f"trajectory {self.qid}: {len(self.probe_em)} EM values for {len(self.probe_f1)} iterations"
+            )
 
     @property
     def n_iterations(self) -> int:
@@ -228,7 +236,8 @@ def split_qids(qids: Iterable[str], val_fraction: float, seed: int = 0) -> tuple
     """Deterministic (validation, test) split by question, from a hash of ``seed`` and the qid."""
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    val, test = set(), set()
+    val: set[str] = set()
+    test: set[str] = set()
     for qid in qids:
         h = int.from_bytes(hashlib.sha256(f"{seed}:{qid}".encode()).digest()[:8], "big") / 2**64
         (val if h < val_fraction else test).add(qid)
@@ -249,7 +258,8 @@ def trajectories_from_tables(
     by_qid: dict[str, dict[int, dict]] = {}
     for row in its:
         by_qid.setdefault(row["qid"], {})[row["iteration"]] = row
-    records, excluded = [], {}
+    records: list[Trajectory] = []
+    excluded: dict[str, int] = {}
     for t in trajectories.to_pylist():
         qid = t["qid"]
         if t["stop_reason"] in EXCLUDED_STOP_REASONS:

@@ -46,7 +46,11 @@ def _baseline_rows(inputs: SweepInputs) -> tuple[pd.DataFrame, list[dict]]:
     base_all = aggregate(base, ["controller"]).set_index("controller")
     rows = [
         table_row(
-            r["controller"], r, base_val.loc[r["controller"]], base_all.loc[r["controller"]], selection=BASELINE_SELECTION
+            r["controller"],
+            r,
+            base_val.loc[r["controller"]],
+            base_all.loc[r["controller"]],
+            selection=BASELINE_SELECTION,
         )
         for _, r in base_test.iterrows()
     ]
@@ -64,10 +68,18 @@ def _fixed_rows(inputs: SweepInputs) -> list[dict]:
         every = aggregate(fixed, ["controller"]).iloc[0]
         rows.append(
             table_row(
-                "heuristic[paper]", test, val, every, feature_group=group, window=window, variant="paper",
-                theta_p=th.theta_p, theta_u=th.theta_u, selection=FIXED_SELECTION,
+                "heuristic[paper]",
+                test,
+                val,
+                every,
+                feature_group=group,
+                window=window,
+                variant="paper",
+                theta_p=th.theta_p,
+                theta_u=th.theta_u,
+                selection=FIXED_SELECTION,
             )
-        )  # fmt: skip
+        )
     return rows
 
 
@@ -88,11 +100,19 @@ def _selection_rows(grid: pd.DataFrame, min_share: float) -> tuple[list[dict], d
             )
             rows.append(
                 table_row(
-                    f"heuristic[{variant}]", test, val, every, feature_group=group, window=int(window), variant=variant,
-                    theta_p=th.theta_p if th else float("nan"), theta_u=th.theta_u if th else float("nan"),
-                    selection=selection, note=note,
+                    f"heuristic[{variant}]",
+                    test,
+                    val,
+                    every,
+                    feature_group=group,
+                    window=int(window),
+                    variant=variant,
+                    theta_p=th.theta_p if th else float("nan"),
+                    theta_u=th.theta_u if th else float("nan"),
+                    selection=selection,
+                    note=note,
                 )
-            )  # fmt: skip
+            )
             choices[(group, int(window), variant, selection)] = chosen
     return rows, choices
 

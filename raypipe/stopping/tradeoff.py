@@ -14,10 +14,27 @@ from raypipe.stopping.grid import beats_paper
 from raypipe.stopping.heuristic import PAPER_THRESHOLDS
 
 TABLE_COLUMNS = [
-    "controller", "feature_group", "window", "variant", "theta_p", "theta_u", "selection", "questions",
-    "mean_iterations", "iterations_change", "mean_f1", "f1_share", "mean_tokens", "tokens_saved",
-    "val_iterations_change", "val_f1_share", "all_iterations_change", "all_f1_share", "beats_paper", "note",
-]  # fmt: skip
+    "controller",
+    "feature_group",
+    "window",
+    "variant",
+    "theta_p",
+    "theta_u",
+    "selection",
+    "questions",
+    "mean_iterations",
+    "iterations_change",
+    "mean_f1",
+    "f1_share",
+    "mean_tokens",
+    "tokens_saved",
+    "val_iterations_change",
+    "val_f1_share",
+    "all_iterations_change",
+    "all_f1_share",
+    "beats_paper",
+    "note",
+]
 
 
 @dataclass(frozen=True)
@@ -69,9 +86,15 @@ def summary(rows: dict[str, pd.Series | dict], questions: dict[str, int], min_f1
     """A paragraph: natural stopping, the named operating points, and the comparison with the paper's."""
 
     def point(r) -> str:
-        text = f"{r['mean_iterations']:.3f} iterations ({100 * r['iterations_change']:+.2f}%), F1 {r['mean_f1']:.3f} ({100 * r['f1_share']:.2f}% of natural)"
+        text = (
+            f"{r['mean_iterations']:.3f} iterations ({100 * r['iterations_change']:+.2f}%), F1 {r['mean_f1']:.3f} "
+            f"({100 * r['f1_share']:.2f}% of natural)"
+        )
         if not pd.isna(r.get("all_iterations_change")):
-            text += f"; over all questions, cross-fitted: {100 * r['all_iterations_change']:+.2f}% at {100 * r['all_f1_share']:.2f}%"
+            text += (
+                f"; over all questions, cross-fitted: {100 * r['all_iterations_change']:+.2f}% at "
+                f"{100 * r['all_f1_share']:.2f}%"
+            )
         return text
 
     nat = rows["natural"]
@@ -92,8 +115,8 @@ def summary(rows: dict[str, pd.Series | dict], questions: dict[str, int], min_f1
     best = rows["best"]
     verdict = "beats" if beats_paper(best["iterations_change"], best["f1_share"]) else "does not beat"
     lines.append(
-        f"The paper's operating point is {100 * PAPER_ITERATIONS_CHANGE:+.2f}% iterations at {100 * PAPER_F1_SHARE:.2f}% of "
-        f"natural F1; on test questions the best configuration {verdict} it "
+        f"The paper's operating point is {100 * PAPER_ITERATIONS_CHANGE:+.2f}% iterations at "
+        f"{100 * PAPER_F1_SHARE:.2f}% of natural F1; on test questions the best configuration {verdict} it "
         f"({100 * (best['iterations_change'] - PAPER_ITERATIONS_CHANGE):+.2f} points of iterations, "
         f"{100 * (best['f1_share'] - PAPER_F1_SHARE):+.2f} points of F1 share)."
     )
@@ -117,9 +140,7 @@ def markdown(table: pd.DataFrame, intro: str = "", pvalues: PValues | None = Non
         f"\nTest questions. Paper's operating point: {100 * PAPER_ITERATIONS_CHANGE:+.2f}% iterations at "
         f"{100 * PAPER_F1_SHARE:.1f}% of natural F1; beats_paper = fewer iterations at no less F1 share (on test). "
         "val_*: the validation half; all_*: every question, chosen thresholds cross-fitted (each half scored "
-        "with the thresholds chosen on the other)."
-        + (f" {pvalues.note}" if pvalues is not None else "")
-        + "\n"
+        "with the thresholds chosen on the other)." + (f" {pvalues.note}" if pvalues is not None else "") + "\n"
     )
     top = f"# Early stopping: iterations vs F1 on held-out questions\n\n{intro}\n\n" if intro else ""
     return top + frame_markdown(shown) + "\n" + note
@@ -171,8 +192,13 @@ def plot_caps(ax, table: pd.DataFrame) -> None:
     caps = table[table["controller"].str.startswith("cap@")]
     ax.plot(caps["mean_iterations"], caps["mean_f1"], "s--", c="tab:blue", ms=5, label="Cap@k")
     for _, r in caps.iterrows():
-        ax.annotate(r["controller"].removeprefix("cap@"), (r["mean_iterations"], r["mean_f1"]), fontsize=7,
-                    xytext=(3, 3), textcoords="offset points")  # fmt: skip
+        ax.annotate(
+            r["controller"].removeprefix("cap@"),
+            (r["mean_iterations"], r["mean_f1"]),
+            fontsize=7,
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
 
 
 def save_tradeoff(fig, ax, path: Path, title: str, legend_loc: str) -> Path:

@@ -71,13 +71,29 @@ def comparison_rows(
 
 def markdown(table: pd.DataFrame, title: str, pvalues: PValues | None = None) -> str:
     """The comparison in Markdown; with ``pvalues``, each controller's paired tests against natural stopping."""
-    columns = ["controller", "questions", "mean iterations", "vs natural", "mean F1", "share of natural F1",
-               "tokens saved", "note"]  # fmt: skip
+    columns = [
+        "controller",
+        "questions",
+        "mean iterations",
+        "vs natural",
+        "mean F1",
+        "share of natural F1",
+        "tokens saved",
+        "note",
+    ]
     rows = [
-        (r.controller, r.questions, f"{r.mean_iterations:.3f}", f"{100 * r.iterations_change:+.1f}%", f"{r.mean_f1:.3f}",
-         f"{100 * r.f1_share:.1f}%", f"{100 * r.tokens_saved:+.1f}%", r.note)
+        (
+            r.controller,
+            r.questions,
+            f"{r.mean_iterations:.3f}",
+            f"{100 * r.iterations_change:+.1f}%",
+            f"{r.mean_f1:.3f}",
+            f"{100 * r.f1_share:.1f}%",
+            f"{100 * r.tokens_saved:+.1f}%",
+            r.note,
+        )
         for r in table.itertuples(index=False)
-    ]  # fmt: skip
+    ]
     shown = with_pvalue_cells(pd.DataFrame(rows, columns=columns), pvalues, after="tokens saved")
     note = f"\n{pvalues.note}\n" if pvalues is not None else ""
     body = frame_markdown(shown)
@@ -109,9 +125,15 @@ def plot(table: pd.DataFrame, path: Path, title: str) -> Path:
 
 
 def write_comparison(
-    out: Path, rows: list[dict], outcomes: list[dict], n_test: int, n_val: int, answers_note: str, protocol: str = "",
+    out: Path,
+    rows: list[dict],
+    outcomes: list[dict],
+    n_test: int,
+    n_val: int,
+    answers_note: str,
+    protocol: str = "",
     pvalues: PValues | None = None,
-) -> pd.DataFrame:  # fmt: skip
+) -> pd.DataFrame:
     """comparison.csv/.md/.png and outcomes.parquet; returns the comparison table. ``answers_note``
     names the answer generator that scored every controller (an ``answers`` column, a line of the .md);
     ``protocol`` the train/test protocol (a ``protocol`` column, a line of the .md); ``pvalues`` each row's
@@ -121,9 +143,14 @@ def write_comparison(
     if pvalues is not None:
         csv = pd.concat([csv, pvalues.numbers.set_axis(csv.index)], axis=1)
     csv.to_csv(out / "comparison.csv", index=False)
-    title = f"Stopping controllers on {n_test} held-out test questions\n(Stop-RAG threshold tuned on {n_val} validation questions)"
+    title = (
+        f"Stopping controllers on {n_test} held-out test questions\n"
+        f"(Stop-RAG threshold tuned on {n_val} validation questions)"
+    )
     more = f"\n{protocol}.\n" if protocol else ""
-    (out / "comparison.md").write_text(markdown(table, title, pvalues) + f"\nF1 of every controller: {answers_note}.\n" + more)
+    (out / "comparison.md").write_text(
+        markdown(table, title, pvalues) + f"\nF1 of every controller: {answers_note}.\n" + more
+    )
     plot(table, out / "comparison.png", title)
     pd.DataFrame(outcomes).to_parquet(out / "outcomes.parquet")
     return table

@@ -63,10 +63,19 @@ def build_episodes(
     cfg = config.stoprag
     sep = state_separator(cfg)
     return {
-        qid: build_episode(qid, questions[qid], rows, first_decision=cfg.first_decision, mode=cfg.state_input,
-                           doc_chars=cfg.doc_chars, per_round=cfg.docs_per_iteration, sep=sep, rewards=rewards[qid])
+        qid: build_episode(
+            qid,
+            questions[qid],
+            rows,
+            first_decision=cfg.first_decision,
+            mode=cfg.state_input,
+            doc_chars=cfg.doc_chars,
+            per_round=cfg.docs_per_iteration,
+            sep=sep,
+            rewards=rewards[qid],
+        )
         for qid, rows in histories.items()
-    }  # fmt: skip
+    }
 
 
 def state_rewards(

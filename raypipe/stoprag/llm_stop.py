@@ -163,7 +163,7 @@ Decision: <STOP>
 """
 
 # The same file, l.315 (STOP_DECISION_USER_PROMPT), verbatim (it has no final full stop).
-USER_INSTRUCTION = 'Based on the information provided, give a short analysis of whether the original question can be answered. Then, decide whether to stop or continue gathering information'
+USER_INSTRUCTION = "Based on the information provided, give a short analysis of whether the original question can be answered. Then, decide whether to stop or continue gathering information"
 
 Verdict = Literal["stop", "continue"]
 # The named option ``enforce``: the output format as a bounded regex (vLLM structured outputs).
@@ -183,7 +183,9 @@ def format_rounds(rounds: Sequence[Round], docs: int = 1, doc_chars: int | None 
     return "\n".join(lines)
 
 
-def build_messages(question: str, rounds: Sequence[Round], docs: int = 1, doc_chars: int | None = None) -> list[dict[str, str]]:
+def build_messages(
+    question: str, rounds: Sequence[Round], docs: int = 1, doc_chars: int | None = None
+) -> list[dict[str, str]]:
     """System and user messages as ``gen_stop_decision_prompt`` (prompts.py l.318-330) builds them."""
     trace = format_rounds(rounds, docs, doc_chars).strip()
     user = "Main question: " + question.strip() + "\n\n" + trace + "\n\n" + USER_INSTRUCTION

@@ -45,10 +45,17 @@ def llm_stop_margins(
     engine = engine_factory(config.engine)
     try:
         controller = LLMStopController(
-            engine, max_tokens=cfg.llm_stop_max_tokens, temperature=cfg.llm_stop_temperature, docs=cfg.llm_stop_docs,
-            doc_chars=cfg.doc_chars, default=cfg.llm_stop_default, first_decision=cfg.first_decision, seed=config.seed,
-            enforce=cfg.llm_stop_enforce, parser=cfg.llm_stop_parser,
-        )  # fmt: skip
+            engine,
+            max_tokens=cfg.llm_stop_max_tokens,
+            temperature=cfg.llm_stop_temperature,
+            docs=cfg.llm_stop_docs,
+            doc_chars=cfg.doc_chars,
+            default=cfg.llm_stop_default,
+            first_decision=cfg.first_decision,
+            seed=config.seed,
+            enforce=cfg.llm_stop_enforce,
+            parser=cfg.llm_stop_parser,
+        )
         if cfg.llm_stop_enforce:  # compile the grammar before the real requests
             asyncio.run(engine.warmup([controller.regex]))
         started = time.perf_counter()

@@ -57,9 +57,16 @@ def train_variant(
 
     texts, samples = training_samples([episodes[q] for q in sorted(splits.train) if q in episodes], cfg.drop_no_signal)
     log.info("Stop-RAG[%s]: %d training states (%d in the state table)", cfg.target, len(samples), len(texts))
-    meta = {"state_input": cfg.state_input, "doc_chars": cfg.doc_chars, "docs_per_iteration": cfg.docs_per_iteration,
-            "state_truncation": cfg.state_truncation, "first_decision": cfg.first_decision, "target": cfg.target,
-            "encoder": cfg.encoder, "reward_source": cfg.reward_source}  # fmt: skip
+    meta = {
+        "state_input": cfg.state_input,
+        "doc_chars": cfg.doc_chars,
+        "docs_per_iteration": cfg.docs_per_iteration,
+        "state_truncation": cfg.state_truncation,
+        "first_decision": cfg.first_decision,
+        "target": cfg.target,
+        "encoder": cfg.encoder,
+        "reward_source": cfg.reward_source,
+    }
     dest = out / ("qnet" if cfg.target == config.stoprag.target else f"qnet_{cfg.target}")
     folder, history = trainer(
         texts,
@@ -76,8 +83,14 @@ def train_variant(
     threshold, val_summary = tune_threshold(val_t, margins, cfg.threshold_objective, cfg.min_share)
     meta_path = folder / "qnet.json"
     meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "threshold": threshold}, indent=2))
-    log.info("Stop-RAG[%s]: threshold %.4f on val: %.3f iterations, F1 %.3f (natural %.3f)", cfg.target, threshold,
-             val_summary.mean_iterations, val_summary.mean_f1, val_summary.natural_f1)  # fmt: skip
+    log.info(
+        "Stop-RAG[%s]: threshold %.4f on val: %.3f iterations, F1 %.3f (natural %.3f)",
+        cfg.target,
+        threshold,
+        val_summary.mean_iterations,
+        val_summary.mean_f1,
+        val_summary.natural_f1,
+    )
     for row in margin_rows:
         row["target"] = cfg.target
     for row in history:
@@ -105,7 +118,10 @@ def stoprag_controllers(
             variant, config, episodes, splits, out, val_t, trainer
         )
         name = "stoprag" if target == cfg.target else f"stoprag[{target}]"
-        note = f"target {target}, threshold {threshold:.3f} (val: {val_s.mean_iterations:.2f} it, {100 * val_s.f1_share:.1f}% F1)"
+        note = (
+            f"target {target}, threshold {threshold:.3f} "
+            f"(val: {val_s.mean_iterations:.2f} it, {100 * val_s.f1_share:.1f}% F1)"
+        )
         controllers[name] = (margin_controller(margins, threshold), note)
         histories_out += history
         margin_rows += m_rows

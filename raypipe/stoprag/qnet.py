@@ -68,7 +68,7 @@ class QNetwork(nn.Module):
         return folder
 
     @classmethod
-    def load(cls, folder: str | Path) -> tuple["QNetwork", dict]:
+    def load(cls, folder: str | Path) -> tuple[QNetwork, dict]:
         """A saved network (eval mode) and its metadata (threshold, max_length, state settings ...)."""
         folder = Path(folder)
         if not (folder / META).exists():
@@ -106,7 +106,9 @@ def encoder_max_length(folder: str | Path) -> int:
     return min(bounded) if bounded else REFERENCE_MAX_LENGTH
 
 
-def truncate_ids(ids: list[int], max_length: int, sep_id: int | None, keep: Literal["newest", "start"] = "newest") -> list[int]:
+def truncate_ids(
+    ids: list[int], max_length: int, sep_id: int | None, keep: Literal["newest", "start"] = "newest"
+) -> list[int]:
     """One encoded state cut to ``max_length`` tokens.
 
     ``newest`` (default): the first token, the question and its separator stay (the question cut to half
@@ -152,7 +154,12 @@ def encode_states(
 
 @torch.no_grad()
 def score(
-    net: QNetwork, tokenizer, texts: Sequence[str], max_length: int, batch_size: int = 32, keep: Literal["newest", "start"] = "newest"
+    net: QNetwork,
+    tokenizer,
+    texts: Sequence[str],
+    max_length: int,
+    batch_size: int = 32,
+    keep: Literal["newest", "start"] = "newest",
 ) -> tuple[list[float], list[float]]:
     """Q_stop and Q_cont for every text (no gradients; the caller chooses train or eval mode)."""
     q_stop: list[float] = []
@@ -182,7 +189,9 @@ class StopRagController:
     def __init__(self, folder: str | Path, threshold: float | None = None):
         self.folder = Path(folder)
         if not (self.folder / META).exists():
-            raise FileNotFoundError(f"{self.folder}: not a saved Stop-RAG Q-network (no {META}); run jobs/stoprag.py first")
+            raise FileNotFoundError(
+                f"{self.folder}: not a saved Stop-RAG Q-network (no {META}); run jobs/stoprag.py first"
+            )
         self.meta = json.loads((self.folder / META).read_text())
         missing = sorted(STATE_KEYS - set(self.meta))
         if missing:
@@ -205,8 +214,14 @@ class StopRagController:
                 self._net = (QNetwork.load(self.folder)[0], load_tokenizer(self.folder))
             net, tokenizer = self._net
             meta = self.meta
-            text = state_text(question, rounds_from_history(history), meta["state_input"], meta["doc_chars"],
-                              meta["docs_per_iteration"], tokenizer.sep_token or SEP)  # fmt: skip
+            text = state_text(
+                question,
+                rounds_from_history(history),
+                meta["state_input"],
+                meta["doc_chars"],
+                meta["docs_per_iteration"],
+                tokenizer.sep_token or SEP,
+            )
             q_stop, q_cont = score(net, tokenizer, [text], meta["max_length"], keep=meta["state_truncation"])
         return q_stop[0] - q_cont[0]
 

@@ -84,8 +84,8 @@ October 28, 2012
 
 # The same file, l.385 (FINAL_ANSWER_GENERATION_USER_PROMPT), verbatim.
 FINAL_ANSWER_USER_PROMPT = (
-    'Now, please provide the final answer to the main question. Respond with an appro'
-    'priate answer only, do not explain yourself or output anything else.'
+    "Now, please provide the final answer to the main question. Respond with an appro"
+    "priate answer only, do not explain yourself or output anything else."
 )
 
 
@@ -146,9 +146,11 @@ async def generator_rewards(
         question, documents = states[key]
         prompt = engine.apply_chat_template(answer_messages(question, documents))
         request = GenerationRequest(
-            prompt=prompt, max_tokens=cfg.reward_max_tokens, temperature=cfg.reward_temperature,
+            prompt=prompt,
+            max_tokens=cfg.reward_max_tokens,
+            temperature=cfg.reward_temperature,
             seed=None if cfg.reward_temperature == 0 else seed + sample,
-        )  # fmt: skip
+        )
         async with gate:
             try:
                 return key, sample, (await engine.generate(request)).text.strip()
@@ -180,5 +182,7 @@ def generator_note(cfg: StopRagConfig, model: str) -> str:
     """Names the answer generator in the comparison table."""
     if cfg.reward_source == "probe":
         return f"answers: the agent's probed answer at each state, the terminal one included ({model}, greedy)"
-    return (f"answers: the reference's docs-only final-answer prompt ({model}), mean F1 of {cfg.reward_samples} "
-            f"at T={cfg.reward_temperature:g}, every state, the terminal one included")  # fmt: skip
+    return (
+        f"answers: the reference's docs-only final-answer prompt ({model}), mean F1 of {cfg.reward_samples} "
+        f"at T={cfg.reward_temperature:g}, every state, the terminal one included"
+    )

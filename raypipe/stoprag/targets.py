@@ -3,8 +3,8 @@
 Iterative RAG as a finite-horizon MDP with no discounting. A state s_t is the question plus the documents
 the agent has gathered by iteration t, one per iteration (:func:`state_text`, the reference's encoder input);
 STOP ends the episode with reward r_t = the quality of the answer given at s_t, every state scored by one
-answer generator (:mod:`raypipe.stoprag.rewards`; by default the probed answer's F1); CONT leads to s_{t+1}. The last recorded iteration (natural
-termination or the turn limit) is terminal: only STOP is possible there.
+answer generator (:mod:`raypipe.stoprag.rewards`; by default the probed answer's F1); CONT leads to s_{t+1}. The last
+recorded iteration (natural termination or the turn limit) is terminal: only STOP is possible there.
 
 Targets for the CONT head, as the public trainer (chosolbee/MHQA-SetVerify
 ``Training/multihead_stop_decider_train.py``) computes them for a state s_t with k bootstrappable future
@@ -54,7 +54,9 @@ class Round:
     answer: str | None = None
 
 
-def with_documents(rows: Sequence[dict[str, Any]], docs: dict[str, tuple[str, str]], top_k: int) -> list[dict[str, Any]]:
+def with_documents(
+    rows: Sequence[dict[str, Any]], docs: dict[str, tuple[str, str]], top_k: int
+) -> list[dict[str, Any]]:
     """ITERATIONS rows plus ``doc_titles``/``doc_texts`` of their top ``top_k`` documents, as the online
     history carries them, from a doc_id -> (title, text) lookup."""
     out = []
@@ -62,7 +64,9 @@ def with_documents(rows: Sequence[dict[str, Any]], docs: dict[str, tuple[str, st
         ids = list(row.get("doc_ids") or [])[:top_k] if row["iteration"] > 0 else []
         missing = [d for d in ids if d not in docs]
         if missing:
-            raise KeyError(f"qid {row.get('qid')!r} iteration {row['iteration']}: documents {missing[:3]} not in the corpus")
+            raise KeyError(
+                f"qid {row.get('qid')!r} iteration {row['iteration']}: documents {missing[:3]} not in the corpus"
+            )
         out.append({**row, "doc_titles": [docs[d][0] for d in ids], "doc_texts": [docs[d][1] for d in ids]})
     return out
 
@@ -79,7 +83,9 @@ def rounds_from_history(history: Sequence[dict[str, Any]]) -> list[Round]:
         titles, texts = row.get("doc_titles") or [], row.get("doc_texts") or []
         ids = list(row.get("doc_ids") or [])[: len(titles)]
         ids += [f"{row['iteration']}:{k}" for k in range(len(ids), len(titles))]  # ids only dedupe documents
-        rounds.append(Round(row.get("query"), tuple(zip(ids, titles, texts)), row.get("reasoning"), row.get("probe_answer")))
+        rounds.append(
+            Round(row.get("query"), tuple(zip(ids, titles, texts)), row.get("reasoning"), row.get("probe_answer"))
+        )
     return rounds
 
 
@@ -238,7 +244,10 @@ def mc_target(future_rewards: Sequence[float]) -> float:
 def nstep_returns(future_rewards: Sequence[float], bootstrap: Sequence[float]) -> list[float]:
     """G_1..G_k: G_n = max(r_{t+1..t+n-1}, bootstrap[n-1]), bootstrap[j] = max(Q_stop, Q_cont)(s_{t+1+j})."""
     if len(bootstrap) != len(future_rewards) - 1:
-        raise ValueError(f"{len(future_rewards)} future rewards need {len(future_rewards) - 1} bootstrap values, got {len(bootstrap)}")
+        raise ValueError(
+            f"{len(future_rewards)} future rewards need {len(future_rewards) - 1} bootstrap values, got "
+            f"{len(bootstrap)}"
+        )
     returns, best = [], -math.inf
     for n, value in enumerate(bootstrap):
         returns.append(max(best, value))

@@ -117,8 +117,14 @@ class QNetTraining:
             total_loss += loss.item()
             if worker.rank == 0 and (self.step % LOG_EVERY == 0 or self.step == self.total_steps):
                 rate = (self.step - first_step) / (time.perf_counter() - started)
-                log.info("step %d/%d  loss %.4f  lambda %.3f  %.2f steps/s", self.step, self.total_steps, loss.item(),
-                         lam, rate)  # fmt: skip
+                log.info(
+                    "step %d/%d  loss %.4f  lambda %.3f  %.2f steps/s",
+                    self.step,
+                    self.total_steps,
+                    loss.item(),
+                    lam,
+                    rate,
+                )
         return total_loss / self.steps_per_epoch
 
     def _save(self, epoch: int, folder: Path) -> None:
@@ -156,7 +162,9 @@ def cont_targets(
     if future:
         was_training = net.training
         net.eval()
-        q_stop, q_cont = score(net, tokenizer, [texts[i] for i in future], _max_length(cfg), cfg.batch_size, cfg.state_truncation)
+        q_stop, q_cont = score(
+            net, tokenizer, [texts[i] for i in future], _max_length(cfg), cfg.batch_size, cfg.state_truncation
+        )
         net.train(was_training)
         values = {i: max(s, c) for i, s, c in zip(future, q_stop, q_cont)}
     return [cont_target(cfg.target, s, [values[i] for i in s.future_states], lam) for s in batch]
@@ -185,5 +193,7 @@ def batch_loss(
 
 def _max_length(cfg: StopRagConfig) -> int:
     if cfg.max_length is None:
-        raise ValueError("stoprag.max_length must be resolved to the encoder's limit before training (train_qnetwork does)")
+        raise ValueError(
+            "stoprag.max_length must be resolved to the encoder's limit before training (train_qnetwork does)"
+        )
     return cfg.max_length

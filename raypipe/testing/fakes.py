@@ -118,7 +118,12 @@ class FakeRetriever:
         if self.crash_on & set(queries):
             raise QueryCrashError("in flight at 3 retrieval replica deaths, the last one alone")
         return [
-            SearchResult(query=q, hits=[hit(f"{q}-{i}", f"Title {i}", f"passage {i} about {q}", 1.0 - i / 10) for i in range(min(k, self.n))])
+            SearchResult(
+                query=q,
+                hits=[
+                    hit(f"{q}-{i}", f"Title {i}", f"passage {i} about {q}", 1.0 - i / 10) for i in range(min(k, self.n))
+                ],
+            )
             for q in queries
         ]
 
@@ -137,4 +142,13 @@ class ScriptedController:
         return CONTINUE
 
 
-__all__ = ["EngineError", "EngineUnavailableError", "FakeEngine", "FakeRetriever", "ScriptedController", "agent_turns", "hit", "replies"]
+__all__ = [
+    "EngineError",
+    "EngineUnavailableError",
+    "FakeEngine",
+    "FakeRetriever",
+    "ScriptedController",
+    "agent_turns",
+    "hit",
+    "replies",
+]

@@ -106,8 +106,18 @@ class FaultyServer:
 def search_r1_answer(request: Received) -> dict[str, Any]:
     """Search-R1's answer to a ``POST /retrieve``: ``topk`` hits per query, ids ``QUERY-i``, falling scores."""
     queries, k = request.body["queries"], request.body["topk"]
-    return {"result": [[{"document": {"id": f"{q}-{i}", "contents": f'"Title {i}"\npassage {i} about {q}'},
-                         "score": 1.0 - i / (k + 1)} for i in range(k)] for q in queries]}  # fmt: skip
+    return {
+        "result": [
+            [
+                {
+                    "document": {"id": f"{q}-{i}", "contents": f'"Title {i}"\npassage {i} about {q}'},
+                    "score": 1.0 - i / (k + 1),
+                }
+                for i in range(k)
+            ]
+            for q in queries
+        ]
+    }
 
 
 def json_reply(value: Any, **options: Any) -> Reply:

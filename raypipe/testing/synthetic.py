@@ -110,12 +110,21 @@ def write_synthetic_run(
             prev_f1 = f1
         trajectories.append(
             {
-                "qid": qid, "dataset": "synthetic", "question": question, "golden_answers": ["x"],
-                "final_answer": "x", "final_f1": prev_f1, "n_iterations": n_iter, "stop_reason": STOP_ANSWER,
-                "error": None, "tokens_generated": 40 * (n_iter + 1), "probe_tokens": 10, "wall_s": 1.0,
+                "qid": qid,
+                "dataset": "synthetic",
+                "question": question,
+                "golden_answers": ["x"],
+                "final_answer": "x",
+                "final_f1": prev_f1,
+                "n_iterations": n_iter,
+                "stop_reason": STOP_ANSWER,
+                "error": None,
+                "tokens_generated": 40 * (n_iter + 1),
+                "probe_tokens": 10,
+                "wall_s": 1.0,
                 "transcript": "",
             }
-        )  # fmt: skip
+        )
     run.write_part("trajectories", conform(trajectories, "trajectories"), "part-0")
     for p in range(parts):
         chunk = [r for r in iterations if r["iteration"] % parts == p]

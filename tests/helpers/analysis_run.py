@@ -36,19 +36,40 @@ def build_run_dir(path: Path, protocol: str = "search_r1") -> RunDir:
     its, trajs = [], []
     for qid, (dataset, ps, n, stop, final) in TRAJECTORIES.items():
         for i, p in enumerate(ps):
-            its.append({
-                "qid": qid, "dataset": dataset, "iteration": i, "query": None if i == 0 else f"q{i}",
-                "doc_ids": [] if i == 0 else ["d1", "d2"], "doc_scores": [] if i == 0 else [0.9, 0.8],
-                "reasoning": "r", "probe_answer": "a", "probe_token_logprobs": [-0.1],
-                "probe_f1": p, "utility": None if i == 0 else p - ps[i - 1],
-                "tokens_generated": 10, "probe_tokens": 3,
-            })
-        trajs.append({
-            "qid": qid, "dataset": dataset, "question": f"question {qid}?", "golden_answers": ["x"],
-            "final_answer": None if final is None else "x", "final_f1": final, "n_iterations": n,
-            "stop_reason": stop, "error": "boom" if stop == "engine_error" else None,
-            "tokens_generated": 10 * (n + 1), "probe_tokens": 3 * len(ps), "wall_s": 1.0, "transcript": "t",
-        })
+            its.append(
+                {
+                    "qid": qid,
+                    "dataset": dataset,
+                    "iteration": i,
+                    "query": None if i == 0 else f"q{i}",
+                    "doc_ids": [] if i == 0 else ["d1", "d2"],
+                    "doc_scores": [] if i == 0 else [0.9, 0.8],
+                    "reasoning": "r",
+                    "probe_answer": "a",
+                    "probe_token_logprobs": [-0.1],
+                    "probe_f1": p,
+                    "utility": None if i == 0 else p - ps[i - 1],
+                    "tokens_generated": 10,
+                    "probe_tokens": 3,
+                }
+            )
+        trajs.append(
+            {
+                "qid": qid,
+                "dataset": dataset,
+                "question": f"question {qid}?",
+                "golden_answers": ["x"],
+                "final_answer": None if final is None else "x",
+                "final_f1": final,
+                "n_iterations": n,
+                "stop_reason": stop,
+                "error": "boom" if stop == "engine_error" else None,
+                "tokens_generated": 10 * (n + 1),
+                "probe_tokens": 3 * len(ps),
+                "wall_s": 1.0,
+                "transcript": "t",
+            }
+        )
     # Two parts per table, as a sharded writer would leave them.
     run.write_part("iterations", conform(its[:5], "iterations"), "part-0")
     run.write_part("iterations", conform(its[5:], "iterations"), "part-1")

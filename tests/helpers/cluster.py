@@ -44,7 +44,12 @@ from pathlib import Path
 import psutil
 
 RAY = str(Path(sys.executable).with_name("ray"))
-AGENT_PORTS = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port")
+AGENT_PORTS = (
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+)
 # cluster.yaml's worker node types, scaled to this machine (GPUs are fake: Ray's --num-gpus)
 NODE_TYPES = {
     "gpu_worker": {"num_cpus": 2, "num_gpus": 2, "resources": {"raypipe_generation": 2}},
@@ -93,14 +98,24 @@ class LocalCluster:
 
     def start_head(self, num_cpus: int, resources: dict[str, float] | None = None) -> None:
         self._start_node(
-            ["--head", f"--port={self.gcs_port}", f"--temp-dir={self.temp_dir}", "--include-dashboard=true",
-             "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}"],
-            num_cpus, resources,
-        )  # fmt: skip
-        self._wait(lambda: self.ray("job", "list", "--address", self.dashboard, check=False).returncode == 0, "the head")
+            [
+                "--head",
+                f"--port={self.gcs_port}",
+                f"--temp-dir={self.temp_dir}",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={self.dashboard_port}",
+            ],
+            num_cpus,
+            resources,
+        )
+        self._wait(
+            lambda: self.ray("job", "list", "--address", self.dashboard, check=False).returncode == 0, "the head"
+        )
 
-    def add_node(self, num_cpus: int, resources: dict[str, float] | None = None, num_gpus: int = 0,
-                 private_local: bool = False) -> int:
+    def add_node(
+        self, num_cpus: int, resources: dict[str, float] | None = None, num_gpus: int = 0, private_local: bool = False
+    ) -> int:
         """Start a worker node and wait until it is alive; returns its index in ``nodes``. ``private_local``:
         in its own mount namespace, with a tmpfs of its own over :attr:`local`."""
         expected = len(self.nodes) - len(self.dead) + 1
@@ -114,24 +129,47 @@ class LocalCluster:
         self.worker_types[index] = node_type
         return index
 
-    def _start_node(self, args: list[str], num_cpus: int, resources: dict[str, float] | None, num_gpus: int = 0,
-                    private_local: bool = False) -> None:
+    def _start_node(
+        self,
+        args: list[str],
+        num_cpus: int,
+        resources: dict[str, float] | None,
+        num_gpus: int = 0,
+        private_local: bool = False,
+    ) -> None:
         # every node on this host needs its own agent ports (the defaults clash with each other and
         # with any other Ray instance on the machine)
         ports = [f"--{name}={free_port()}" for name in AGENT_PORTS]
-        cmd = [RAY, "start", "--block", *args, "--node-ip-address=127.0.0.1", *ports, f"--num-cpus={num_cpus}",
-               f"--num-gpus={num_gpus}", "--object-store-memory=400000000", f"--resources={json.dumps(resources or {})}"]  # fmt: skip
+        cmd = [
+            RAY,
+            "start",
+            "--block",
+            *args,
+            "--node-ip-address=127.0.0.1",
+            *ports,
+            f"--num-cpus={num_cpus}",
+            f"--num-gpus={num_gpus}",
+            "--object-store-memory=400000000",
+            f"--resources={json.dumps(resources or {})}",
+        ]
         if private_local:  # a mount namespace of its own: the tmpfs over `local` is this node's alone
-            mount = f"mount -t tmpfs -o size=512m tmpfs {self.local} && exec \"$@\""
+            mount = f'mount -t tmpfs -o size=512m tmpfs {self.local} && exec "$@"'
             cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", *cmd]
         log = (self.temp_dir / f"node-{len(self.nodes)}.log").open("w")
-        self.nodes.append(subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        self.nodes.append(
+            subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        )
 
     def nodes_info(self) -> list[dict]:
         """``ray.nodes()`` of the cluster (from a short-lived driver)."""
         script = "import json, ray; ray.init(log_to_driver=False); print('NODES', json.dumps(ray.nodes()))"
-        proc = subprocess.run([sys.executable, "-c", script], env={**self.env, "RAY_ADDRESS": self.address},
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-c", script],
+            env={**self.env, "RAY_ADDRESS": self.address},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         lines = [line for line in proc.stdout.splitlines() if line.startswith("NODES ")]  # not the raylets' lines
         return json.loads(lines[-1].removeprefix("NODES ")) if proc.returncode == 0 and lines else []
 
@@ -153,21 +191,38 @@ class LocalCluster:
         self.dead.add(index)
         self._wait(lambda: self.alive_nodes() == expected, f"Ray to mark node {index} dead", NODE_DEATH_TIMEOUT_S)
 
-    def ray(self, *args: str, check: bool = True, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    def ray(
+        self, *args: str, check: bool = True, timeout: float = 120, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess:
         proc = subprocess.run([RAY, *args], env=self.env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
         if check and proc.returncode != 0:
-            raise RuntimeError(f"ray {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            raise RuntimeError(
+                f"ray {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            )
         return proc
 
-    def submit_job(self, submission_id: str, working_dir: Path, entrypoint: list[str], timeout: float = 900,
-                   wait: bool = True) -> tuple[str, str]:
+    def submit_job(
+        self, submission_id: str, working_dir: Path, entrypoint: list[str], timeout: float = 900, wait: bool = True
+    ) -> tuple[str, str]:
         """``ray job submit`` (waits for the end unless not ``wait``: see :meth:`wait_job`): (its output, the
         job's status line)."""
         deadline = time.monotonic() + 120
         while True:
-            proc = self.ray("job", "submit", "--address", self.dashboard, "--submission-id", submission_id,
-                            *(() if wait else ("--no-wait",)), "--working-dir", str(working_dir), "--", *entrypoint,
-                            check=False, timeout=timeout)  # fmt: skip
+            proc = self.ray(
+                "job",
+                "submit",
+                "--address",
+                self.dashboard,
+                "--submission-id",
+                submission_id,
+                *(() if wait else ("--no-wait",)),
+                "--working-dir",
+                str(working_dir),
+                "--",
+                *entrypoint,
+                check=False,
+                timeout=timeout,
+            )
             # the head's job agent comes up a little after its dashboard answers
             if "No available agent" not in proc.stdout + proc.stderr or time.monotonic() > deadline:
                 break
@@ -224,12 +279,15 @@ def node_type_of(node: dict) -> str:
     resources = node["Resources"]
     if "node:__internal_head__" in resources:
         return "head"
-    return next((name for name, shape in NODE_TYPES.items() if all(r in resources for r in shape["resources"])), "other")
+    return next(
+        (name for name, shape in NODE_TYPES.items() if all(r in resources for r in shape["resources"])), "other"
+    )
 
 
 @contextmanager
-def simulated_gpu_cluster(extra_env: dict[str, str] | None = None, workers: tuple[str, ...] = ("gpu_worker", "retrieval_worker")
-                          ) -> Iterator[LocalCluster]:  # fmt: skip
+def simulated_gpu_cluster(
+    extra_env: dict[str, str] | None = None, workers: tuple[str, ...] = ("gpu_worker", "retrieval_worker")
+) -> Iterator[LocalCluster]:
     """A head with 0 CPUs and one worker of each of ``workers`` (module docstring); stopped on exit."""
     cluster = LocalCluster(extra_env)
     try:

@@ -50,13 +50,19 @@ class ScriptedAgents:
     probe before any retrieval answers ``unknown``. ``crash_on``: the engine's process exits (as an
     out-of-memory kill would) the first time it sees that question (with a ``marker`` file; without one,
     every time). ``error_on``: the engine cannot answer
-    (``EngineUnavailableError``, an outage: the row's ``engine_error``) on that question's turns. ``die_on``: the engine dies (``EngineDiedError``) on every
-    turn of that question. ``delay_s``: every agent turn blocks that long, to keep a job running while a
-    test interrupts it.
+    (``EngineUnavailableError``, an outage: the row's ``engine_error``) on that question's turns. ``die_on``: the engine
+    dies (``EngineDiedError``) on every turn of that question. ``delay_s``: every agent turn blocks that long, to keep a
+    job running while a test interrupts it.
     """
 
-    def __init__(self, crash_on: str | None = None, marker: str | Path | None = None, error_on: str | None = None,
-                 delay_s: float = 0.0, die_on: str | None = None):
+    def __init__(
+        self,
+        crash_on: str | None = None,
+        marker: str | Path | None = None,
+        error_on: str | None = None,
+        delay_s: float = 0.0,
+        die_on: str | None = None,
+    ):
         if crash_on is None and marker is not None:
             raise ValueError("a marker file needs crash_on")
         self.crash_on, self.marker, self.error_on, self.delay_s = crash_on, marker, error_on, delay_s

@@ -12,7 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 def documents_for(query: str, k: int) -> list[dict]:
     """What the toy server returns for a query: k hits with ids, quoted titles and falling scores."""
     return [
-        {"document": {"id": f"{query}-{i}", "contents": f'"Title {i} of {query}"\npassage {i} about {query}'}, "score": 1.0 - i / 8}
+        {
+            "document": {"id": f"{query}-{i}", "contents": f'"Title {i} of {query}"\npassage {i} about {query}'},
+            "score": 1.0 - i / 8,
+        }
         for i in range(k)
     ]
 
