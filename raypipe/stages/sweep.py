@@ -77,24 +77,12 @@ def sweep_grid(
     ``out/tune``), kept as data/grid.parquet; with the refit heads' predictions."""
     # Packed (fmt: skip), this call keeps the stage module under its size target (tests/test_layout.py).
     grid, refit_heads = run_tune(
-        inputs.trajectories,
-        inputs.heads,
-        inputs.split_of,
-        variants=cfg.variants,
-        theta_p=inputs.theta_p,
-        theta_u=inputs.theta_u,
-        min_f1_share=cfg.min_f1_share,
-        storage_path=storage or out / "tune",
-        name=experiment,
-        max_concurrent_trials=cfg.max_concurrent_trials,
-        trial_num_cpus=cfg.trial_num_cpus,
-        refits=inputs.refits,
-        refit_frame=inputs.refit_frame,
-        train=train,
-        seed=seed,
-        train_qids=inputs.train_qids,
+        inputs.trajectories, inputs.heads, inputs.split_of, variants=cfg.variants, theta_p=inputs.theta_p,
+        theta_u=inputs.theta_u, min_f1_share=cfg.min_f1_share, storage_path=storage or out / "tune", name=experiment,
+        max_concurrent_trials=cfg.max_concurrent_trials, trial_num_cpus=cfg.trial_num_cpus,
+        refits=inputs.refits, refit_frame=inputs.refit_frame, train=train, seed=seed, train_qids=inputs.train_qids,
         callbacks=callbacks,
-    )
+    )  # fmt: skip
     grid.to_parquet(out / DATA / "grid.parquet")
     return grid, refit_heads
 
