@@ -2,6 +2,7 @@
 #   make run    install (idempotent) and run the main job on the embedded default
 #   make test   install (idempotent), lint and type-check (make lint), then run the whole test suite (what CI runs)
 #   make lint   ruff check, ruff format --check and mypy (configured in pyproject.toml)
+#   make agent  remake the tuned-agent artifact and its dev figures (docs/agent-training.md) in $(AGENT_DIR)
 # The cache is raypipe's own, as for every entry point: $RAYPIPE_CACHE if set, else ~/.cache/raypipe.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,8 +14,9 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 PYTEST_ARGS ?=
 LINT_PATHS := raypipe tests benchmarks scripts jobs
+AGENT_DIR ?= runs/agent
 
-.PHONY: install run test test-fast lint
+.PHONY: install run test test-fast lint agent
 install: $(STAMP)
 
 # The installer and the job print their own first lines, so make does not echo these commands.
@@ -24,6 +26,13 @@ $(STAMP): pyproject.toml scripts/install.sh scripts/install_check.py
 
 run: $(STAMP)
 	@$(PY) jobs/probe.py
+
+agent: $(STAMP)
+	$(PY) -m raypipe agent-data $(AGENT_DIR)/data
+	$(PY) -m raypipe tune-agent $(AGENT_DIR)/data $(AGENT_DIR)
+	$(PY) -m raypipe probe --set engine.adapter=$(AGENT_DIR)/artifact --set data.split=dev --set data.limit=null \
+		--out $(AGENT_DIR)/dev
+	$(PY) -m raypipe agent-eval $(AGENT_DIR)/dev --artifact $(AGENT_DIR)/artifact
 
 $(MLFLOW_UI):
 	python3 -m venv $(MLFLOW_UI_VENV)

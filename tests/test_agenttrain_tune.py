@@ -146,7 +146,15 @@ def tuning_tokenizer(folder: Path):
     return AutoTokenizer.from_pretrained(str(folder))
 
 
-def test_no_preset_applies_an_artifact_yet():
+def test_the_embedded_default_ships_its_tuned_agent_and_the_untuned_preset_stays():
+    from raypipe.core.adapter import read_manifest
     from raypipe.core.config import known_presets
+    from raypipe.core.models import locate_adapter, locate_llm
 
-    assert all(load_config(preset).engine.adapter is None for preset in known_presets())
+    assert load_config("embedded").engine.adapter == "smollm2-searchr1"
+    assert load_config("embedded-untuned").engine.adapter is None
+    manifest = read_manifest(locate_adapter("smollm2-searchr1"))  # its adapter's sha256 checked
+    assert manifest["base_model_sha256"] == sha256_of(locate_llm("smollm2"))  # made for the installed model
+    assert manifest["adapter_bytes"] <= 25_000_000 and manifest["dev"]["meets_default_bar"]
+    gpu = [p for p in known_presets() if p.endswith("-gpu")]
+    assert gpu and all(load_config(p).engine.adapter is None for p in gpu)  # the published checkpoints as they are

@@ -62,3 +62,22 @@ def test_enforced_turn_must_fit_in_max_new_tokens():
         == 100
     )
     assert load_config("embedded", ["agent.max_new_tokens=100", "agent.enforcement=none"]).agent.enforcement == "none"
+
+
+def test_a_preset_extends_another_with_only_what_differs(tmp_path):
+    untuned = load_config("embedded-untuned")
+    assert untuned.engine.adapter is None and untuned.name == "embedded-untuned"
+    embedded = load_config("embedded")
+    assert untuned.model_dump(exclude={"name", "engine"}) == embedded.model_dump(exclude={"name", "engine"})
+    assert untuned.engine.model_dump(exclude={"adapter"}) == embedded.engine.model_dump(exclude={"adapter"})
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("extends: embedded\nagent:\n  max_turns: 2\n")
+    config = load_config(str(mine))
+    assert config.agent.max_turns == 2 and config.agent.protocol == embedded.agent.protocol  # a section overlaid
+
+
+def test_a_preset_cycle_is_refused(tmp_path):
+    (tmp_path / "a.yaml").write_text(f"extends: {tmp_path / 'b.yaml'}\n")
+    (tmp_path / "b.yaml").write_text(f"extends: {tmp_path / 'a.yaml'}\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(str(tmp_path / "a.yaml"))

@@ -25,6 +25,7 @@ COMMON_KEYS = {
 DEVICE_KEYS = {True: {"kv_cache_memory_bytes"}, False: {"gpu_memory_utilization"}}
 PRESET_KEYS = {
     "embedded": {"block_size"},
+    "embedded-untuned": {"block_size"},
     "r1searcher": {"block_size"},
     "r1searcher-7b-gpu": {"block_size"},
     "searchr1-7b-gpu": {"block_size"},

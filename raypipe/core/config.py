@@ -1012,18 +1012,34 @@ def apply_override(tree: dict[str, Any], override: str) -> None:
 def load_config(preset: str | Path = DEFAULT_PRESET, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Load a preset, apply overrides, validate. Raises :class:`ConfigError` with every problem listed."""
     path = preset_path(preset)
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{path}: top level must be a mapping, got {type(tree).__name__}")
+    tree = preset_tree(path)
     for override in overrides:
         apply_override(tree, override)
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as exc:
         raise ConfigError(f"invalid configuration ({path}):\n{_describe(exc)}") from None
+
+
+def preset_tree(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A preset file's settings; ``extends: PRESET`` starts from that preset's and overlays this file's, section by
+    section (a preset that differs from another in a few settings says only those)."""
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(tree).__name__}")
+    base = tree.pop("extends", None)
+    if base is None:
+        return tree
+    base_path = preset_path(str(base))
+    if base_path in (*seen, path):
+        raise ConfigError(f"{path}: extends {base} in a cycle")
+    merged = preset_tree(base_path, (*seen, path))
+    for key, value in tree.items():
+        merged[key] = {**merged[key], **value} if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    return merged
 
 
 def _describe(exc: ValidationError) -> str:
