@@ -54,6 +54,7 @@ def test_wheel_carries_presets_and_bundled_data(installed):
     presets = {Path(n).stem for n in names if n.startswith("raypipe/presets/") and n.endswith(".yaml")}
     assert {"embedded", "r1searcher", "searchr1-7b-gpu", "r1searcher-7b-gpu"} <= presets
     assert "raypipe/data/mhqa/corpus.jsonl" in names
+    assert {f"raypipe/data/agent/smollm2-searchr1/{f}" for f in ("adapter.safetensors", "manifest.json")} <= set(names)
     assert not any(n.startswith(("tests/", "jobs/", "configs/")) for n in names)
 
 
@@ -78,4 +79,4 @@ def test_installed_commands_find_their_presets(installed):
 
     unknown = run_installed(installed, "probe", "--config", "no-such-preset")
     assert unknown.returncode != 0
-    assert "known presets: embedded, r1searcher, r1searcher-7b-gpu, searchr1-7b-gpu" in unknown.stderr
+    assert "known presets: embedded, embedded-untuned, r1searcher, r1searcher-7b-gpu, searchr1-7b-gpu" in unknown.stderr
