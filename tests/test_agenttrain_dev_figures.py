@@ -89,16 +89,17 @@ def artifact(tmp_path):
 @pytest.mark.parametrize(
     ("data", "adapter", "refused"),
     [
-        ({"split": "dev", "limit": None}, True, None),
-        ({"split": "dev", "limit": 4}, True, "not the whole dev split"),
-        ({"split": "all", "limit": None}, True, "not the whole dev split"),
-        ({"split": "dev", "limit": None}, False, "ran engine.adapter=None"),
+        ({"split": "dev", "limit": None}, "artifact", None),
+        ({"split": "dev", "limit": 4}, "artifact", "not the whole dev split"),
+        ({"split": "all", "limit": None}, "artifact", "not the whole dev split"),
+        ({"split": "dev", "limit": None}, None, "ran engine.adapter=None"),
+        ({"split": "dev", "limit": None}, "smollm2-searchr1", "ran engine.adapter=smollm2-searchr1"),  # another one
     ],
 )
 def test_agent_eval_records_only_the_artifacts_whole_dev_run(tmp_path, capsys, data, adapter, refused):
     run, folder = hand_made_run(tmp_path / "run"), artifact(tmp_path)
     (run.path / "config.yaml").write_text(
-        yaml.safe_dump({"data": data, "engine": {"adapter": str(folder) if adapter else None}})
+        yaml.safe_dump({"data": data, "engine": {"adapter": str(folder) if adapter == "artifact" else adapter}})
     )
     if refused:
         with pytest.raises(SystemExit, match=refused):

@@ -1038,7 +1038,8 @@ def preset_tree(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise ConfigError(f"{path}: extends {base} in a cycle")
     merged = preset_tree(base_path, (*seen, path))
     for key, value in tree.items():
-        merged[key] = {**merged[key], **value} if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+        overlay = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = {**merged[key], **value} if overlay else value
     return merged
 
 

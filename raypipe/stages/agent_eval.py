@@ -13,6 +13,7 @@ from pathlib import Path
 from raypipe.agenttrain.dev_figures import dev_figures, format_figures
 from raypipe.core.adapter import MANIFEST_FILE, read_manifest
 from raypipe.core.jobargs import job_parser, setup_logging
+from raypipe.core.models import locate_adapter
 from raypipe.core.rundir import RunDir
 
 DESCRIPTION = """Print a probe run's agent figures; with --artifact, record them in the artifact's manifest (docs/agent-training.md).
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     adapter, split, limit = (
         run.recorded(*key) for key in (("engine", "adapter"), ("data", "split"), ("data", "limit"))
     )
-    if adapter is None or Path(adapter).resolve() != artifact.resolve():
+    if not isinstance(adapter, str) or locate_adapter(adapter).resolve() != artifact.resolve():
         raise SystemExit(f"error: {run.path} ran engine.adapter={adapter}, not {artifact}")
     if split != "dev" or limit is not None:
         raise SystemExit(f"error: {run.path} is not the whole dev split (data.split={split}, data.limit={limit})")
