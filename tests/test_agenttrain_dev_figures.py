@@ -110,3 +110,11 @@ def test_agent_eval_records_only_the_artifacts_whole_dev_run(tmp_path, capsys, d
         dev = json.loads((folder / MANIFEST_FILE).read_text())["dev"]
         assert dev["final_f1"] == 0.5 and dev["run"] == str(run.path)
     assert "final F1 / EM" in capsys.readouterr().out
+
+
+def test_agent_eval_says_what_is_missing_in_one_line(tmp_path):
+    with pytest.raises(SystemExit, match="error: .*no trajectories table here"):
+        agent_eval.main([str(tmp_path)])
+    run = hand_made_run(tmp_path / "run")
+    with pytest.raises(SystemExit, match="error: .*not a tuned-agent artifact"):
+        agent_eval.main([str(run.path), "--artifact", str(tmp_path / "nothing")])

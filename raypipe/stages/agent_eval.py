@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 
 from raypipe.agenttrain.dev_figures import dev_figures, format_figures
-from raypipe.core.adapter import MANIFEST_FILE, read_manifest
+from raypipe.core.adapter import MANIFEST_FILE, ArtifactError, read_manifest
 from raypipe.core.jobargs import job_parser, setup_logging
-from raypipe.core.models import locate_adapter
-from raypipe.core.rundir import RunDir
+from raypipe.core.models import ModelNotFoundError, locate_adapter
+from raypipe.core.rundir import RunDir, RunDirError
 
 DESCRIPTION = """Print a probe run's agent figures; with --artifact, record them in the artifact's manifest (docs/agent-training.md).
 
@@ -30,12 +30,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--artifact", metavar="DIR", help="write the figures into this artifact's manifest")
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
-    run = RunDir(Path(args.run_dir))
+    try:
+        evaluate(RunDir(Path(args.run_dir)), None if args.artifact is None else Path(args.artifact))
+    except (RunDirError, ArtifactError, ModelNotFoundError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+def evaluate(run: RunDir, artifact: Path | None) -> None:
     figures = dev_figures(run)
     print(format_figures(figures))
-    if args.artifact is None:
+    if artifact is None:
         return
-    artifact = Path(args.artifact)
     manifest = read_manifest(artifact)
     adapter, split, limit = (
         run.recorded(*key) for key in (("engine", "adapter"), ("data", "split"), ("data", "limit"))
