@@ -49,6 +49,7 @@ def test_tune_agent_on_ray_train_writes_the_artifact_and_a_rerun_resumes(tmp_pat
     first = tune(2)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "step 2/2  loss" in first.stdout + first.stderr and "artifact" in first.stdout
+    assert "engine.adapter (smollm2-searchr1) is not applied" in first.stderr  # the default's, remade from the base
     manifest = json.loads((out / "artifact" / "manifest.json").read_text())
     assert manifest["steps"] == 2 and manifest["question_ids"] == ["q0", "q1", "q2", "q3"]
     again = tune(3)

@@ -47,8 +47,12 @@ def main(argv: list[str] | None = None) -> None:
     data = Path(args.data) / TRAJECTORIES_FILE
     if not data.exists():
         raise SystemExit(f"error: {data} not found: make it with `raypipe agent-data`")
-    if config.engine.adapter is not None:
-        raise SystemExit("error: tune-agent trains on the base model: leave engine.adapter unset")
+    if config.engine.adapter is not None:  # the embedded default's own artifact, which this command remakes
+        log.info(
+            "training from the base model %s; engine.adapter (%s) is not applied",
+            config.engine.model,
+            config.engine.adapter,
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started, cpu_before = time.monotonic(), os.times()
