@@ -9,11 +9,10 @@ entry hold.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from raypipe.core.metrics import exact_match
 from raypipe.core.rundir import RunDir
 from raypipe.core.schema import STOP_ANSWER
+from raypipe.core.stats import mean_or_nan
 
 DEFAULT_F1_BAR = 0.15  # the bar for the artifact to become the embedded default
 DEFAULT_GAIN_BAR = 0.05  # ... and retrieval must help by this much (P_last - P_0)
@@ -37,22 +36,22 @@ def dev_figures(run_dir: RunDir) -> dict:
     utilities = [r["utility"] for r in rows if r["iteration"] >= 1 and r["utility"] is not None]
     figures = {
         "questions": len(trajectories),
-        "final_f1": mean(t["final_f1"] or 0.0 for t in trajectories),
-        "final_em": mean(exact_match(t["final_answer"], t["golden_answers"], rule) for t in trajectories),
-        "own_answer_share": mean(t["stop_reason"] == STOP_ANSWER for t in trajectories),
-        "p0": mean(p0),
-        "p_last": mean(p_last),
-        "retrieval_gain": mean(p_last) - mean(p0),
-        "best_before_end_share": mean(best_before_end),
+        "final_f1": mean_or_nan(t["final_f1"] or 0.0 for t in trajectories),
+        "final_em": mean_or_nan(exact_match(t["final_answer"], t["golden_answers"], rule) for t in trajectories),
+        "own_answer_share": mean_or_nan(t["stop_reason"] == STOP_ANSWER for t in trajectories),
+        "p0": mean_or_nan(p0),
+        "p_last": mean_or_nan(p_last),
+        "retrieval_gain": mean_or_nan(p_last) - mean_or_nan(p0),
+        "best_before_end_share": mean_or_nan(best_before_end),
         "utility": {
             "n": len(utilities),
-            "mean": mean(utilities),
-            "positive_share": mean(u > 0 for u in utilities),
-            "negative_share": mean(u < 0 for u in utilities),
-            "zero_share": mean(u == 0 for u in utilities),
+            "mean": mean_or_nan(utilities),
+            "positive_share": mean_or_nan(u > 0 for u in utilities),
+            "negative_share": mean_or_nan(u < 0 for u in utilities),
+            "zero_share": mean_or_nan(u == 0 for u in utilities),
         },
         "final_f1_by_dataset": {
-            name: mean(t["final_f1"] or 0.0 for t in trajectories if t["dataset"] == name)
+            name: mean_or_nan(t["final_f1"] or 0.0 for t in trajectories if t["dataset"] == name)
             for name in sorted({t["dataset"] for t in trajectories})
         },
     }
@@ -81,8 +80,3 @@ def format_figures(figures: dict) -> str:
         + ("met" if figures["meets_default_bar"] else "not met"),
     ]
     return "\n".join(lines)
-
-
-def mean(values: Iterable[float]) -> float:
-    values = [float(v) for v in values]
-    return sum(values) / len(values) if values else float("nan")

@@ -3,9 +3,8 @@ iteration and stop reasons."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from raypipe.core.rundir import RunDir
+from raypipe.core.stats import mean_or_nan
 
 
 def summarize(run_dir: RunDir) -> list[dict]:
@@ -26,9 +25,9 @@ def summarize(run_dir: RunDir) -> list[dict]:
             {
                 "dataset": dataset,
                 "questions": len(mine),
-                "mean_iterations": _mean(t["n_iterations"] for t in mine),
-                "final_f1": _mean(t["final_f1"] for t in mine),
-                "p_by_iteration": {i: _mean(v) for i, v in sorted(by_iteration.items())},
+                "mean_iterations": mean_or_nan(t["n_iterations"] for t in mine),
+                "final_f1": mean_or_nan(t["final_f1"] for t in mine),
+                "p_by_iteration": {i: mean_or_nan(v) for i, v in sorted(by_iteration.items())},
                 "stop_reasons": reasons,
             }
         )
@@ -52,8 +51,3 @@ def format_summary(rows: list[dict]) -> str:
         for r in rows
     ]
     return "\n".join(lines)
-
-
-def _mean(values: Iterable[float]) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else float("nan")

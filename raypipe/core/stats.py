@@ -1,4 +1,5 @@
-"""Statistics shared by the layers: Pearson r over usable pairs, and the question bootstrap.
+"""Statistics shared by the layers: a mean of what may be empty, Pearson r over usable pairs, and the question
+bootstrap.
 
 The bootstrap resamples questions (with replacement), never iterations: the iterations of one
 question are not independent. Every caller draws its resamples from :func:`resamples` with its seed,
@@ -7,12 +8,18 @@ so the same seed gives the same resamples, however they are chunked.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
 MIN_PAIRS = 3
 _CHUNK = 2_000_000  # index cells per block of resamples: bounds memory for large runs
+
+
+def mean_or_nan(values: Iterable[float]) -> float:
+    """The mean of ``values`` (booleans count 0/1); NaN when there are none."""
+    values = [float(v) for v in values]
+    return sum(values) / len(values) if values else float("nan")
 
 
 def finite_pairs(x: Sequence[float | None], y: Sequence[float | None]) -> tuple[np.ndarray, np.ndarray]:
