@@ -158,3 +158,29 @@ def test_the_embedded_default_ships_its_tuned_agent_and_the_untuned_preset_stays
     assert manifest["adapter_bytes"] <= 25_000_000 and manifest["dev"]["meets_default_bar"]
     gpu = [p for p in known_presets() if p.endswith("-gpu")]
     assert gpu and all(load_config(p).engine.adapter is None for p in gpu)  # the published checkpoints as they are
+
+
+def test_a_second_round_starts_from_the_first_rounds_factors_and_a_mismatched_one_is_refused(tiny, tmp_path):
+    from safetensors.torch import load_file
+
+    from raypipe.agenttrain.tune import adapter_factors, unwrap
+
+    config = tune_config(tiny, data_file(tmp_path), max_steps=2, grad_accum=1, learning_rate=0.05, checkpoint_steps=2)
+    end = list(AgentTuning(config, LocalWorker()).epochs())[-1]
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    end.save(checkpoint)
+    first = tmp_path / "first"
+    write_artifact(first, checkpoint, config, tiny, {})
+
+    second = tune_config(tiny, data_file(tmp_path), max_steps=1, grad_accum=1, init_adapter=first)
+    assert second["init_adapter"] == str(first)
+    tuning = AgentTuning(second, LocalWorker())
+    start = adapter_factors(unwrap(tuning.model))
+    saved = load_file(str(first / ADAPTER_FILE))
+    assert start.keys() == saved.keys() and all(torch.equal(start[k], saved[k]) for k in saved)
+    assert any(saved[k].abs().max() > 0 for k in saved if k.endswith("lora_B"))  # not new (zero) factors
+    manifest = write_artifact(tmp_path / "second", checkpoint, second, tiny, {})
+    assert manifest["init_adapter"]["adapter_sha256"] == sha256_of(first / ADAPTER_FILE)
+    with pytest.raises(ValueError, match="lora_rank differ"):
+        tune_config(tiny, data_file(tmp_path), lora_rank=4, init_adapter=first)

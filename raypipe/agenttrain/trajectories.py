@@ -266,11 +266,35 @@ def check_enforcement(protocol: AgentProtocol, config: RunConfig, outputs: Seque
             raise FormatError(f"turn {turn} does not match the enforcement regex: {output!r}")
 
 
-async def render(plan: Plan, config: RunConfig, retriever: Retriever, tokenizer) -> dict[str, Any]:
-    """The planned trajectory run through the agent loop (probing off): one row with its text as segments."""
+def loop_setup(config: RunConfig) -> tuple[RunConfig, AgentProtocol]:
+    """The config a trajectory is rendered with (the run's, probing off) and its protocol."""
     loop_config = config.model_copy(deep=True)
     loop_config.agent.probe = False
-    protocol = build_protocol(loop_config.agent)
+    return loop_config, build_protocol(loop_config.agent)
+
+
+def segments_of(qid: str, prompts: Sequence[str], outputs: Sequence[str], transcript: str, protocol) -> list[dict]:
+    """The loop's text (its first prompt and ``transcript``) cut into segments: the prompt, each turn's output
+    (``outputs``, placed after the context it was sent, ``prompts``, and the joiner) and the context between."""
+    prompt = prompts[0]
+    text = prompt + transcript
+    segments, at = [{"kind": PROMPT, "text": prompt}], len(prompt)
+    for sent, output in zip(prompts, outputs):
+        start = len(sent) + len(protocol.joiner)
+        if text[start : start + len(output)] != output:
+            raise RuntimeError(f"{qid}: turn text not found where the loop put it")
+        if start > at:
+            segments.append({"kind": CONTEXT, "text": text[at:start]})
+        segments.append({"kind": AGENT, "text": output})
+        at = start + len(output)
+    if at != len(text):
+        segments.append({"kind": CONTEXT, "text": text[at:]})
+    return segments
+
+
+async def render(plan: Plan, config: RunConfig, retriever: Retriever, tokenizer) -> dict[str, Any]:
+    """The planned trajectory run through the agent loop (probing off): one row with its text as segments."""
+    loop_config, protocol = loop_setup(config)
     outputs = turn_outputs(plan)
     check_enforcement(protocol, loop_config, outputs)
     engine = ScriptedEngine(tokenizer, outputs, protocol.stop, config.engine.max_model_len)
@@ -281,19 +305,6 @@ async def render(plan: Plan, config: RunConfig, retriever: Retriever, tokenizer)
     shown = [row["doc_ids"][: len(step.hits)] for row, step in zip(out.iterations[1:], plan.steps)]
     if shown != [[h.doc_id for h in step.hits] for step in plan.steps]:
         raise RuntimeError(f"{plan.question.qid}: the loop's searches returned other documents than the plan's")
-    prompt = engine.prompts[0]
-    text = prompt + traj["transcript"]
-    segments, at = [{"kind": PROMPT, "text": prompt}], len(prompt)
-    for sent, output in zip(engine.prompts, outputs):
-        start = len(sent) + len(protocol.joiner)
-        if text[start : start + len(output)] != output:
-            raise RuntimeError(f"{plan.question.qid}: turn text not found where the loop put it")
-        if start > at:
-            segments.append({"kind": CONTEXT, "text": text[at:start]})
-        segments.append({"kind": AGENT, "text": output})
-        at = start + len(output)
-    if at != len(text):
-        segments.append({"kind": CONTEXT, "text": text[at:]})
     q = plan.question
     return {
         "qid": q.qid,
@@ -308,7 +319,7 @@ async def render(plan: Plan, config: RunConfig, retriever: Retriever, tokenizer)
         "queries": [s.query for s in plan.steps],
         "doc_ids": [[h.doc_id for h in s.hits] for s in plan.steps],
         "supporting_titles": plan.supporting,
-        "segments": segments,
+        "segments": segments_of(q.qid, engine.prompts, outputs, traj["transcript"], protocol),
     }
 
 
@@ -360,6 +371,7 @@ def summarize(kept: Sequence[dict[str, Any]], rejected: Sequence[dict[str, Any]]
             out[str(row[key])] = out.get(str(row[key]), 0) + 1
         return dict(sorted(out.items()))
 
+    planned = [r for r in kept if "needed_searches" in r]  # own samples (a second round's) have no plan
     return {
         "questions": len(kept) + len(rejected),
         "kept": len(kept),
@@ -367,9 +379,9 @@ def summarize(kept: Sequence[dict[str, Any]], rejected: Sequence[dict[str, Any]]
         "kept_by_dataset": count(kept, "dataset"),
         "rejected_by_dataset": count(rejected, "dataset"),
         "searches": count(kept, "searches"),
-        "needed_searches": count(kept, "needed_searches"),
-        "extra_search": sum(bool(r["extra_search"]) for r in kept),
-        "first_search_found_all": sum(bool(r["first_search_found_all"]) for r in kept),
+        "needed_searches": count(planned, "needed_searches"),
+        "extra_search": sum(bool(r["extra_search"]) for r in planned),
+        "first_search_found_all": sum(bool(r["first_search_found_all"]) for r in planned),
         "rejected_by_reason": count(rejected, "reason"),
     }
 
@@ -399,11 +411,13 @@ def write_outputs(
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     lines = [f"# Agent trajectories: {summary['kept']} kept of {summary['questions']} training questions", ""]
     for key in ("kept_by_dataset", "rejected_by_dataset", "searches", "needed_searches", "rejected_by_reason"):
-        lines.append(f"- {key}: " + ", ".join(f"{k}: {v}" for k, v in summary[key].items()))
-    lines.append(
-        f"- searched once more than needed: {summary['extra_search']}; first search found everything: "
-        f"{summary['first_search_found_all']}"
-    )
+        if summary[key]:
+            lines.append(f"- {key}: " + ", ".join(f"{k}: {v}" for k, v in summary[key].items()))
+    if summary["needed_searches"]:  # planned trajectories (not a run's own)
+        lines.append(
+            f"- searched once more than needed: {summary['extra_search']}; first search found everything: "
+            f"{summary['first_search_found_all']}"
+        )
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     return summary
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from raypipe.agenttrain.trajectories import AGENT
-from raypipe.core.adapter import ADAPTER_FILE, LORA_A, LORA_B, MANIFEST_FILE, sha256_of
+from raypipe.core.adapter import ADAPTER_FILE, LORA_A, LORA_B, MANIFEST_FILE, read_manifest, sha256_of
+from raypipe.core.models import locate_adapter
 from raypipe.core.training import EpochEnd, Worker
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,10 @@ class AgentTuning:
             raise ValueError(f"no trajectory of {config['data']} fits {config['max_tokens']} tokens")
         model = AutoModelForCausalLM.from_pretrained(config["model_path"], dtype=torch.float32)
         add_lora(model, config["lora_rank"], config["lora_alpha"], config["lora_targets"], config["lora_layers"])
+        if config.get("init_adapter"):  # a second round: the first round's factors, a new optimizer
+            from safetensors.torch import load_file
+
+            load_factors(model, load_file(str(Path(config["init_adapter"]) / ADAPTER_FILE)))
         self.model = worker.prepare_model(model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config["learning_rate"], weight_decay=0.0)
@@ -273,8 +278,15 @@ def loop_config(
         "checkpoint_steps",
         "max_tokens",
     )
+    init = None if agent_train.init_adapter is None else locate_adapter(agent_train.init_adapter)
+    if init is not None:
+        made = read_manifest(init)["hyperparameters"]
+        differ = [k for k in ("lora_rank", "lora_targets", "lora_layers") if made.get(k) != getattr(agent_train, k)]
+        if differ:
+            raise ValueError(f"agent_train.init_adapter={agent_train.init_adapter}: its {', '.join(differ)} differ")
     return {
         **{k: getattr(agent_train, k) for k in keys},
+        "init_adapter": None if init is None else str(init),
         "model_path": str(model_path),
         "data": str(data),
         "seed": seed,
@@ -304,7 +316,15 @@ def write_artifact(
         "base_model_sha256": sha256_of(base_source),
         "data_sha256": sha256_of(Path(config["data"])),
         "question_ids": [r["qid"] for r in rows],
-        "hyperparameters": {k: v for k, v in config.items() if k not in ("model_path", "data", "seed", "resume_from")},
+        "hyperparameters": {
+            k: v for k, v in config.items() if k not in ("model_path", "data", "seed", "resume_from", "init_adapter")
+        },
+        "init_adapter": None
+        if config["init_adapter"] is None
+        else {
+            "path": config["init_adapter"],
+            "adapter_sha256": sha256_of(Path(config["init_adapter"]) / ADAPTER_FILE),
+        },
         "seed": config["seed"],
         "steps": progress["step"],
         "tokens": progress["tokens"],

@@ -909,6 +909,11 @@ class AgentTrainConfig(StrictModel):
     lora_layers: int | None = Field(
         default=None, ge=1, description="Adapt only the top N decoder layers; None: every layer."
     )
+    init_adapter: str | None = Field(
+        default=None,
+        description="Start from this artifact's LoRA factors (a bundled name or a folder; same rank and targets): "
+        "a second round, e.g. on the tuned agent's own successful trajectories; None: new factors.",
+    )
     epochs: int = Field(default=1, ge=1, description="Passes over the trajectories.")
     max_steps: int | None = Field(
         default=None, ge=1, description="Stop after this many optimizer steps (None: all epochs)."
