@@ -5,12 +5,13 @@ on the whole dev split, in one table.
         [--subset 120] [--variants base,lr-4e-4,rank-32,epochs-2,top-15] [--artifact NAME=DIR ...]
 
 ``--subset N`` trains every variant on the same N trajectories of ``--data`` (a sample seeded by ``--seed``; all of
-them without it), so a variant differs from ``base`` in its one setting. For each variant: ``raypipe tune-agent``
-(OUT/VARIANT), ``raypipe probe`` on the dev split with its artifact (OUT/VARIANT/dev) and the figures of
-``raypipe agent-eval`` (:func:`raypipe.agenttrain.dev_figures.dev_figures`), kept in OUT/VARIANT/figures.json:
-a rerun skips what is done. ``--artifact NAME=DIR`` adds an existing artifact (the shipped one, a second round's)
-to the table, measured the same way. Prints the CPU model and flags with the table; docs/agent-training.md holds a
-result.
+them without it), so a variant differs from ``base`` in its one setting; a variant of the agent's format
+(``r1-searcher``) trains on that format's trajectories of the same questions and is measured in that format.
+For each variant: ``raypipe tune-agent`` (OUT/VARIANT), ``raypipe probe`` on the dev split with its artifact
+(OUT/VARIANT/dev) and the figures of ``raypipe agent-eval`` (:func:`raypipe.agenttrain.dev_figures.dev_figures`),
+kept in OUT/VARIANT/figures.json: a rerun skips what is done. ``--artifact NAME=DIR`` adds an existing artifact
+(the shipped one, a second round's) to the table, measured the same way. Prints the CPU model and flags with the
+table; docs/agent-training.md holds a result.
 """
 
 from __future__ import annotations
@@ -28,14 +29,17 @@ from raypipe.agenttrain.trajectories import TRAJECTORIES_FILE
 from raypipe.core.machine import cpu_description
 from raypipe.core.rundir import RunDir
 
-# name -> tune-agent settings over the defaults (agent_train.*)
+# name -> settings over the embedded preset's (``--set`` keys): agent_train.* change the training only; any other
+# (the agent's format) changes the trajectories too, which are then made again (agent-data) for the same questions
 VARIANTS: dict[str, dict[str, object]] = {
     "base": {},
-    "lr-4e-4": {"learning_rate": 4e-4},
-    "lr-1e-4": {"learning_rate": 1e-4},
-    "rank-32": {"lora_rank": 32, "lora_alpha": 64.0},
-    "epochs-2": {"epochs": 2},
-    "top-15": {"lora_layers": 15},
+    "lr-4e-4": {"agent_train.learning_rate": 4e-4},
+    "lr-1e-4": {"agent_train.learning_rate": 1e-4},
+    "rank-32": {"agent_train.lora_rank": 32, "agent_train.lora_alpha": 64.0},
+    "epochs-2": {"agent_train.epochs": 2},
+    "top-15": {"agent_train.lora_layers": 15},
+    "full": {"agent_train.method": "full", "agent_train.learning_rate": 2e-5},
+    "r1-searcher": {"agent.protocol": "r1_searcher"},
 }
 FIGURES_FILE = "figures.json"
 
@@ -50,6 +54,19 @@ def raypipe(args: list[str], log: Path) -> float:
     return time.monotonic() - started
 
 
+def run_sets(name: str) -> list[str]:
+    """The ``--set`` arguments of a variant's settings that are not the training's (the agent's format)."""
+    return [f"{k}={v}" for k, v in VARIANTS[name].items() if not k.startswith("agent_train.")]
+
+
+def as_args(sets: list[str]) -> list[str]:
+    return [arg for item in sets for arg in ("--set", item)]
+
+
+def read_lines(folder: Path) -> list[str]:
+    return [line for line in (folder / TRAJECTORIES_FILE).read_text().splitlines() if line.strip()]
+
+
 def subset_data(data: Path, out: Path, n: int | None, seed: int) -> Path:
     """The folder whose trajectories every variant trains on: ``data`` itself, or ``n`` of its trajectories."""
     if n is None:
@@ -57,7 +74,7 @@ def subset_data(data: Path, out: Path, n: int | None, seed: int) -> Path:
     folder = out / f"data-{n}"
     target = folder / TRAJECTORIES_FILE
     if not target.exists():
-        lines = [line for line in (data / TRAJECTORIES_FILE).read_text().splitlines() if line.strip()]
+        lines = read_lines(data)
         if n > len(lines):
             raise SystemExit(f"error: --subset {n} is more than the {len(lines)} trajectories of {data}")
         folder.mkdir(parents=True, exist_ok=True)
@@ -65,7 +82,26 @@ def subset_data(data: Path, out: Path, n: int | None, seed: int) -> Path:
     return folder
 
 
-def evaluate(name: str, artifact: Path, folder: Path) -> dict:
+def variant_data(name: str, data: Path, out: Path) -> Path:
+    """The trajectories ``name`` trains on: ``data``, or, for a variant of the agent's format, that format's
+    trajectories (agent-data) of the same questions (those it keeps too)."""
+    sets = run_sets(name)
+    if not sets:
+        return data
+    folder = out / name / "data"
+    if not (folder / TRAJECTORIES_FILE).exists():
+        built = out / name / "data-all"
+        if not (built / TRAJECTORIES_FILE).exists():
+            built.mkdir(parents=True, exist_ok=True)
+            raypipe(["agent-data", str(built), *as_args(sets)], out / name / "agent-data.log")
+        wanted = {json.loads(line)["qid"] for line in read_lines(data)}
+        folder.mkdir(parents=True, exist_ok=True)
+        kept = [line for line in read_lines(built) if json.loads(line)["qid"] in wanted]
+        (folder / TRAJECTORIES_FILE).write_text("\n".join(kept) + "\n")
+    return folder
+
+
+def evaluate(name: str, artifact: Path, folder: Path, sets: list[str]) -> dict:
     """The dev-split figures of ``artifact`` (a probe run in ``folder/dev``), with the training's own record."""
     done = folder / FIGURES_FILE
     if done.exists():
@@ -81,6 +117,7 @@ def evaluate(name: str, artifact: Path, folder: Path) -> dict:
             "data.limit=null",
             "--out",
             str(folder / "dev"),
+            *as_args(sets),
         ],
         folder / "probe.log",
     )
@@ -105,8 +142,8 @@ def tune(name: str, data: Path, out: Path) -> Path:
     artifact = folder / "artifact"
     if not (artifact / "manifest.json").exists():
         folder.mkdir(parents=True, exist_ok=True)
-        sets = [arg for key, value in VARIANTS[name].items() for arg in ("--set", f"agent_train.{key}={value}")]
-        raypipe(["tune-agent", str(data), str(folder), *sets], folder / "tune.log")
+        sets = as_args([f"{k}={v}" for k, v in VARIANTS[name].items()])
+        raypipe(["tune-agent", str(variant_data(name, data, out)), str(folder), *sets], folder / "tune.log")
     return artifact
 
 
@@ -146,10 +183,10 @@ def main() -> None:
     rows = []
     for name in names:
         print(f"[{time.strftime('%H:%M:%S')}] {name}: tune-agent, then the dev split", flush=True)
-        rows.append(evaluate(name, tune(name, data, args.out), args.out / name))
+        rows.append(evaluate(name, tune(name, data, args.out), args.out / name, run_sets(name)))
     for name, folder in extra:
         print(f"[{time.strftime('%H:%M:%S')}] {name}: the dev split", flush=True)
-        rows.append(evaluate(name, Path(folder), args.out / name))
+        rows.append(evaluate(name, Path(folder), args.out / name, []))
     model, flags, cores = cpu_description()
     print(f"\nCPU: {model}, {cores} cores; flags: {flags}")
     print(f"dev split: {rows[0]['dev']['questions']} questions; train: wall minutes of tune-agent's steps\n")

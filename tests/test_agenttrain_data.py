@@ -93,3 +93,21 @@ def test_a_trajectory_answers_once_its_supporting_paragraphs_are_shown(built, tm
     assert summary["kept"] + summary["rejected"] == len(questions) and summary["rejected_by_reason"]
     assert (tmp_path / "trajectories.parquet").exists() and (tmp_path / "rejected.parquet").exists()
     assert (tmp_path / "summary.md").read_text().startswith(f"# Agent trajectories: {len(kept)} kept")
+
+
+def test_trajectories_in_the_r1_searcher_format_follow_its_prompt_tags_and_enforcement(built):
+    _, retriever, tokenizer, questions, _, _ = built
+    config = load_config("embedded", ["agent.protocol=r1_searcher"])
+    protocol = build_protocol(config.agent)
+    kept, rejected = run_build(questions[:8], config, retriever, {p.doc_id: p for p in load_corpus()}, tokenizer)
+    assert kept and all(r["reason"] != "format" for r in rejected)
+    top_k = visible_docs(config, protocol)
+    for row in kept:
+        assert row["segments"][0]["text"] == protocol.prompt(row["question"], tokenizer.apply_chat_template)
+        agent = [s["text"] for s in row["segments"] if s["kind"] == AGENT]
+        for turn, text in enumerate(agent):
+            assert re.fullmatch(protocol.enforcement_regex(config.agent, turn), text), text
+        assert all(t.endswith("<|end_of_query|>") for t in agent[:-1]) and agent[-1].endswith("</answer>")
+        for query, block in zip(row["queries"], observations(row)):
+            hits = asyncio.run(retriever.search([query], config.retrieval.deep_k))[0].hits[:top_k]
+            assert block.startswith(protocol.observation(hits)) and "<|begin_of_documents|>" in block

@@ -154,6 +154,12 @@ class AgentProtocol(ABC):
 
     # --- format enforcement -------------------------------------------------------------------
     @abstractmethod
+    def turn_text(self, reasoning: str, kind: str, content: str) -> str:
+        """One model turn in the protocol's format (as :meth:`enforcement_parts` allows it): the reasoning, then
+        one closed action of ``kind`` (SEARCH or ANSWER) holding ``content``; supervised trajectories are made of
+        these (:mod:`raypipe.agenttrain.trajectories`)."""
+
+    @abstractmethod
     def enforcement_parts(self, agent: AgentConfig) -> tuple[str, str, str]:
         """The protocol's (reasoning, search, answer) regex pieces; a turn is reasoning then one action.
 

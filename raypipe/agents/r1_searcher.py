@@ -135,6 +135,11 @@ class R1Searcher(AgentProtocol):
         reasoning = output.split(self.search_open, 1)[0].rstrip()
         return context + self.joiner + reasoning + "</think>\n\n" + self.answer_open
 
+    def turn_text(self, reasoning: str, kind: str, content: str) -> str:
+        if kind == SEARCH:  # the reasoning goes on inside the prompt's open <think>
+            return f" {reasoning} {self.search_open} {content} {self.search_close}"
+        return f" {reasoning} </think>\n\n{self.answer_open} {content} {self.answer_close}"
+
     def enforcement_parts(self, agent: AgentConfig) -> tuple[str, str, str]:
         think = rf" ?[^\s<>][^<>]{{0,{agent.enforce_think_chars}}}"
         search = rf"<\|begin_of_query\|> ?[^\s<>][^<>\n]{{0,{agent.enforce_query_chars}}}<\|end_of_query\|>"

@@ -91,6 +91,10 @@ class SearchR1(AgentProtocol):
             return context + self.joiner + output[: end + len("</think>")] + "\n\n" + self.answer_open
         return context + "\n\n" + self.answer_open
 
+    def turn_text(self, reasoning: str, kind: str, content: str) -> str:
+        tag = "search" if kind == SEARCH else "answer"
+        return f"<think> {reasoning} </think>\n<{tag}> {content} </{tag}>"
+
     def enforcement_parts(self, agent: AgentConfig) -> tuple[str, str, str]:
         think = rf"<think> ?[^\s<>][^<>]{{0,{agent.enforce_think_chars}}}</think>\n"
         search = rf"<search> ?[^\s<>][^<>\n]{{0,{agent.enforce_query_chars}}}</search>"

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from raypipe.agents.factory import build_loop, build_protocol, visible_docs
-from raypipe.agents.protocol import AgentProtocol
+from raypipe.agents.protocol import ANSWER, SEARCH, AgentProtocol
 from raypipe.core.config import RunConfig
 from raypipe.core.metrics import normalize_answer
 from raypipe.data.loaders import Passage, Question
@@ -194,8 +194,9 @@ def _names(titles: Iterable[str]) -> str:
     return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
 
 
-def turn_outputs(plan: Plan) -> list[str]:
-    """The agent's turns (each ``<think> ... </think>\\n`` and one closed action) for a complete plan."""
+def turn_outputs(plan: Plan, protocol: AgentProtocol) -> list[str]:
+    """The agent's turns (each a short reasoning and one closed action, in ``protocol``'s format) for a complete
+    plan."""
     outputs = []
     for i, step in enumerate(plan.steps):
         if i == 0:
@@ -209,10 +210,10 @@ def turn_outputs(plan: Plan) -> list[str]:
                 else (f"I still need information about {step.query}.")
             )
             think = f"{shown} {need}"
-        outputs.append(f"<think> {think} </think>\n<search> {step.query} </search>")
+        outputs.append(protocol.turn_text(think, SEARCH, step.query))
     found = [t for s in plan.steps for t in s.found]
     think = f"The results show {_names(found)}. That is enough to answer."
-    outputs.append(f"<think> {think} </think>\n<answer> {plan.answer} </answer>")
+    outputs.append(protocol.turn_text(think, ANSWER, plan.answer or ""))
     return outputs
 
 
@@ -295,7 +296,7 @@ def segments_of(qid: str, prompts: Sequence[str], outputs: Sequence[str], transc
 async def render(plan: Plan, config: RunConfig, retriever: Retriever, tokenizer) -> dict[str, Any]:
     """The planned trajectory run through the agent loop (probing off): one row with its text as segments."""
     loop_config, protocol = loop_setup(config)
-    outputs = turn_outputs(plan)
+    outputs = turn_outputs(plan, protocol)
     check_enforcement(protocol, loop_config, outputs)
     engine = ScriptedEngine(tokenizer, outputs, protocol.stop, config.engine.max_model_len)
     out = await build_loop(loop_config, engine, retriever, protocol).run(plan.question)
