@@ -6,7 +6,9 @@ on the whole dev split, in one table.
 
 ``--subset N`` trains every variant on the same N trajectories of ``--data`` (a sample seeded by ``--seed``; all of
 them without it), so a variant differs from ``base`` in its one setting; a variant of the agent's format
-(``r1-searcher``) trains on that format's trajectories of the same questions and is measured in that format.
+(``r1-searcher``) trains on that format's trajectories of the same questions and is measured in that format; a
+variant of the data's variety (``multi-search``: trajectories that search twice or more) samples as many from the
+trajectories it allows.
 For each variant: ``raypipe tune-agent`` (OUT/VARIANT), ``raypipe probe`` on the dev split with its artifact
 (OUT/VARIANT/dev) and the figures of ``raypipe agent-eval`` (:func:`raypipe.agenttrain.dev_figures.dev_figures`),
 kept in OUT/VARIANT/figures.json: a rerun skips what is done. ``--artifact NAME=DIR`` adds an existing artifact
@@ -40,7 +42,10 @@ VARIANTS: dict[str, dict[str, object]] = {
     "top-15": {"agent_train.lora_layers": 15},
     "full": {"agent_train.method": "full", "agent_train.learning_rate": 2e-5},
     "r1-searcher": {"agent.protocol": "r1_searcher"},
+    "multi-search": {},
 }
+# name -> which trajectories of --data a variant of the data's variety samples its N from (the same seed)
+VARIETY = {"multi-search": lambda row: row["searches"] >= 2}
 FIGURES_FILE = "figures.json"
 
 
@@ -82,9 +87,18 @@ def subset_data(data: Path, out: Path, n: int | None, seed: int) -> Path:
     return folder
 
 
-def variant_data(name: str, data: Path, out: Path) -> Path:
-    """The trajectories ``name`` trains on: ``data``, or, for a variant of the agent's format, that format's
-    trajectories (agent-data) of the same questions (those it keeps too)."""
+def variant_data(name: str, data: Path, out: Path, source: Path, seed: int) -> Path:
+    """The trajectories ``name`` trains on: ``data``; for a variant of the data's variety, as many of ``source``'s
+    trajectories, sampled from those it allows; for a variant of the agent's format, that format's trajectories
+    (agent-data) of ``data``'s questions (those it keeps too)."""
+    if name in VARIETY:
+        folder = out / name / "data"
+        if not (folder / TRAJECTORIES_FILE).exists():
+            allowed = [line for line in read_lines(source) if VARIETY[name](json.loads(line))]
+            folder.mkdir(parents=True, exist_ok=True)
+            chosen = random.Random(seed).sample(allowed, min(len(allowed), len(read_lines(data))))
+            (folder / TRAJECTORIES_FILE).write_text("\n".join(chosen) + "\n")
+        return folder
     sets = run_sets(name)
     if not sets:
         return data
@@ -136,14 +150,15 @@ def evaluate(name: str, artifact: Path, folder: Path, sets: list[str]) -> dict:
     return row
 
 
-def tune(name: str, data: Path, out: Path) -> Path:
+def tune(name: str, data: Path, out: Path, source: Path, seed: int) -> Path:
     """The variant's artifact, trained unless it exists."""
     folder = out / name
     artifact = folder / "artifact"
     if not (artifact / "manifest.json").exists():
         folder.mkdir(parents=True, exist_ok=True)
         sets = as_args([f"{k}={v}" for k, v in VARIANTS[name].items()])
-        raypipe(["tune-agent", str(variant_data(name, data, out)), str(folder), *sets], folder / "tune.log")
+        trajectories = variant_data(name, data, out, source, seed)
+        raypipe(["tune-agent", str(trajectories), str(folder), *sets], folder / "tune.log")
     return artifact
 
 
@@ -183,7 +198,7 @@ def main() -> None:
     rows = []
     for name in names:
         print(f"[{time.strftime('%H:%M:%S')}] {name}: tune-agent, then the dev split", flush=True)
-        rows.append(evaluate(name, tune(name, data, args.out), args.out / name, run_sets(name)))
+        rows.append(evaluate(name, tune(name, data, args.out, args.data, args.seed), args.out / name, run_sets(name)))
     for name, folder in extra:
         print(f"[{time.strftime('%H:%M:%S')}] {name}: the dev split", flush=True)
         rows.append(evaluate(name, Path(folder), args.out / name, []))
