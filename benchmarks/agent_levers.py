@@ -36,6 +36,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "rank-32": {"lora_rank": 32, "lora_alpha": 64.0},
     "epochs-2": {"epochs": 2},
     "top-15": {"lora_layers": 15},
+    "full": {"method": "full", "learning_rate": 2e-5},
 }
 FIGURES_FILE = "figures.json"
 
