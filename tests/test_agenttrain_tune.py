@@ -1,5 +1,6 @@
-"""The agent's LoRA fine-tuning (issue 43): the loss on the agent's own tokens only, a few steps lower it, a run
-resumes where it stopped, and the artifact merged at conversion computes what the model plus adapter computes."""
+"""The agent's fine-tuning (issue 43), LoRA and full: the loss on the agent's own tokens only, a few steps lower
+it, a run resumes where it stopped, and the artifact merged at conversion computes what the trained model
+computes."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from raypipe.agenttrain.trajectories import AGENT, CONTEXT, PROMPT
-from raypipe.agenttrain.tune import IGNORE, AgentTuning, add_lora, encode, load_factors, loop_config, write_artifact
+from raypipe.agenttrain.tune import IGNORE, AgentTuning, encode, loop_config, write_artifact
 from raypipe.core.adapter import ADAPTER_FILE, MANIFEST_FILE, ArtifactError, apply_artifact, sha256_of
 from raypipe.core.config import load_config
 from raypipe.core.models import resolve_llm
@@ -63,8 +65,23 @@ def test_the_loss_mask_covers_the_agents_tokens_only(tiny):
     assert tokenizer.decode(context) == "".join(s["text"] for s in segments if s["kind"] != AGENT)
 
 
-def test_a_few_steps_on_four_trajectories_lower_the_loss_and_a_resumed_run_ends_where_a_whole_one_does(tiny, tmp_path):
-    config = tune_config(tiny, data_file(tmp_path), epochs=3, grad_accum=2, learning_rate=0.05, checkpoint_steps=3)
+# method -> a learning rate at which a few steps move the tiny model (full fine-tuning moves every weight)
+METHODS = {"lora": 0.05, "full": 0.005}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_few_steps_on_four_trajectories_lower_the_loss_and_a_resumed_run_ends_where_a_whole_one_does(
+    tiny, tmp_path, method
+):
+    config = tune_config(
+        tiny,
+        data_file(tmp_path),
+        method=method,
+        epochs=3,
+        grad_accum=2,
+        learning_rate=METHODS[method],
+        checkpoint_steps=3,
+    )
     torch.manual_seed(3)
     whole = AgentTuning(config, LocalWorker())
     ends = list(whole.epochs())
@@ -78,7 +95,7 @@ def test_a_few_steps_on_four_trajectories_lower_the_loss_and_a_resumed_run_ends_
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
     end.save(checkpoint)
-    torch.manual_seed(99)  # a restarted worker: other random state; the factors come from the checkpoint
+    torch.manual_seed(99)  # a restarted worker: other random state; the trained tensors come from the checkpoint
     resumed = AgentTuning(config, LocalWorker())
     resumed.resume(checkpoint)
     rest = list(resumed.epochs())
@@ -92,11 +109,14 @@ def test_a_few_steps_on_four_trajectories_lower_the_loss_and_a_resumed_run_ends_
     assert len(again) == 1 and again[0].metrics["final"] and again[0].metrics["step"] == 6
 
 
-def test_the_artifact_applies_at_conversion_and_its_logits_are_the_model_plus_adapter(tiny, tmp_path, monkeypatch):
+@pytest.mark.parametrize("method", METHODS)
+def test_the_artifact_applies_at_conversion_and_its_logits_are_the_trained_models(tiny, tmp_path, monkeypatch, method):
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setenv("RAYPIPE_CACHE", str(tmp_path / "cache"))
-    config = tune_config(tiny, data_file(tmp_path), max_steps=3, grad_accum=1, learning_rate=0.05, checkpoint_steps=3)
+    config = tune_config(
+        tiny, data_file(tmp_path), method=method, max_steps=3, grad_accum=1, learning_rate=METHODS[method]
+    )
     tuning = AgentTuning(config, LocalWorker())
     end = list(tuning.epochs())[-1]
     checkpoint = tmp_path / "ckpt"
@@ -105,22 +125,19 @@ def test_the_artifact_applies_at_conversion_and_its_logits_are_the_model_plus_ad
     artifact = tmp_path / "artifact"
     manifest = write_artifact(artifact, checkpoint, config, tiny, {})
     assert manifest["base_model_sha256"] == sha256_of(tiny) and manifest["question_ids"] == ["q0", "q1", "q2", "q3"]
-    assert manifest["seed"] == 3 and manifest["hyperparameters"]["lora_rank"] == 8 and manifest["dev"] == {}
-    assert (artifact / ADAPTER_FILE).stat().st_size <= 25e6
+    assert manifest["seed"] == 3 and manifest["method"] == method and manifest["dev"] == {}
+    assert (artifact / ADAPTER_FILE).stat().st_size <= 25e6  # the tiny model's; full on SmolLM2-135M: 425 MB
+    suffixes = {key.rpartition(".")[2] for key in load_file(str(artifact / ADAPTER_FILE))}
+    assert suffixes == ({"lora_A", "lora_B"} if method == "lora" else {"delta"})
 
     merged = resolve_llm(str(tiny), str(artifact))  # what an engine with engine.adapter loads
     assert merged != tiny and resolve_llm(str(tiny)) == tiny
     ids = torch.tensor([encode(rows(1)[0]["segments"], tuning_tokenizer(tiny))[0]])
-    with_adapter = AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32)
-    add_lora(with_adapter, config["lora_rank"], config["lora_alpha"], config["lora_targets"], config["lora_layers"])
-    from safetensors.torch import load_file
-
-    load_factors(with_adapter, load_file(str(artifact / ADAPTER_FILE)))
     base = AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32)
     applied = AutoModelForCausalLM.from_pretrained(str(merged), dtype=torch.float32)
-    with torch.no_grad():
-        expected, got, before = (m.eval()(input_ids=ids).logits for m in (with_adapter, applied, base))
-    assert (expected - before).abs().max() > 0.05  # the adapter changes the model, far beyond the tolerance
+    with torch.no_grad():  # the trained model: the base with LoRA factors, or with its own trained weights
+        expected, got, before = (m.eval()(input_ids=ids).logits for m in (tuning.model, applied, base))
+    assert (expected - before).abs().max() > 0.05  # training changes the model, far beyond the tolerance
     torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-3)  # float32 rounding of the merged weights
 
 
@@ -161,8 +178,6 @@ def test_the_embedded_default_ships_its_tuned_agent_and_the_untuned_preset_stays
 
 
 def test_a_second_round_starts_from_the_first_rounds_factors_and_a_mismatched_one_is_refused(tiny, tmp_path):
-    from safetensors.torch import load_file
-
     from raypipe.agenttrain.tune import adapter_factors, unwrap
 
     config = tune_config(tiny, data_file(tmp_path), max_steps=2, grad_accum=1, learning_rate=0.05, checkpoint_steps=2)
@@ -184,3 +199,8 @@ def test_a_second_round_starts_from_the_first_rounds_factors_and_a_mismatched_on
     assert manifest["init_adapter"]["adapter_sha256"] == sha256_of(first / ADAPTER_FILE)
     with pytest.raises(ValueError, match="lora_rank differ"):
         tune_config(tiny, data_file(tmp_path), lora_rank=4, init_adapter=first)
+    with pytest.raises(ValueError, match="is a lora artifact; this run's agent_train.method is full"):
+        tune_config(tiny, data_file(tmp_path), method="full", init_adapter=first)
+    full = AgentTuning(tune_config(tiny, data_file(tmp_path), method="full", max_steps=1), LocalWorker())
+    with pytest.raises(ArtifactError, match="is not a full tensor"):  # resumed from another method's checkpoint
+        full.resume(checkpoint)

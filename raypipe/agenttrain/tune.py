@@ -1,11 +1,12 @@
-"""LoRA fine-tuning of the agent on its supervised trajectories, as a Ray-free :class:`~raypipe.core.training.Training`.
+"""Fine-tuning of the agent on its supervised trajectories, as a Ray-free :class:`~raypipe.core.training.Training`.
 
 Each trajectory's segments (:mod:`raypipe.agenttrain.trajectories`) are tokenized one by one and joined, so
 the labels are exactly the tokens of the agent's own turns; the prompt and the observation blocks are
-context (label -100). The base model is frozen; LoRA factors (:class:`LoRALinear`) on the adapted linear
-layers are trained with AdamW, one trajectory per forward pass, ``grad_accum`` per optimizer step. The
-epoch's order is a permutation seeded by ``seed + epoch``, so a run resumed from a checkpoint (factors,
-optimizer, step) goes on with the same batches. A progress line (loss, tokens/s, ETA) is logged every step
+context (label -100). The base model is frozen but for the trained part of the adapted linear layers
+(``method``): LoRA factors (:class:`LoRAPart`) or the weights themselves (:class:`FullPart`, saved as deltas),
+trained with AdamW, one trajectory per forward pass, ``grad_accum`` per optimizer step. The epoch's order is a
+permutation seeded by ``seed + epoch``, so a run resumed from a checkpoint (trained tensors, optimizer, step)
+goes on with the same batches. A progress line (loss, tokens/s, ETA) is logged every step
 by rank 0, and a checkpoint ends every ``checkpoint_steps`` steps (an :class:`~raypipe.core.training.EpochEnd`).
 """
 
@@ -20,7 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from raypipe.agenttrain.trajectories import AGENT
-from raypipe.core.adapter import ADAPTER_FILE, LORA_A, LORA_B, MANIFEST_FILE, read_manifest, sha256_of
+from raypipe.core.adapter import (
+    ADAPTER_FILE,
+    DELTA,
+    LORA_A,
+    LORA_B,
+    MANIFEST_FILE,
+    artifact_method,
+    check_method,
+    merge_adapter,
+    read_manifest,
+    sha256_of,
+)
 from raypipe.core.models import locate_adapter
 from raypipe.core.training import EpochEnd, Worker
 
@@ -60,28 +72,39 @@ def lora_modules():
     return LoRALinear
 
 
-def add_lora(model, rank: int, alpha: float, targets: Sequence[str], layers: int | None = None) -> list[str]:
-    """Freeze ``model`` and wrap its linear layers named ``...<target>`` (in the top ``layers`` decoder layers,
-    or all) with LoRA; returns the adapted weights' names (as in the model's state dict)."""
+def target_linears(model, targets: Sequence[str], layers: int | None = None) -> dict[str, Any]:
+    """The linear layers named ``...<target>`` in the top ``layers`` decoder layers (or all), by module name."""
     from torch import nn
 
-    LoRALinear = lora_modules()
-    for p in model.parameters():
-        p.requires_grad_(False)
     n_layers = model.config.num_hidden_layers
     first = 0 if layers is None else max(0, n_layers - layers)
-    adapted = []
-    for name, module in list(model.named_modules()):
+    found = {}
+    for name, module in model.named_modules():
         if not isinstance(module, nn.Linear) or not any(name.endswith(t) for t in targets):
             continue
         index = next((int(p) for p in name.split(".") if p.isdigit()), None)
-        if index is None or index < first:
-            continue
+        if index is not None and index >= first:
+            found[name] = module
+    if not found:
+        raise ValueError(f"no linear layer matches the targets {list(targets)}")
+    return found
+
+
+def freeze(model) -> None:
+    for p in model.parameters():
+        p.requires_grad_(False)
+
+
+def add_lora(model, rank: int, alpha: float, targets: Sequence[str], layers: int | None = None) -> list[str]:
+    """Freeze ``model`` and wrap its :func:`target_linears` with LoRA; returns the adapted weights' names (as in
+    the model's state dict)."""
+    LoRALinear = lora_modules()
+    freeze(model)
+    adapted = []
+    for name, module in target_linears(model, targets, layers).items():
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, LoRALinear(module, rank, alpha / rank))
         adapted.append(f"{name}.weight")
-    if not adapted:
-        raise ValueError(f"no linear layer matches the LoRA targets {list(targets)}")
     return adapted
 
 
@@ -96,6 +119,7 @@ def adapter_factors(model) -> dict[str, Any]:
 
 
 def load_factors(model, factors: dict[str, Any]) -> None:
+    check_method(factors, "lora", "LoRA factors")
     state = {}
     for key, tensor in factors.items():
         for suffix in (LORA_A, LORA_B):
@@ -104,6 +128,57 @@ def load_factors(model, factors: dict[str, Any]) -> None:
     missing = model.load_state_dict(state, strict=False)
     if missing.unexpected_keys:
         raise ValueError(f"checkpoint factors the model does not have: {missing.unexpected_keys[:3]}")
+
+
+class LoRAPart:
+    """``method: lora``: LoRA factors on the target layers, saved as ``<weight name>.lora_A`` / ``.lora_B``."""
+
+    def __init__(self, config: dict[str, Any]):
+        self.config = config
+
+    def prepare(self, model) -> list[Any]:
+        c = self.config
+        add_lora(model, c["lora_rank"], c["lora_alpha"], c["lora_targets"], c["lora_layers"])
+        return [p for p in model.parameters() if p.requires_grad]
+
+    def state(self, model) -> dict[str, Any]:
+        return adapter_factors(model)
+
+    def load(self, model, tensors: dict[str, Any]) -> None:
+        load_factors(model, tensors)
+
+
+class FullPart:
+    """``method: full``: the target layers' weights themselves, saved as ``<weight name>.delta`` (the trained
+    weight minus the base weight, float32), which conversion adds to the base as it adds LoRA's ``B @ A``."""
+
+    def __init__(self, config: dict[str, Any]):
+        self.config = config
+        self.base: dict[str, Any] = {}
+
+    def prepare(self, model) -> list[Any]:
+        freeze(model)
+        linears = target_linears(model, self.config["lora_targets"], self.config["lora_layers"])
+        self.base = {f"{name}.weight": m.weight.detach().float().clone() for name, m in linears.items()}
+        for m in linears.values():
+            m.weight.requires_grad_(True)
+        return [m.weight for m in linears.values()]
+
+    def state(self, model) -> dict[str, Any]:
+        weights = model.state_dict()
+        return {
+            name + DELTA: (weights[name].detach().float().cpu() - base).contiguous() for name, base in self.base.items()
+        }
+
+    def load(self, model, tensors: dict[str, Any]) -> None:
+        check_method(tensors, "full", "weight deltas")
+        unknown = [key for key in tensors if key[: -len(DELTA)] not in self.base]
+        if unknown:
+            raise ValueError(f"deltas of weights this run does not train: {unknown[:3]}")
+        model.load_state_dict(merge_adapter(self.base, tensors), strict=False)
+
+
+PARTS = {"lora": LoRAPart, "full": FullPart}
 
 
 def unwrap(model):
@@ -135,13 +210,13 @@ class AgentTuning:
         if not self.examples:
             raise ValueError(f"no trajectory of {config['data']} fits {config['max_tokens']} tokens")
         model = AutoModelForCausalLM.from_pretrained(config["model_path"], dtype=torch.float32)
-        add_lora(model, config["lora_rank"], config["lora_alpha"], config["lora_targets"], config["lora_layers"])
-        if config.get("init_adapter"):  # a second round: the first round's factors, a new optimizer
+        self.part = PARTS[config["method"]](config)
+        self.params = self.part.prepare(model)
+        if config.get("init_adapter"):  # a second round: the first round's tensors, a new optimizer
             from safetensors.torch import load_file
 
-            load_factors(model, load_file(str(Path(config["init_adapter"]) / ADAPTER_FILE)))
+            self.part.load(model, load_file(str(Path(config["init_adapter"]) / ADAPTER_FILE)))
         self.model = worker.prepare_model(model)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config["learning_rate"], weight_decay=0.0)
         share = math.ceil(len(self.examples) / worker.world)
         self.steps_per_epoch = max(1, math.ceil(share / config["grad_accum"]))
@@ -159,7 +234,7 @@ class AgentTuning:
         import torch
         from safetensors.torch import load_file
 
-        load_factors(unwrap(self.model), load_file(str(folder / ADAPTER_FILE)))
+        self.part.load(unwrap(self.model), load_file(str(folder / ADAPTER_FILE)))
         state = torch.load(folder / STATE_FILE, weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.tokens = state["step"], state["tokens"]
@@ -244,7 +319,7 @@ class AgentTuning:
         import torch
         from safetensors.torch import save_file
 
-        factors = adapter_factors(unwrap(self.model))
+        tensors = self.part.state(unwrap(self.model))
         state = {
             "optimizer": self.optimizer.state_dict(),
             "step": self.step,
@@ -254,11 +329,25 @@ class AgentTuning:
         }
 
         def save(folder: Path) -> None:
-            save_file(factors, str(folder / ADAPTER_FILE))
+            save_file(tensors, str(folder / ADAPTER_FILE))
             torch.save(state, folder / STATE_FILE)
             (folder / PROGRESS_FILE).write_text(json.dumps(metrics))
 
         return save
+
+
+def check_init(agent_train, manifest: dict[str, Any]) -> None:
+    """Refuse an ``init_adapter`` this run cannot start from: another method's, or other targets (or rank)."""
+    made, method = manifest["hyperparameters"], artifact_method(manifest)
+    if method != agent_train.method:
+        raise ValueError(
+            f"agent_train.init_adapter={agent_train.init_adapter} is a {method} artifact; this run's "
+            f"agent_train.method is {agent_train.method}"
+        )
+    shape = ("lora_targets", "lora_layers") + (("lora_rank",) if method == "lora" else ())
+    differ = [k for k in shape if made.get(k) != getattr(agent_train, k)]
+    if differ:
+        raise ValueError(f"agent_train.init_adapter={agent_train.init_adapter}: its {', '.join(differ)} differ")
 
 
 def loop_config(
@@ -267,6 +356,7 @@ def loop_config(
     """What every worker needs (plain values, sent to Ray Train's workers); ``resume_from``: a checkpoint folder
     to start from (Ray Train restarts after a failure resume from their own run's last checkpoint instead)."""
     keys = (
+        "method",
         "lora_rank",
         "lora_alpha",
         "lora_targets",
@@ -280,10 +370,7 @@ def loop_config(
     )
     init = None if agent_train.init_adapter is None else locate_adapter(agent_train.init_adapter)
     if init is not None:
-        made = read_manifest(init)["hyperparameters"]
-        differ = [k for k in ("lora_rank", "lora_targets", "lora_layers") if made.get(k) != getattr(agent_train, k)]
-        if differ:
-            raise ValueError(f"agent_train.init_adapter={agent_train.init_adapter}: its {', '.join(differ)} differ")
+        check_init(agent_train, read_manifest(init))
     return {
         **{k: getattr(agent_train, k) for k in keys},
         "init_adapter": None if init is None else str(init),
@@ -298,7 +385,7 @@ def loop_config(
 def write_artifact(
     out: Path, checkpoint: Path, config: dict[str, Any], base_source: Path, extra: dict[str, Any]
 ) -> dict[str, Any]:
-    """The artifact folder ``out``: the final checkpoint's factors and a manifest (base model and data digests,
+    """The artifact folder ``out``: the final checkpoint's tensors and a manifest (base model and data digests,
     question ids, hyperparameters, seed, time and CPU taken, dev-split figures: empty until evaluated)."""
     import shutil
 
@@ -306,12 +393,15 @@ def write_artifact(
     shutil.copyfile(checkpoint / ADAPTER_FILE, out / ADAPTER_FILE)
     progress = json.loads((checkpoint / PROGRESS_FILE).read_text())
     rows = [json.loads(line) for line in Path(config["data"]).read_text().splitlines() if line.strip()]
+    lora = config["method"] == "lora"
     manifest = {
-        "kind": "LoRA factors of the agent, merged into the base model at conversion (engine.adapter)",
+        "kind": f"{'LoRA factors' if lora else 'weight deltas'} of the agent, merged into the base model at "
+        "conversion (engine.adapter)",
         "note": "made by raypipe tune-agent from the bundled training questions; not a published checkpoint",
+        "method": config["method"],
         "adapter_sha256": sha256_of(out / ADAPTER_FILE),
         "adapter_bytes": (out / ADAPTER_FILE).stat().st_size,
-        "scale": config["lora_alpha"] / config["lora_rank"],
+        **({"scale": config["lora_alpha"] / config["lora_rank"]} if lora else {}),
         "base_model": str(base_source),
         "base_model_sha256": sha256_of(base_source),
         "data_sha256": sha256_of(Path(config["data"])),

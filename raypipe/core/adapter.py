@@ -1,10 +1,12 @@
 """A tuned-agent artifact (``raypipe tune-agent``) and how it is applied to its base model.
 
-An artifact is a folder: ``adapter.safetensors`` holds LoRA factors ``<weight name>.lora_A`` (rank x in) and
-``<weight name>.lora_B`` (out x rank) for the adapted linear weights of the base model, in float32;
-``manifest.json`` holds their scale (alpha / rank), the adapter file's sha256, the base model's sha256 and how
-the artifact was made. Applying it adds ``scale * B @ A`` to each weight: the merged model computes what the
-base model with the adapter computes, with no adapter code at inference (vLLM loads a plain folder).
+An artifact is a folder: ``adapter.safetensors`` holds, for the adapted linear weights of the base model, in
+float32, either LoRA factors ``<weight name>.lora_A`` (rank x in) and ``<weight name>.lora_B`` (out x rank)
+(``method: lora``) or weight deltas ``<weight name>.delta`` (the trained weight minus the base weight, ``method:
+full``); ``manifest.json`` holds the method, LoRA's scale (alpha / rank), the adapter file's sha256, the base
+model's sha256 and how the artifact was made. Applying it adds ``scale * B @ A`` (or the delta) to each weight:
+the merged model computes what the trained model computes, with no adapter code at inference (vLLM loads a
+plain folder).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 ADAPTER_FILE = "adapter.safetensors"
 MANIFEST_FILE = "manifest.json"
 LORA_A, LORA_B = ".lora_A", ".lora_B"
+DELTA = ".delta"
+SUFFIXES = {"lora": (LORA_A, LORA_B), "full": (DELTA,)}
 
 
 class ArtifactError(ValueError):
@@ -52,16 +56,36 @@ def read_manifest(artifact: Path) -> dict[str, Any]:
     return manifest
 
 
-def merge_adapter(state: dict[str, Any], factors: dict[str, Any], scale: float) -> dict[str, Any]:
-    """``state`` (a model's state dict) with ``scale * B @ A`` added to every weight ``factors`` adapts."""
+def artifact_method(manifest: dict[str, Any]) -> str:
+    """The manifest's method; artifacts made before full fine-tuning existed record none and are LoRA's."""
+    return manifest.get("method", "lora")
+
+
+def check_method(tensors: dict[str, Any], method: str, source: object) -> None:
+    """Refuse ``tensors`` (from ``source``) that are not ``method``'s: LoRA factors where deltas are expected, or
+    the reverse."""
+    suffixes = SUFFIXES[method]
+    foreign = sorted(key for key in tensors if not key.endswith(suffixes))
+    if foreign:
+        raise ArtifactError(f"{source}: {foreign[0]} is not a {method} tensor (<weight name>{'|'.join(suffixes)})")
+
+
+def merge_adapter(state: dict[str, Any], tensors: dict[str, Any], scale: float = 1.0) -> dict[str, Any]:
+    """``state`` (a model's state dict) with ``scale * B @ A`` (LoRA factors) or the delta added to every weight
+    ``tensors`` adapts."""
     merged = dict(state)
-    names = {key[: -len(LORA_A)] for key in factors if key.endswith(LORA_A)}
-    for name in sorted(names):
+    for key in sorted(tensors):
+        if key.endswith(DELTA):
+            name, update = key[: -len(DELTA)], tensors[key].float()
+        elif key.endswith(LORA_A):
+            name = key[: -len(LORA_A)]
+            update = scale * (tensors[name + LORA_B].float() @ tensors[key].float())
+        else:  # a LoRA B factor, merged with its A
+            continue
         if name not in state:
             raise ArtifactError(f"the adapter adapts {name}, which the base model does not have")
-        a, b = factors[name + LORA_A], factors[name + LORA_B]
         weight = state[name]
-        merged[name] = (weight.float() + scale * (b.float() @ a.float())).to(weight.dtype)
+        merged[name] = (weight.float() + update).to(weight.dtype)
     return merged
 
 
@@ -78,8 +102,10 @@ def apply_artifact(base_folder: Path, base_sha256: str, artifact: Path, target: 
         made_for = manifest.get("base_model_sha256")
         raise ArtifactError(f"{artifact} was made for base model {made_for}, not {base_sha256}")
     model = AutoModelForCausalLM.from_pretrained(str(base_folder), dtype=torch.float32)
-    factors = load_file(str(Path(artifact) / ADAPTER_FILE))
-    model.load_state_dict(merge_adapter(model.state_dict(), factors, float(manifest["scale"])))
+    tensors = load_file(str(Path(artifact) / ADAPTER_FILE))
+    check_method(tensors, artifact_method(manifest), artifact)
+    scale = float(manifest.get("scale", 1.0))  # LoRA's; a full artifact's deltas are added as they are
+    model.load_state_dict(merge_adapter(model.state_dict(), tensors, scale))
     target.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(target)
     shutil.copyfile(Path(base_folder) / "config.json", target / "config.json")  # unchanged (and its extra keys kept)

@@ -900,18 +900,24 @@ class AgentTrainConfig(StrictModel):
     max_tokens: int = Field(
         default=3072, ge=64, description="Tokens of a training trajectory; longer ones are left out."
     )
+    method: Literal["lora", "full"] = Field(
+        default="lora",
+        description="lora: LoRA factors on the target layers; full: the target layers' weights themselves (saved as "
+        "deltas from the base, float32: about 425 MB for the embedded model, no small artifact; a lower "
+        "learning_rate, e.g. 2e-5).",
+    )
     lora_rank: int = Field(default=8, ge=1, description="Rank of the LoRA factors.")
     lora_alpha: float = Field(default=16.0, gt=0, description="LoRA scale = alpha / rank.")
     lora_targets: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        description="Linear layers (by name suffix) that get a LoRA adapter.",
+        description="Linear layers (by name suffix) that get a LoRA adapter (method full: that are trained).",
     )
     lora_layers: int | None = Field(
-        default=None, ge=1, description="Adapt only the top N decoder layers; None: every layer."
+        default=None, ge=1, description="Adapt (or train) only the top N decoder layers; None: every layer."
     )
     init_adapter: str | None = Field(
         default=None,
-        description="Start from this artifact's LoRA factors (a bundled name or a folder; same rank and targets): "
+        description="Start from this artifact's tensors (a bundled name or a folder; same method, targets and rank): "
         "a second round, e.g. on the tuned agent's own successful trajectories; None: new factors.",
     )
     epochs: int = Field(default=1, ge=1, description="Passes over the trajectories.")

@@ -1,10 +1,11 @@
-"""The tune-agent job (``raypipe tune-agent``, ``python jobs/tune_agent.py``): the agent's LoRA fine-tune on Ray Train.
+"""The tune-agent job (``raypipe tune-agent``, ``python jobs/tune_agent.py``): the agent's fine-tune on Ray Train.
 
 The steps are Ray-free (:class:`raypipe.agenttrain.tune.AgentTuning`); here Ray Train runs them on
 ``agent_train.num_workers`` data-parallel workers (CPU workers, or one GPU each with ``agent_train.use_gpu``:
 the same command), :func:`raypipe.runtime.trainer.run_training` wiring seed, resume and checkpoints. A rerun
 after an interruption starts from the last checkpoint in OUT/ray_train (a local storage path); the artifact
-(OUT/artifact: the adapter and its manifest) is written from the final checkpoint.
+(OUT/artifact: the adapter, LoRA factors or weight deltas, and its manifest) is written from the final
+checkpoint.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from raypipe.runtime.trainer import is_uri, run_training, storage_location, torc
 
 DESCRIPTION = """Fine-tune the agent (engine.model) on agent-data trajectories with Ray Train (docs/agent-training.md).
 
-LoRA on the agent's own tokens (agent_train.*), seeded, resumable from its last checkpoint; writes OUT/artifact
-(adapter.safetensors, manifest.json), applied at model conversion with --set engine.adapter=OUT/artifact.
+LoRA (or full fine-tuning: agent_train.method=full) on the agent's own tokens (agent_train.*), seeded, resumable
+from its last checkpoint; writes OUT/artifact (adapter.safetensors, manifest.json), applied at model conversion
+with --set engine.adapter=OUT/artifact.
 """
 
 log = logging.getLogger(__name__)
