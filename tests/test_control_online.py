@@ -172,6 +172,9 @@ def test_stops_the_trajectory_in_flight_and_saves_generation():
     assert [r["iteration"] for r in stopped.iterations] == [0, 1, 2]
     assert len(engine.requests) < len(natural_engine.requests)
     assert t["tokens_generated"] < natural.trajectory["tokens_generated"]
+    assert all(r["decision_s"] > 0 for r in stopped.iterations)  # each decision timed on its row
+    assert all(r["decision_s"] is None for r in natural.iterations)  # no controller: null
+    assert "decision_s" not in t and "decision_s" not in natural.trajectory
 
 
 @pytest.mark.filterwarnings("ignore:Stochastic Optimizer")
