@@ -58,3 +58,61 @@ def test_onnx_batching_changes_nothing(trained):
     for other in scores[1:]:
         assert np.abs(other - scores[0]).max() < 1e-5
     assert OnnxScorer(trained, batch_size=4).score([], 64).shape == (0,)
+
+
+def bundle_with(trained, folder, backend):
+    """A bundle whose heads read one cross-encoder signal (sup_p_ii) over a window of 2."""
+    import json
+    import pickle
+    import shutil
+
+    from raypipe.core.config import TrainConfig
+    from raypipe.predict.bundle import PredictorBundle
+    from raypipe.predict.head import fit_head
+
+    if not (folder / "manifest.json").exists():
+        shutil.copytree(trained, folder / "crossencoders" / "sup_p_ii")
+        rng = np.random.default_rng(0)
+        x = rng.normal(0.5, 0.3, size=(200, 2))  # (current, previous) signal: what the window of 2 feeds the head
+        for short, y in (("p", x[:, 0]), ("u", x[:, 0] - x[:, 1])):
+            with open(folder / f"head_{short}.pkl", "wb") as fh:
+                pickle.dump(fit_head(x, y, TrainConfig(head_batch_size=32)), fh)
+        manifest = {
+            "feature_group": "sup",
+            "window": 2,
+            "feature_columns": ["sup_p_ii"],
+            "crossencoders": {"sup_p_ii": "crossencoders/sup_p_ii"},
+            "train": {"max_tokens": 64, "field_chars": 256, "title_chars": 128},
+            "window_options": {"indicators": False},
+        }
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    return PredictorBundle.load(folder, scorer_backend=backend)
+
+
+def history(qid, n):
+    return [
+        {
+            "qid": qid,
+            "iteration": i,
+            "query": None if i == 0 else f"{qid} query {i}",
+            "reasoning": f"thinking about {qid} step {i} " * (1 + i),
+            "doc_ids": None if i == 0 else [f"d{i}"],
+            "doc_titles": [] if i == 0 else [f"Title {qid} {i}"],
+            "doc_texts": [] if i == 0 else [f"text of {qid} at {i} " * (2 * i)],
+        }
+        for i in range(n + 1)
+    ]
+
+
+@pytest.mark.filterwarnings("ignore:Stochastic Optimizer")
+def test_a_bundle_predicts_the_same_batched_or_alone_on_either_backend(trained, tmp_path):
+    """predict_many over trajectories of several lengths equals predict on each alone, and the ONNX bundle's
+    (P̂, Û) equal the torch bundle's within the tolerance."""
+    histories = [(history(f"q{k}", n), f"question {k}?") for k, n in enumerate((1, 3, 2, 4))]
+    torch_bundle = bundle_with(trained, tmp_path / "bundle", "torch")
+    alone = [torch_bundle.predict(rows, question) for rows, question in histories]
+    onnx = bundle_with(trained, tmp_path / "bundle", "onnx").predict_many(histories)
+    assert len({round(p, 4) for p, _ in alone}) > 1  # the trajectories differ: equal outputs would prove nothing
+    assert np.abs(np.asarray(onnx) - np.asarray(alone)).max() < TOLERANCE
+    batched = bundle_with(trained, tmp_path / "bundle", "torch").predict_many(histories)
+    assert np.abs(np.asarray(batched) - np.asarray(alone)).max() < 1e-6
