@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from raypipe.core.config import CrossEncoderBackend
+from raypipe.core.config import ControllerBackend
 from raypipe.predict.relations import SHORT, DocLookup, format_relation, lookup_top_doc, trajectory_texts
 from raypipe.predict.scorers import Scorer, load_scorer
 from raypipe.predict.window import FIRST_ITERATION, window_for_last
@@ -44,7 +44,7 @@ class PredictorBundle:
         heads: dict[str, Any],
         doc_lookup: DocLookup | None = None,
         feature_extractor: FeatureExtractor | None = None,
-        scorer_backend: CrossEncoderBackend = "torch",
+        scorer_backend: ControllerBackend = "torch",
         scorer_threads: int | None = None,
     ):
         self.root = root
@@ -70,7 +70,7 @@ class PredictorBundle:
         path: str | Path,
         doc_lookup: DocLookup | None = None,
         feature_extractor: FeatureExtractor | None = None,
-        scorer_backend: CrossEncoderBackend = "torch",
+        scorer_backend: ControllerBackend = "torch",
         scorer_threads: int | None = None,
     ) -> PredictorBundle:
         """Open a bundle folder (RUN_DIR/models); its cross-encoders run by ``scorer_backend``."""

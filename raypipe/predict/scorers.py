@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from raypipe.core.config import CrossEncoderBackend
+from raypipe.core.config import ControllerBackend
 
 
 class Scorer(Protocol):
@@ -69,6 +69,6 @@ class OnnxScorer:
         return out
 
 
-def load_scorer(folder: Path, backend: CrossEncoderBackend, batch_size: int = 64, threads: int | None = None) -> Scorer:
+def load_scorer(folder: Path, backend: ControllerBackend, batch_size: int = 64, threads: int | None = None) -> Scorer:
     """The cross-encoder at ``folder`` run by ``backend`` (``threads``: ONNX Runtime's intra-op threads)."""
     return OnnxScorer(folder, batch_size, threads) if backend == "onnx" else TorchScorer(folder, batch_size)

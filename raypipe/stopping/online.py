@@ -28,7 +28,7 @@ from raypipe.agents.hooks import CONTINUE, StopDecision
 from raypipe.core.config import RunConfig, load_config
 from raypipe.features.extract import extract_many
 from raypipe.features.memo import MemoCorpus, MemoSentences
-from raypipe.features.resources import IndexCorpus, SbertEncoder
+from raypipe.features.resources import IndexCorpus, OnnxSentenceEncoder, SbertEncoder, SentenceEncoder
 from raypipe.predict.bundle import MANIFEST as BUNDLE_MANIFEST
 from raypipe.stopping.batching import PredictionBatcher, Predictor
 from raypipe.stopping.heuristic import (
@@ -56,8 +56,9 @@ def load_bundle_predictor(bundle_path: str | Path, config: RunConfig | None = No
 
     Supervised signals come from the bundled cross-encoders (reading the visible documents the loop
     passes in the history), run by ``stopping.crossencoder_backend``; the other signals need the run's
-    retrieval index and sentence encoder, opened from ``config`` (default: the embedded preset) behind
-    memories (:mod:`raypipe.features.memo`), so each decision encodes only what its iteration added.
+    retrieval index and sentence encoder (run by ``stopping.sentence_backend``), opened from ``config``
+    (default: the embedded preset) behind memories (:mod:`raypipe.features.memo`), so each decision encodes
+    only what its iteration added.
     """
     from raypipe.predict.bundle import PredictorBundle
 
@@ -70,7 +71,7 @@ def load_bundle_predictor(bundle_path: str | Path, config: RunConfig | None = No
         bundle.feature_extractor = partial(
             extract_many,
             corpus=MemoCorpus(IndexCorpus.open(config)),
-            sentences=MemoSentences(SbertEncoder(config.features.sentence_model)),
+            sentences=MemoSentences(sentence_encoder(config)),
             settings=config.features,
         )
     log.info(
@@ -81,6 +82,16 @@ def load_bundle_predictor(bundle_path: str | Path, config: RunConfig | None = No
         stopping.crossencoder_backend,
     )
     return bundle
+
+
+def sentence_encoder(config: RunConfig) -> SentenceEncoder:
+    """The controller's encoder of ``features.sentence_model``, run by ``stopping.sentence_backend``."""
+    ref, stopping = config.features.sentence_model, config.stopping
+    return (
+        OnnxSentenceEncoder(ref, stopping.crossencoder_threads)
+        if stopping.sentence_backend == "onnx"
+        else SbertEncoder(ref)
+    )
 
 
 class OnlineController:
