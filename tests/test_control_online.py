@@ -10,6 +10,7 @@ from raypipe.agents import AgentLoop, SearchR1
 from raypipe.agents.hooks import CONTINUE, StopDecision
 from raypipe.core.config import AgentConfig
 from raypipe.data.loaders import Question
+from raypipe.stopping.batching import OneByOne
 from raypipe.stopping.heuristic import HeuristicOptions, Thresholds
 from raypipe.stopping.online import OnlineController
 from raypipe.testing.fakes import FakeEngine, FakeRetriever, agent_turns
@@ -17,7 +18,7 @@ from raypipe.testing.fakes import FakeEngine, FakeRetriever, agent_turns
 TH = Thresholds(0.5, 0.0)
 
 
-class TablePredictor:
+class TablePredictor(OneByOne):
     """(P̂, Û) by iteration from a table; records the histories it was asked about."""
 
     def __init__(self, table):
@@ -44,7 +45,7 @@ def decide_all(controller, n, qid="q1", dataset="hotpotqa"):
 
 
 def test_requires_a_predictor_and_iteration_one():
-    with pytest.raises(ValueError, match="bundle path or a predictor factory"):
+    with pytest.raises(ValueError, match="bundle path, a predictor factory or a prediction source"):
         OnlineController(None)
     with pytest.raises(ValueError, match="first_iteration must be 1"):
         OnlineController("b", options=HeuristicOptions(first_iteration=0))
@@ -90,10 +91,12 @@ def test_per_dataset_thresholds():
 def test_pickles_without_its_loaded_state():
     pred = TablePredictor({1: (0.2, 0.2)})
     ctl = OnlineController("some/bundle", TH)
-    ctl._predictor = pred
+    ctl._load_bundle = lambda: pred  # type: ignore[method-assign]
     asyncio.run(ctl.decide("Q?", rows(1)))
+    assert ctl._batcher is not None and ctl._batcher.predicted == 1
+    del ctl._load_bundle  # the instance attribute does not pickle; the class's method is what a clone uses
     clone = pickle.loads(pickle.dumps(ctl))
-    assert clone._predictor is None and clone._executor is None and not clone._predictions
+    assert clone._batcher is None and not clone._predictions
     assert clone.bundle_path == "some/bundle" and clone.thresholds == {"*": TH}
 
 
@@ -141,7 +144,7 @@ def probe(prompt):
     return " William Shakespeare </answer>" if "passage 0 about Shakespeare" in prompt else " Marlowe </answer>"
 
 
-class ProbePredictor:
+class ProbePredictor(OneByOne):
     """Confident once the probe says Shakespeare: what a good quality head would do."""
 
     def predict(self, history_rows, question):
@@ -172,6 +175,9 @@ def test_stops_the_trajectory_in_flight_and_saves_generation():
     assert [r["iteration"] for r in stopped.iterations] == [0, 1, 2]
     assert len(engine.requests) < len(natural_engine.requests)
     assert t["tokens_generated"] < natural.trajectory["tokens_generated"]
+    assert all(r["decision_s"] > 0 for r in stopped.iterations)  # each decision timed on its row
+    assert all(r["decision_s"] is None for r in natural.iterations)  # no controller: null
+    assert "decision_s" not in t and "decision_s" not in natural.trajectory
 
 
 @pytest.mark.filterwarnings("ignore:Stochastic Optimizer")

@@ -26,6 +26,7 @@ from raypipe.core.config import ConfigError, load_config
 from raypipe.core.rundir import RunDir
 from raypipe.core.schema import ITERATIONS, STOP_ANSWER, STOP_CONTROLLER, TRAJECTORIES
 from raypipe.runtime.answering import Admission, AgentAnswerer, PolicyBook, within_deadline
+from raypipe.stopping.batching import OneByOne
 from raypipe.stopping.cap_online import CapController
 from raypipe.stopping.policies import check_policy
 from raypipe.testing.fakes import FakeEngine, FakeRetriever
@@ -144,7 +145,7 @@ def test_cap_stops_after_retrieval_iteration_k():
         CapController(-1)
 
 
-class StepPredictor:
+class StepPredictor(OneByOne):
     """P̂ = 0.1 x iteration, Û = 0.05; records the questions and iterations it was asked about."""
 
     def __init__(self):

@@ -30,7 +30,8 @@ all probe. Outputs are the same in every schedule: only the order of independent
 
 Each row records the cost of its turn (``raypipe.core.schema.ITERATION_COSTS``): prompt tokens of its
 requests and those served from the prefix cache, the time of the search the turn issued, and the
-engine's queue and engine seconds where the backend reports them; the trajectory row holds their sums.
+engine's queue and engine seconds where the backend reports them, and the controller's decision on it
+(``decision_s``, null without a controller); the trajectory row holds their sums (decision time aside).
 
 A failure on one question ends that trajectory with its ``stop_reason`` and message; the rows produced so
 far are kept. Outages, which a rerun retries: ``engine_error`` (the engine could not answer,
@@ -412,7 +413,9 @@ class _Run:
         controller = self.loop.controller
         if controller is None:
             return False
+        started = time.perf_counter()
         decision = await controller.decide(self.question.question, self._history())
+        self.rows[-1]["decision_s"] = time.perf_counter() - started
         if not decision.stop:
             return False
         current = len(self.rows) - 1
@@ -519,6 +522,7 @@ _NO_COST: dict[str, Any] = {
     "search_dropped": False,
     "queue_s": 0.0,
     "engine_s": 0.0,
+    "decision_s": None,
 }
 
 

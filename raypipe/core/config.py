@@ -769,6 +769,7 @@ class HeadRefit(StrictModel):
 
 # The heuristic's named variants (their options: raypipe.stopping.heuristic.VARIANTS).
 HeuristicVariant = Literal["paper", "delta_p", "mean_utility", "best_rollback", "quality_floor", "give_up"]
+ControllerBackend = Literal["onnx", "torch"]
 
 
 class StoppingConfig(StrictModel):
@@ -780,6 +781,24 @@ class StoppingConfig(StrictModel):
     theta_u: float = Field(default=PAPER_THETA_U, description="θ_U of the online controller.")
     variant: HeuristicVariant = Field(
         default="paper", description="Heuristic variant of the online controller (raypipe.stopping.heuristic.VARIANTS)."
+    )
+    crossencoder_backend: ControllerBackend = Field(
+        default="onnx",
+        description="How the online controller runs the bundle's cross-encoders (raypipe.predict.scorers): onnx "
+        "(exported once into the cache, ONNX Runtime on the CPU, fp32: outputs within 1e-4 of torch's) or torch "
+        "(the reference, as training's out-of-fold predictions run them).",
+    )
+    sentence_backend: ControllerBackend = Field(
+        default="onnx",
+        description="How the online controller's feature extractor runs features.sentence_model (the similarity "
+        "signals): onnx (the retrieval encoder's ONNX machinery, fp32: the same cosines to 1e-5) or torch "
+        "(sentence-transformers, as the features stage runs it).",
+    )
+    crossencoder_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="ONNX Runtime intra-op threads of the controller's cross-encoders and sentence encoder; None: "
+        "ONNX Runtime's default (the physical cores). The torch backend keeps torch's own setting.",
     )
     theta_p_grid: list[float] = Field(
         default_factory=lambda: [round(0.05 * i, 2) for i in range(21)], description="θ_P values swept."

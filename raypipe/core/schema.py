@@ -59,6 +59,9 @@ ITERATION_COSTS = [
     pa.field("search_dropped", pa.bool_()),  # that search ran but the controller stopped before it was read
     pa.field("queue_s", pa.float32()),  # requests waiting in the engine's queue
     pa.field("engine_s", pa.float32()),  # requests from first scheduled to last token (prefill + decode)
+    # the online controller's decision on this iteration, as the trajectory waited for it (with its wait for a
+    # batched prediction); null where no controller runs
+    pa.field("decision_s", pa.float32()),
 ]
 COST_COLUMNS = tuple(f.name for f in ITERATION_COSTS)
 # Columns that depend on timing and scheduling, not on the results: times, and prefix-cache hits (a rerun or
@@ -68,13 +71,15 @@ SCHEDULING_COLUMNS = (
     "retrieval_s",
     "queue_s",
     "engine_s",
+    "decision_s",
     "cached_tokens",
     "prefilled_tokens",
     "probe_cached_tokens",
 )
-# trajectories/ holds each cost column summed over the trajectory's iterations (search_dropped as a count).
+# trajectories/ holds each cost column summed over the trajectory's iterations (search_dropped as a count;
+# decision_s only in iterations/, so a run without a controller writes the trajectories it always did).
 TRAJECTORY_COSTS = [
-    *(f for f in ITERATION_COSTS if f.name != "search_dropped"),
+    *(f for f in ITERATION_COSTS if f.name not in ("search_dropped", "decision_s")),
     pa.field("searches_dropped", pa.int32()),  # searches the controller made moot
 ]
 

@@ -13,6 +13,7 @@ The loaders are plain Python: the features job's actors and the online controlle
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -109,6 +110,25 @@ class SbertEncoder:
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         texts = list(texts)
         return self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False)
+
+
+class OnnxSentenceEncoder:
+    """The same sentence-transformers model exported to ONNX and run by ONNX Runtime on the CPU (the retrieval
+    encoder's machinery, :class:`raypipe.retrieval.encoders.OnnxEncoder`: fp32, no prefix, its folder's
+    ``max_seq_length``): the online controller's, several times cheaper per call than torch. Its vectors are
+    normalised; the similarity signals are cosines, equal to :class:`SbertEncoder`'s to float precision."""
+
+    def __init__(self, ref: str = "minilm", threads: int | None = None):
+        from raypipe.core.models import resolve_sentence_model
+        from raypipe.retrieval.encoders import EncoderSpec
+
+        config = resolve_sentence_model(ref) / "sentence_bert_config.json"
+        max_length = json.loads(config.read_text())["max_seq_length"] if config.exists() else 256
+        spec = EncoderSpec(ref, prefixes="none", max_length=max_length, threads=threads, backend="onnx")
+        self.encoder = spec.load()
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return self.encoder.encode_passages(list(texts))
 
 
 class IndexCorpus:

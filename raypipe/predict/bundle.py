@@ -5,11 +5,14 @@ the bundle folder, the training config), ``head_p.pkl`` / ``head_u.pkl`` (scaler
 the cross-encoders it names (Ray Train checkpoints copied under ``crossencoders/``).
 
 ``predict(history_rows, question)`` takes the iteration rows of one trajectory so far (the last is the
-current iteration) and returns (p_hat, u_hat) for the current iteration. Feature columns present in the
-rows are used as they are; supervised signals are computed by the cross-encoders (needs reasoning and
-query of the rows, and the current top document: ``doc_titles``/``doc_texts`` in the row or
-``doc_lookup``); the other signals come from ``feature_extractor(rows, question) -> feature rows``, e.g.
-``functools.partial(raypipe.features.extract.extract_trajectory, corpus=..., sentences=...)``.
+current iteration) and returns (p_hat, u_hat) for the current iteration; ``predict_many`` does the same for
+several trajectories at once (the controller's batch of trajectories waiting on a decision): each
+cross-encoder scores every trajectory's new texts in one call and each head runs once. Feature columns present
+in the rows are used as they are; supervised signals are computed by the cross-encoders (needs reasoning and
+query of the rows, and the current top document: ``doc_titles``/``doc_texts`` in the row or ``doc_lookup``),
+run by ``scorer_backend`` (:mod:`raypipe.predict.scorers`: ``torch``, the reference, or ``onnx``); the other
+signals come from ``feature_extractor([(rows, question), ...]) -> feature rows of each``, e.g.
+``functools.partial(raypipe.features.extract.extract_many, corpus=..., sentences=...)``.
 """
 
 from __future__ import annotations
@@ -20,13 +23,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from raypipe.core.config import ControllerBackend
 from raypipe.predict.relations import SHORT, DocLookup, format_relation, lookup_top_doc, trajectory_texts
+from raypipe.predict.scorers import Scorer, load_scorer
 from raypipe.predict.window import FIRST_ITERATION, window_for_last
 
 MANIFEST = "manifest.json"
-FeatureExtractor = Callable[[Sequence[dict[str, Any]], str], list[dict[str, Any]]]
+History = tuple[Sequence[dict[str, Any]], str]  # one trajectory's iteration rows so far and its question
+FeatureExtractor = Callable[[Sequence[History]], list[list[dict[str, Any]]]]
 
 
 class PredictorBundle:
@@ -37,6 +44,8 @@ class PredictorBundle:
         heads: dict[str, Any],
         doc_lookup: DocLookup | None = None,
         feature_extractor: FeatureExtractor | None = None,
+        scorer_backend: ControllerBackend = "torch",
+        scorer_threads: int | None = None,
     ):
         self.root = root
         self.manifest = manifest
@@ -51,14 +60,20 @@ class PredictorBundle:
         self.reasoning_text: str = manifest["train"].get("reasoning_text", "parsed")
         self.doc_lookup = doc_lookup
         self.feature_extractor = feature_extractor
-        self._encoders: dict[str, Any] = {}
+        self.scorer_backend, self.scorer_threads = scorer_backend, scorer_threads
+        self._scorers: dict[str, Scorer] = {}
         self._sup_cache: dict[tuple[str, int, str], float] = {}
 
     @classmethod
     def load(
-        cls, path: str | Path, doc_lookup: DocLookup | None = None, feature_extractor: FeatureExtractor | None = None
+        cls,
+        path: str | Path,
+        doc_lookup: DocLookup | None = None,
+        feature_extractor: FeatureExtractor | None = None,
+        scorer_backend: ControllerBackend = "torch",
+        scorer_threads: int | None = None,
     ) -> PredictorBundle:
-        """Open a bundle folder (RUN_DIR/models)."""
+        """Open a bundle folder (RUN_DIR/models); its cross-encoders run by ``scorer_backend``."""
         root = Path(path)
         if not (root / MANIFEST).exists():
             raise FileNotFoundError(f"{root}: no {MANIFEST}; run jobs/train.py on the run directory first")
@@ -67,67 +82,99 @@ class PredictorBundle:
         for short in ("p", "u"):
             with open(root / f"head_{short}.pkl", "rb") as fh:
                 heads[short] = pickle.load(fh)
-        return cls(root, manifest, heads, doc_lookup, feature_extractor)
+        return cls(root, manifest, heads, doc_lookup, feature_extractor, scorer_backend, scorer_threads)
 
     @property
     def needs_feature_extractor(self) -> bool:
         return any(c not in self.sup_models for c in self.feature_columns)
 
     def predict(self, history_rows: Sequence[dict[str, Any]], question: str) -> tuple[float, float]:
-        frame = self.feature_frame(history_rows, question)
-        x = window_for_last(frame, self.feature_columns, self.window, **self.manifest.get("window_options", {}))
-        return float(self.heads["p"].predict(x)[0]), float(self.heads["u"].predict(x)[0])
+        return self.predict_many([(history_rows, question)])[0]
+
+    def predict_many(self, histories: Sequence[History]) -> list[tuple[float, float]]:
+        """(p_hat, u_hat) of each trajectory's current iteration, all trajectories in one pass (module docstring)."""
+        if not histories:
+            return []
+        options = self.manifest.get("window_options", {})
+        frames = self.feature_frames(histories)
+        x = np.vstack([window_for_last(f, self.feature_columns, self.window, **options) for f in frames])
+        p_hat, u_hat = self.heads["p"].predict(x), self.heads["u"].predict(x)
+        return [(float(p), float(u)) for p, u in zip(p_hat, u_hat)]
 
     def feature_frame(self, history_rows: Sequence[dict[str, Any]], question: str) -> pd.DataFrame:
         """The head's feature columns for the iterations of the current window (one row per iteration)."""
-        rows = sorted(history_rows, key=lambda r: int(r["iteration"]))
+        return self.feature_frames([(history_rows, question)])[0]
+
+    def feature_frames(self, histories: Sequence[History]) -> list[pd.DataFrame]:
+        """:meth:`feature_frame` of each trajectory; the extractor and each cross-encoder called once for all."""
+        ordered = [(sorted(rows, key=lambda r: int(r["iteration"])), question) for rows, question in histories]
+        windows = [self._window_rows(rows) for rows, _ in ordered]
+        others = [c for c in self.feature_columns if c not in self.sup_models]
+        lacking = [k for k, wanted in enumerate(windows) if any(c not in r for r in wanted for c in others)]
+        extracted: dict[int, dict[int, dict[str, Any]]] = {}
+        if lacking:
+            if self.feature_extractor is None:
+                missing = sorted({c for k in lacking for r in windows[k] for c in others if c not in r})
+                raise ValueError(f"rows lack features {missing} and the bundle has no feature_extractor")
+            rows_of = self.feature_extractor([ordered[k] for k in lacking])
+            extracted = {k: {int(f["iteration"]): f for f in rows} for k, rows in zip(lacking, rows_of)}
+        supervised = self._supervised(ordered, windows)
+        frames = []
+        for k, wanted in enumerate(windows):
+            frame = pd.DataFrame(
+                {"qid": [str(r.get("qid", "")) for r in wanted], "iteration": [int(r["iteration"]) for r in wanted]}
+            )
+            source = extracted.get(k)
+            for c in others:
+                frame[c] = [r[c] if source is None else source.get(int(r["iteration"]), {}).get(c) for r in wanted]
+            for column, values in supervised[k].items():
+                frame[column] = values
+            for c in self.feature_columns:
+                frame[c] = pd.to_numeric(frame[c], errors="coerce")
+            frames.append(frame)
+        return frames
+
+    def _window_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows of the current iteration's window (``rows`` ordered by iteration)."""
         if not rows or int(rows[-1]["iteration"]) < FIRST_ITERATION:
             raise ValueError("predictions start at iteration 1 (the first retrieval iteration)")
         current = int(rows[-1]["iteration"])
-        wanted = [
+        return [
             r for r in rows if current - self.window < int(r["iteration"]) and int(r["iteration"]) >= FIRST_ITERATION
         ]
-        frame = pd.DataFrame(
-            {"qid": [str(r.get("qid", "")) for r in wanted], "iteration": [int(r["iteration"]) for r in wanted]}
-        )
-        others = [c for c in self.feature_columns if c not in self.sup_models]
-        missing = [c for c in others if any(c not in r for r in wanted)]
-        if missing:
-            if self.feature_extractor is None:
-                raise ValueError(f"rows lack features {missing} and the bundle has no feature_extractor")
-            extracted = {int(f["iteration"]): f for f in self.feature_extractor(rows, question)}
-            for c in others:
-                frame[c] = [extracted.get(int(r["iteration"]), {}).get(c) for r in wanted]
-        else:
-            for c in others:
-                frame[c] = [r[c] for r in wanted]
-        for column, values in self._supervised(rows, wanted, question).items():
-            frame[column] = values
-        for c in self.feature_columns:
-            frame[c] = pd.to_numeric(frame[c], errors="coerce")
-        return frame
 
-    def _supervised(self, rows, wanted, question: str) -> dict[str, list[float]]:
-        """Cross-encoder signals for the wanted iterations, cached per (qid, iteration, column)."""
-        from raypipe.predict.crossencoder import load_crossencoder, predict_texts
-
-        qid = str(rows[-1].get("qid", ""))
-        needed = {int(r["iteration"]) for r in wanted}
-        texts = dict(trajectory_texts(question, list(rows), lookup_top_doc(self.doc_lookup), self.reasoning_text))
-        out = {}
+    def _supervised(self, ordered: list[History], windows: list[list[dict[str, Any]]]) -> list[dict[str, list[float]]]:
+        """Cross-encoder signals of each trajectory's window, cached per (qid, iteration, column); each
+        cross-encoder scores the texts no trajectory has cached in one call."""
+        lookup = lookup_top_doc(self.doc_lookup)
+        qids = [str(rows[-1].get("qid", "")) for rows, _ in ordered]
+        texts: dict[int, dict[int, Any]] = {}  # each trajectory's relation inputs, built when one is needed
+        out: list[dict[str, list[float]]] = [{} for _ in ordered]
         for column, folder in self.sup_models.items():
             if column not in self.feature_columns:
                 continue
             relation = _relation_of(column)
-            todo = [i for i in sorted(needed) if (qid, i, column) not in self._sup_cache]
+            todo = [
+                (k, int(r["iteration"]))
+                for k, wanted in enumerate(windows)
+                for r in wanted
+                if (qids[k], int(r["iteration"]), column) not in self._sup_cache
+            ]
             if todo:
-                if column not in self._encoders:
-                    self._encoders[column] = load_crossencoder(self.root / folder)
-                inputs = [format_relation(relation, texts[i], self.field_chars, self.title_chars) for i in todo]
-                for i, value in zip(todo, predict_texts(self._encoders[column], inputs, self.max_tokens)):
-                    self._sup_cache[(qid, i, column)] = float(value)
-            out[column] = [self._sup_cache[(qid, int(r["iteration"]), column)] for r in wanted]
+                for k in {k for k, _ in todo} - texts.keys():
+                    rows, question = ordered[k]
+                    texts[k] = dict(trajectory_texts(question, list(rows), lookup, self.reasoning_text))
+                inputs = [format_relation(relation, texts[k][i], self.field_chars, self.title_chars) for k, i in todo]
+                for (k, i), value in zip(todo, self._scorer(column, folder).score(inputs, self.max_tokens)):
+                    self._sup_cache[(qids[k], i, column)] = float(value)
+            for k, wanted in enumerate(windows):
+                out[k][column] = [self._sup_cache[(qids[k], int(r["iteration"]), column)] for r in wanted]
         return out
+
+    def _scorer(self, column: str, folder: str) -> Scorer:
+        if column not in self._scorers:
+            self._scorers[column] = load_scorer(self.root / folder, self.scorer_backend, threads=self.scorer_threads)
+        return self._scorers[column]
 
 
 def _relation_of(column: str) -> str:

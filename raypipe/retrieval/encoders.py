@@ -70,6 +70,7 @@ _E5_NAME = re.compile(r"(^|[-_/])(multilingual-)?e5([-_/]|$)", re.IGNORECASE)
 Prefixes = Literal["auto", "e5", "none"]
 Backend = Literal["auto", "torch", "onnx"]
 Quantization = Literal["auto", "none", "int8"]
+OnnxHead = Literal["embedding", "score"]
 ONNX_FORMAT = 1  # bump when the exported graph changes; part of the cache key
 
 
@@ -364,11 +365,14 @@ def _weights_digest(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def onnx_model_file(folder: Path, quantization: str) -> Path:
-    """The ONNX file of ``folder``'s model (fp32 or int8), exported into the cache on first use."""
+def onnx_model_file(folder: Path, quantization: str, head: OnnxHead = "embedding") -> Path:
+    """The ONNX file of ``folder``'s model (fp32 or int8), exported into the cache on first use.
+
+    ``head``: ``embedding`` (the encoder's pooled, L2-normalised vector) or ``score`` (a sequence-classification
+    model's logits: the stopping controller's cross-encoders, :mod:`raypipe.predict.crossencoder_onnx`)."""
     from raypipe.core.models import cache_dir
 
-    key = f"{folder.name}-{_weights_digest(folder)[:16]}-v{ONNX_FORMAT}"
+    key = f"{folder.name}-{_weights_digest(folder)[:16]}-v{ONNX_FORMAT}" + ("" if head == "embedding" else f"-{head}")
     target_dir = cache_dir() / "encoders" / key
     target = target_dir / ("model_int8.onnx" if quantization == "int8" else "model.onnx")
     if target.exists():
@@ -378,25 +382,45 @@ def onnx_model_file(folder: Path, quantization: str) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # actors or jobs starting together export once
         fp32 = target_dir / "model.onnx"
         if not fp32.exists():
-            _export_onnx(folder, fp32)
+            _export_onnx(folder, fp32, head)
         if quantization == "int8" and not target.exists():
             _quantize_int8(fp32, target)
     return target
 
 
-def _export_onnx(folder: Path, target: Path) -> None:
-    import torch
-    from transformers import AutoModel, AutoTokenizer
+def _load_eager(folder: Path, auto_class):
+    """``auto_class``'s model from ``folder`` with eager attention (what the ONNX exporter traces), in eval mode."""
     from transformers.utils import logging as hf_logging
 
-    pooling = _pooling_mode(folder)
     bar_shown = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a blink for a small encoder: its bar would only add a terminal line
     try:
-        model = AutoModel.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager").eval()
+        return auto_class.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager").eval()
     finally:
         if bar_shown:
             hf_logging.enable_progress_bar()
+
+
+def _export_module(folder: Path, head: OnnxHead):
+    """The torch module exported for ``head``, taking (input_ids, attention_mask), and its output's name."""
+    import torch
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    if head == "score":
+        scorer = _load_eager(folder, AutoModelForSequenceClassification)
+
+        class Logits(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, input_ids, attention_mask):
+                return self.inner(input_ids=input_ids, attention_mask=attention_mask).logits
+
+        return Logits(scorer), "score"
+
+    pooling = _pooling_mode(folder)
+    model = _load_eager(folder, AutoModel)
 
     class Pooled(torch.nn.Module):
         def __init__(self, inner):
@@ -412,22 +436,30 @@ def _export_onnx(folder: Path, target: Path) -> None:
                 vec = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             return torch.nn.functional.normalize(vec, p=2, dim=1)
 
+    return Pooled(model), "embedding"
+
+
+def _export_onnx(folder: Path, target: Path, head: OnnxHead) -> None:
+    import torch
+    from transformers import AutoTokenizer
+
+    module, output = _export_module(folder, head)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     example = tokenizer(["an example", "a longer example sentence"], padding=True, return_tensors="pt")
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    log.info("exporting %s to ONNX (%s pooling) -> %s", folder, pooling, target)
+    log.info("exporting %s to ONNX (%s) -> %s", folder, head, target)
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about shape-dependent Python branches of the mask code
         torch.onnx.export(
-            Pooled(model),
+            module,
             (example["input_ids"], example["attention_mask"]),
             str(tmp),
             input_names=["input_ids", "attention_mask"],
-            output_names=["embedding"],
+            output_names=[output],
             dynamic_axes={
                 "input_ids": {0: "batch", 1: "tokens"},
                 "attention_mask": {0: "batch", 1: "tokens"},
-                "embedding": {0: "batch"},
+                output: {0: "batch"},
             },
             opset_version=17,
             dynamo=False,
@@ -448,16 +480,25 @@ def _quantize_int8(source: Path, target: Path) -> None:
     tmp.rename(target)
 
 
+def cpu_session(path: Path, threads: int | None):
+    """An ONNX Runtime session of ``path`` on the CPU with ``threads`` intra-op threads (None: ONNX Runtime's
+    default, the physical cores) and one inter-op thread."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "the onnx backend needs onnxruntime and onnx (the cpu extra; rerun scripts/install.sh)"
+        ) from exc
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or 0  # 0: ONNX Runtime's default (physical cores)
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
 class OnnxEncoder:
     """A sentence-transformers / Hugging Face folder exported to ONNX, run with ONNX Runtime (CPU)."""
 
     def __init__(self, spec: EncoderSpec):
-        try:
-            import onnxruntime as ort
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "encoder_backend=onnx needs onnxruntime and onnx (the cpu extra; rerun scripts/install.sh)"
-            ) from exc
         from transformers import AutoTokenizer
 
         folder = Path(spec.path())
@@ -465,19 +506,13 @@ class OnnxEncoder:
         self.name = spec.name
         self.query_prefix, self.passage_prefix = spec.prompts()
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = spec.threads or 0  # 0: ONNX Runtime's default (physical cores)
-        options.inter_op_num_threads = 1
-        self._ort, self._options, self._folder = ort, options, folder
+        self._folder = folder
         self._sessions: dict[str, object] = {}
         self.dim = spec.dimension()
 
     def _session(self, quantization: str):
         if quantization not in self._sessions:  # loaded on first use: an index build never needs fp32's
-            path = onnx_model_file(self._folder, quantization)
-            self._sessions[quantization] = self._ort.InferenceSession(
-                str(path), self._options, providers=["CPUExecutionProvider"]
-            )
+            self._sessions[quantization] = cpu_session(onnx_model_file(self._folder, quantization), self.spec.threads)
         return self._sessions[quantization]
 
     def _encode(self, texts: Sequence[str], prefix: str, quantization: str) -> np.ndarray:

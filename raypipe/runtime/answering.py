@@ -8,7 +8,8 @@ question gets a unique qid: controllers that keep per-trajectory state key it by
 
 :class:`PolicyBook` turns a request's :class:`~raypipe.agents.answer_api.Policy` into a controller through the
 registry :mod:`raypipe.stopping.policies`: natural (none), Cap@k, the 4-state heuristic (with the request's
-thresholds, on the one predictor bundle the replica loaded, its P̂/Û recorded for the answer) and Stop-RAG (the
+thresholds, on the one predictor bundle the replica loaded, its P̂/Û recorded for the answer; the requests waiting on
+a decision are predicted together) and Stop-RAG (the
 replica's Q-network). A policy whose bundle the server did not load is a 400.
 
 :class:`RequestLog` (``--log-run RUN_DIR``) writes every answered request as rows of the probe job's
@@ -24,7 +25,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ from raypipe.llm.factory import build_engine
 from raypipe.retrieval.types import Retriever
 from raypipe.runtime.cluster import current_node_id
 from raypipe.runtime.generation import prepare_engine, to_table, write_batch
-from raypipe.stopping.online import Predictor
+from raypipe.stopping.batching import PredictionBatcher, Predictor
 from raypipe.stopping.policies import Loaded, build_controller, check_offered, offered
 
 log = logging.getLogger(__name__)
@@ -75,44 +76,44 @@ def model_name(engine: EngineConfig) -> str:
     return Path(engine.model).name
 
 
-class RecordingPredictor:
-    """One request's view of the replica's shared predictor bundle: one prediction at a time (the bundle is not
-    meant for concurrent use), each recorded by iteration for the request's answer."""
+class RecordingSource:
+    """One request's view of the replica's shared prediction batcher: each prediction recorded by iteration for the
+    request's answer."""
 
-    def __init__(self, shared: Predictor, lock: threading.Lock, record: Predictions):
-        self.shared, self.lock, self.record = shared, lock, record
+    def __init__(self, shared: PredictionBatcher, record: Predictions):
+        self.shared, self.record = shared, record
 
-    def predict(self, history_rows: list[dict[str, Any]], question: str) -> tuple[float, float]:
-        with self.lock:
-            p_hat, u_hat = self.shared.predict(history_rows, question)
-        self.record[int(history_rows[-1]["iteration"])] = (float(p_hat), float(u_hat))
+    async def predict(self, history_rows: Sequence[dict[str, Any]], question: str) -> tuple[float, float]:
+        p_hat, u_hat = await self.shared.predict(history_rows, question)
+        self.record[int(history_rows[-1]["iteration"])] = (p_hat, u_hat)
         return p_hat, u_hat
 
 
 class PolicyBook:
     """The stopping policies a replica offers (module docstring; the registry
-    :data:`~raypipe.stopping.policies.POLICIES`). ``predictor``: the heuristic's bundle (``--controller``);
+    :data:`~raypipe.stopping.policies.POLICIES`). ``predictor``: the heuristic's bundle (``--controller``), whose
+    predictions for all the requests waiting on a decision run together (one batcher for the replica);
     ``stoprag``: the Stop-RAG controller (``--stoprag``); ``stopping``: the server's default thresholds and variant."""
 
     def __init__(
         self, stopping: StoppingConfig, predictor: Predictor | None = None, stoprag: StopController | None = None
     ):
-        self.stopping, self.predictor, self.stoprag = stopping, predictor, stoprag
-        self._lock = threading.Lock()
+        self.stopping, self.stoprag = stopping, stoprag
+        self.batcher = None if predictor is None else PredictionBatcher(lambda: predictor)
 
     def check(self, policy: Policy) -> None:
         """A 400 for a policy this server does not offer (its bundle not loaded)."""
-        check_offered(policy, Loaded(self.stopping, self.predictor, self.stoprag))
+        check_offered(policy, Loaded(self.stopping, self.batcher, self.stoprag))
 
     def controller(self, policy: Policy) -> tuple[StopController | None, str, Predictions]:
         """The controller of one request's policy, the policy as run, and where its predictions are recorded."""
         predictions: Predictions = {}
-        recorder = None if self.predictor is None else RecordingPredictor(self.predictor, self._lock, predictions)
+        recorder = None if self.batcher is None else RecordingSource(self.batcher, predictions)
         controller, label = build_controller(policy, Loaded(self.stopping, recorder, self.stoprag))
         return controller, label, predictions
 
     def offered(self) -> list[str]:
-        return offered(Loaded(self.stopping, self.predictor, self.stoprag))
+        return offered(Loaded(self.stopping, self.batcher, self.stoprag))
 
 
 class RequestLog:

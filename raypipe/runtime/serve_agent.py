@@ -28,7 +28,9 @@ bodies over ``serve_agent.max_body_bytes`` get 413 before they are read. With a 
 Metrics (Ray's Prometheus export, through ``ray.serve.metrics``): ``raypipe_agent_requests`` (by policy and
 outcome), ``raypipe_agent_iterations``, ``raypipe_agent_iterations_left`` (the turn limit's searching turns minus
 the iterations run, of trajectories a policy stopped), ``raypipe_agent_tokens`` (by kind), ``raypipe_agent_latency_s``,
-``raypipe_agent_in_flight``.
+``raypipe_agent_in_flight``; with a controller, ``raypipe_agent_controller_s`` (seconds trajectories waited for its
+decisions) and ``raypipe_agent_controller_wall_s`` (those trajectories' wall seconds): their ratio is the
+controller's share of wall time (``/health``'s counts hold both).
 """
 
 from __future__ import annotations
@@ -122,6 +124,12 @@ class ServiceMetrics:
         self.latency = Histogram(
             "raypipe_agent_latency_s", "Seconds from arrival to answer", LATENCY_BUCKETS, ("policy",)
         )
+        self.controller_s = Counter(
+            "raypipe_agent_controller_s", "Seconds trajectories waited for their controller's decisions", ("policy",)
+        )
+        self.controller_wall_s = Counter(
+            "raypipe_agent_controller_wall_s", "Wall seconds of the trajectories a controller decided on", ("policy",)
+        )
         self.in_flight = Gauge("raypipe_agent_in_flight", "Questions being answered")
         self.counts: Tally[str] = Tally()
 
@@ -139,6 +147,12 @@ class ServiceMetrics:
             if value:  # a Ray counter takes positive steps only (null: a backend that does not report it)
                 counter.inc(value, tags)
         self.latency.observe(seconds, {"policy": policy})
+        decisions = [r["decision_s"] for r in answer.output.iterations if r["decision_s"] is not None]
+        if decisions:  # the controller's share of wall time: controller_s over controller_wall_s
+            deciding = {"controller_s": sum(decisions), "controller_wall_s": trajectory["wall_s"]}
+            self.controller_s.inc(deciding["controller_s"], {"policy": policy})
+            self.controller_wall_s.inc(deciding["controller_wall_s"], {"policy": policy})
+            self.counts.update(deciding)
         self.counts.update(
             {
                 "iterations": trajectory["n_iterations"],

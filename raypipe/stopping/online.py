@@ -8,27 +8,29 @@ heuristic fires (naming a rolled-back iteration when state 3 returns an earlier 
 real compute: the agent generates no further turns.
 
 The controller is picklable and loads the bundle lazily, so it travels to the generation actors and
-each actor opens its own copy. Predictions run in one worker thread per controller (the bundle is not
-meant for concurrent use) so the actor's event loop keeps serving the other trajectories.
+each actor opens its own copy. Its predictions go through a :class:`~raypipe.stopping.batching.PredictionBatcher`:
+the trajectories of an actor waiting on a decision are predicted together, in one worker thread (the bundle is
+not meant for concurrent use) so the actor's event loop keeps serving the other trajectories. A served replica
+shares one batcher between its requests' controllers (``source``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 from raypipe.agents.hooks import CONTINUE, StopDecision
 from raypipe.core.config import RunConfig, load_config
-from raypipe.features.extract import extract_trajectory
-from raypipe.features.resources import IndexCorpus, SbertEncoder
+from raypipe.features.extract import extract_many
+from raypipe.features.memo import MemoCorpus, MemoSentences
+from raypipe.features.resources import IndexCorpus, OnnxSentenceEncoder, SbertEncoder, SentenceEncoder
 from raypipe.predict.bundle import MANIFEST as BUNDLE_MANIFEST
+from raypipe.stopping.batching import PredictionBatcher, Predictor
 from raypipe.stopping.heuristic import (
     PAPER_OPTIONS,
     PAPER_THRESHOLDS,
@@ -42,8 +44,8 @@ log = logging.getLogger(__name__)
 MAX_TRACKED = 10_000  # trajectories whose predictions are kept between calls
 
 
-class Predictor(Protocol):
-    def predict(self, history_rows: list[dict[str, Any]], question: str) -> tuple[float, float]: ...
+class PredictionSource(Protocol):
+    async def predict(self, history_rows: Sequence[dict[str, Any]], question: str) -> tuple[float, float]: ...
 
 
 PredictorFactory = Callable[[], Predictor]
@@ -53,22 +55,43 @@ def load_bundle_predictor(bundle_path: str | Path, config: RunConfig | None = No
     """A :class:`raypipe.predict.bundle.PredictorBundle`, with the feature extractor its head needs.
 
     Supervised signals come from the bundled cross-encoders (reading the visible documents the loop
-    passes in the history); the other signals need the run's retrieval index and sentence encoder,
-    opened from ``config`` (default: the embedded preset).
+    passes in the history), run by ``stopping.crossencoder_backend``; the other signals need the run's
+    retrieval index and sentence encoder (run by ``stopping.sentence_backend``), opened from ``config``
+    (default: the embedded preset) behind memories (:mod:`raypipe.features.memo`), so each decision encodes
+    only what its iteration added.
     """
     from raypipe.predict.bundle import PredictorBundle
 
-    bundle = PredictorBundle.load(bundle_path)
+    config = config or load_config()
+    stopping = config.stopping
+    bundle = PredictorBundle.load(
+        bundle_path, scorer_backend=stopping.crossencoder_backend, scorer_threads=stopping.crossencoder_threads
+    )
     if bundle.needs_feature_extractor:
-        config = config or load_config()
         bundle.feature_extractor = partial(
-            extract_trajectory,
-            corpus=IndexCorpus.open(config),
-            sentences=SbertEncoder(config.features.sentence_model),
+            extract_many,
+            corpus=MemoCorpus(IndexCorpus.open(config)),
+            sentences=MemoSentences(sentence_encoder(config)),
             settings=config.features,
         )
-    log.info("online controller: bundle %s (%s, w=%d)", bundle_path, bundle.feature_group, bundle.window)
+    log.info(
+        "online controller: bundle %s (%s, w=%d), cross-encoders on %s",
+        bundle_path,
+        bundle.feature_group,
+        bundle.window,
+        stopping.crossencoder_backend,
+    )
     return bundle
+
+
+def sentence_encoder(config: RunConfig) -> SentenceEncoder:
+    """The controller's encoder of ``features.sentence_model``, run by ``stopping.sentence_backend``."""
+    ref, stopping = config.features.sentence_model, config.stopping
+    return (
+        OnnxSentenceEncoder(ref, stopping.crossencoder_threads)
+        if stopping.sentence_backend == "onnx"
+        else SbertEncoder(ref)
+    )
 
 
 class OnlineController:
@@ -76,7 +99,8 @@ class OnlineController:
 
     ``thresholds``: one :class:`Thresholds` (or a (θ_P, θ_U) pair), or a mapping from dataset name to
     thresholds with ``"*"`` for the rest (per-dataset choices of the sweep). ``predictor_factory``
-    replaces the bundle (tests, other predictors).
+    replaces the bundle (tests, other predictors); ``source`` replaces both with predictions the caller
+    batches (a served replica's one batcher for all its requests).
     """
 
     def __init__(
@@ -87,9 +111,10 @@ class OnlineController:
         *,
         config: RunConfig | None = None,
         predictor_factory: PredictorFactory | None = None,
+        source: PredictionSource | None = None,
     ):
-        if bundle_path is None and predictor_factory is None:
-            raise ValueError("OnlineController needs a bundle path or a predictor factory")
+        if bundle_path is None and predictor_factory is None and source is None:
+            raise ValueError("OnlineController needs a bundle path, a predictor factory or a prediction source")
         if options.first_iteration != 1:
             raise ValueError("the predictor bundle predicts from iteration 1 on; first_iteration must be 1")
         self.bundle_path = None if bundle_path is None else str(bundle_path)
@@ -97,8 +122,8 @@ class OnlineController:
         self.options = options
         self._config = config.model_dump(mode="json") if config is not None else None
         self._factory = predictor_factory
-        self._predictor: Predictor | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._source = source
+        self._batcher: PredictionBatcher | None = None  # built on first use: the actor's own
         self._predictions: OrderedDict[str, dict[int, tuple[float, float]]] = OrderedDict()
 
     @classmethod
@@ -126,7 +151,7 @@ class OnlineController:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.update(_predictor=None, _executor=None, _predictions=OrderedDict())
+        state.update(_batcher=None, _predictions=OrderedDict())
         return state
 
     def thresholds_for(self, dataset: str | None) -> Thresholds:
@@ -161,21 +186,16 @@ class OnlineController:
         return decision
 
     async def _predict(self, rows: list[dict[str, Any]], question: str) -> tuple[float, float]:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stop-controller")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._predict_sync, rows, question)
+        if self._source is not None:
+            return await self._source.predict(rows, question)
+        if self._batcher is None:
+            self._batcher = PredictionBatcher(self._factory or self._load_bundle)
+        return await self._batcher.predict(rows, question)
 
-    def _predict_sync(self, rows: list[dict[str, Any]], question: str) -> tuple[float, float]:
-        if self._predictor is None:
-            if self._factory is not None:
-                self._predictor = self._factory()
-            else:
-                assert self.bundle_path is not None  # the constructor asks for a bundle or a factory
-                config = RunConfig.model_validate(self._config) if self._config is not None else None
-                self._predictor = load_bundle_predictor(self.bundle_path, config)
-        p_hat, u_hat = self._predictor.predict(rows, question)
-        return float(p_hat), float(u_hat)
+    def _load_bundle(self) -> Predictor:
+        assert self.bundle_path is not None  # the constructor asks for a bundle, a factory or a source
+        config = RunConfig.model_validate(self._config) if self._config is not None else None
+        return load_bundle_predictor(self.bundle_path, config)
 
 
 def controller_from_path(path: str | Path, config: RunConfig) -> OnlineController:

@@ -19,7 +19,7 @@ from raypipe.agents.hooks import StopController
 from raypipe.core.config import PAPER_THETA_P, PAPER_THETA_U, PAPER_THETA_U_STRICT, HeuristicVariant, StoppingConfig
 from raypipe.stopping.cap_online import CapController
 from raypipe.stopping.heuristic import VARIANTS, Thresholds
-from raypipe.stopping.online import OnlineController, Predictor
+from raypipe.stopping.online import OnlineController, PredictionSource
 
 # Named (θ_P, θ_U) pairs a heuristic policy may ask for; without a preset or thetas: the server's stopping.theta_*.
 THRESHOLD_PRESETS = {"paper": (PAPER_THETA_P, PAPER_THETA_U), "paper_strict": (PAPER_THETA_P, PAPER_THETA_U_STRICT)}
@@ -43,10 +43,11 @@ class Setting:
 @dataclass(frozen=True)
 class Loaded:
     """What a request's controller may be built from: the server's ``stopping`` defaults, the heuristic's
-    predictor for this request (``--controller``) and the Stop-RAG controller (``--stoprag``), None where not loaded."""
+    predictions for this request (``--controller``) and the Stop-RAG controller (``--stoprag``), None where not
+    loaded."""
 
     stopping: StoppingConfig
-    predictor: Predictor | None = None
+    predictor: PredictionSource | None = None
     stoprag: StopController | None = None
 
 
@@ -79,7 +80,7 @@ def _heuristic(policy: Policy, loaded: Loaded) -> tuple[StopController, str]:
     variant = policy.variant or stopping.variant
     predictor = loaded.predictor
     assert predictor is not None  # build_controller checked that the server offers the policy (check_offered)
-    controller = OnlineController(None, thresholds, VARIANTS[variant], predictor_factory=lambda: predictor)
+    controller = OnlineController(None, thresholds, VARIANTS[variant], source=predictor)
     return controller, f"heuristic(theta_p={thresholds.theta_p:g}, theta_u={thresholds.theta_u:g}, {variant})"
 
 
