@@ -11,22 +11,15 @@ import pytest
 from raypipe.agents.factory import build_protocol, visible_docs
 from raypipe.agenttrain.trajectories import AGENT, CONTEXT, PROMPT, contains, run_build, summarize, write_outputs
 from raypipe.core.config import load_config
-from raypipe.core.models import resolve_llm
 from raypipe.data.loaders import load_corpus
 from raypipe.data.split import bundled_split
-from raypipe.llm.common import LocalTokenizer
+from tests.helpers.agent_data import retriever_and_tokenizer
 
 
 @pytest.fixture(scope="module")
 def built():
-    from raypipe.retrieval import LocalRetriever, encoder_spec, search_params
-    from raypipe.runtime.index_build import ensure_index
-
     config = load_config("embedded")
-    retriever = LocalRetriever.open(
-        ensure_index(config, use_ray=False), encoder_spec(config.retrieval), search_params(config.retrieval)
-    )
-    tokenizer = LocalTokenizer(resolve_llm(config.engine.model))
+    retriever, tokenizer = retriever_and_tokenizer(config)
     train = bundled_split(config.agent_train.dev_percent).train
     questions = train[:12] + train[230:242] + train[-6:]  # each dataset
     kept, rejected = run_build(questions, config, retriever, {p.doc_id: p for p in load_corpus()}, tokenizer)

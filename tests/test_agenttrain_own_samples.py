@@ -17,25 +17,18 @@ from raypipe.agenttrain.own_samples import (
 )
 from raypipe.agenttrain.trajectories import PROMPT, run_build
 from raypipe.core.config import load_config
-from raypipe.core.models import resolve_llm
 from raypipe.core.rundir import RunDir
 from raypipe.data.loaders import load_corpus
 from raypipe.data.split import bundled_split
-from raypipe.llm.common import LocalTokenizer
 from raypipe.stages.agent_data import training_run_rows
+from tests.helpers.agent_data import retriever_and_tokenizer
 
 
 @pytest.fixture(scope="module")
 def planned():
     """Planned trajectories of a few training questions, and what a run that wrote them would have recorded."""
-    from raypipe.retrieval import LocalRetriever, encoder_spec, search_params
-    from raypipe.runtime.index_build import ensure_index
-
     config = load_config("embedded")
-    retriever = LocalRetriever.open(
-        ensure_index(config, use_ray=False), encoder_spec(config.retrieval), search_params(config.retrieval)
-    )
-    tokenizer = LocalTokenizer(resolve_llm(config.engine.model))
+    retriever, tokenizer = retriever_and_tokenizer(config)
     train = bundled_split(config.agent_train.dev_percent).train
     questions = train[:8] + train[-4:]
     kept, _ = run_build(questions, config, retriever, {p.doc_id: p for p in load_corpus()}, tokenizer)
