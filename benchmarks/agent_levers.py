@@ -120,6 +120,7 @@ def evaluate(name: str, artifact: Path, folder: Path, sets: list[str]) -> dict:
     done = folder / FIGURES_FILE
     if done.exists():
         return json.loads(done.read_text())
+    folder.mkdir(parents=True, exist_ok=True)
     probe_wall = raypipe(
         [
             "probe",
