@@ -92,8 +92,12 @@ def test_trajectories_in_the_r1_searcher_format_follow_its_prompt_tags_and_enfor
     _, retriever, tokenizer, questions, _, _ = built
     config = load_config("embedded", ["agent.protocol=r1_searcher"])
     protocol = build_protocol(config.agent)
-    kept, rejected = run_build(questions[:8], config, retriever, {p.doc_id: p for p in load_corpus()}, tokenizer)
-    assert kept and all(r["reason"] != "format" for r in rejected)
+    # the last: a question with quotes, which R1-Searcher's reader drops from a query (the plan searches as it reads)
+    quoted = next(q for q in bundled_split(config.agent_train.dev_percent).train if q.qid == "5a8a3e745542996c9b8d5e70")
+    assert '"' in quoted.question
+    asked = [*questions[:8], quoted]
+    kept, rejected = run_build(asked, config, retriever, {p.doc_id: p for p in load_corpus()}, tokenizer)
+    assert kept and all(r["reason"] != "format" for r in rejected) and quoted.qid in {r["qid"] for r in kept}
     top_k = visible_docs(config, protocol)
     for row in kept:
         assert row["segments"][0]["text"] == protocol.prompt(row["question"], tokenizer.apply_chat_template)

@@ -125,6 +125,12 @@ class Planner:
         self.query_chars = agent.enforce_query_chars
         self.answer_chars = agent.enforce_answer_chars
 
+    def as_read(self, text: str, chars: int) -> str:
+        """``text`` as a query (:func:`query_bound`) the way the loop reads it back from the agent's turn (the
+        R1-Searcher reader drops quotes), so that the plan searches what the loop will."""
+        query = query_bound(text, chars)
+        return self.protocol.parse_action(self.protocol.turn_text("", SEARCH, query)).content
+
     async def search(self, query: str) -> list[SearchHit]:
         result = (await self.retriever.search([query], self.deep_k))[0]
         return list(result.hits[: self.top_k])
@@ -148,12 +154,12 @@ class Planner:
             plan.reject = REJECT_LONG_ANSWER
             return plan
         missing = list(support)
-        query = query_bound(question.question, self.query_chars)
+        query = self.as_read(question.question, self.query_chars)
         while True:
             if plan.searches >= self.max_searches:
                 plan.reject = REJECT_TOO_MANY_SEARCHES
                 return plan
-            if query is None or not self.allowed(query, question, plan.steps):
+            if not query or not self.allowed(query, question, plan.steps):
                 plan.reject = REJECT_ENTITY_NOT_SEEN
                 return plan
             hits = await self.search(query)
@@ -168,8 +174,8 @@ class Planner:
                 return plan
         extra = bucket(question.qid, "extra") < self.config.agent_train.extra_search_percent
         if extra and plan.searches < self.max_searches:
-            again = query_bound(entity(plan.steps[-1].found[-1]), self.query_chars)
-            if self.allowed(again, question, plan.steps):
+            again = self.as_read(entity(plan.steps[-1].found[-1]), self.query_chars)
+            if again and self.allowed(again, question, plan.steps):
                 plan.steps.append(Step(again, await self.search(again), [], extra=True))
         plan.answer = query_bound(answer, self.answer_chars)
         return plan
@@ -178,7 +184,7 @@ class Planner:
         """The first missing entity named in what the agent has read whose search shows a missing paragraph."""
         seen = self.seen_text(question, steps)
         candidates = [entity(t) for t in missing if entity(t) and contains(seen, entity(t))]
-        candidates = [query_bound(c, self.query_chars) for c in dict.fromkeys(candidates)]
+        candidates = [self.as_read(c, self.query_chars) for c in dict.fromkeys(candidates)]
         asked = {s.query for s in steps}
         candidates = [c for c in candidates if c and c not in asked and self.allowed(c, question, steps)]
         if not candidates:
