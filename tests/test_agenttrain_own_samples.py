@@ -82,3 +82,11 @@ def test_a_run_on_questions_outside_the_training_pool_is_refused(planned, tmp_pa
     with pytest.raises(SystemExit, match="outside the training pool"):
         training_run_rows(str(tmp_path), split.qids("train"))
     assert training_run_rows(str(tmp_path), [split.dev[0].qid]) == rows
+
+
+def test_limit_and_from_run_together_are_refused(capsys):
+    from raypipe.stages.agent_data import main
+
+    with pytest.raises(SystemExit):
+        main(["out", "--from-run", "run", "--limit", "3"])
+    assert "--from-run takes the run's own questions" in capsys.readouterr().err

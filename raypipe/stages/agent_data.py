@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> None:
         "--min-f1", type=float, default=1.0, help="with --from-run: keep trajectories with this final F1 or more"
     )
     args = parser.parse_args(argv)
+    if args.from_run is not None and args.limit:
+        parser.error("--limit chooses training questions to plan; --from-run takes the run's own questions")
     setup_logging(args.verbose)
     config = config_from_args(args)
     if config.data.corpus != "bundled":
