@@ -92,7 +92,9 @@ def test_run_writes_parts_resumes_and_keeps_bad_rows(ray_local, tmp_path):
     assert len(list(run.table_dir("trajectories").glob("*.parquet"))) == 3  # one part per batch of 3
     assert (run.path / "config.yaml").exists() and (run.path / "probe_info.yaml").exists()
     # Ray and retrieval, before the first actor: here Ray is already up and the retriever given, so it may round to 0
-    assert 0 <= yaml.safe_load((run.path / "probe_info.yaml").read_text())["setup_seconds"] <= elapsed
+    info = yaml.safe_load((run.path / "probe_info.yaml").read_text())
+    assert 0 <= info["setup_seconds"] <= elapsed
+    assert 0 < info["generation_seconds"] <= elapsed - info["setup_seconds"] + 0.2  # rounded to 0.1 s each
     assert load_config(run.path / "config.yaml").agent.max_turns == 4  # resolved and loadable by later stages
 
     # a crash between the two writes leaves an orphan iterations part: the rerun removes it

@@ -190,8 +190,11 @@ def run_probe(
             else 0
         )
 
+    generation_started = time.perf_counter()
     try:
         rerun_on_node_loss(generate_rest, "generation")
+        # the generation actors' start (their engines' load included) and every trajectory: what a controller shortens
+        update_info(info_path, generation_seconds=round(time.perf_counter() - generation_started, 1))
     finally:
         if service is not None:
             service.shutdown()
