@@ -26,7 +26,8 @@ row is completed (and told to the observer) when the probe ends, in order; a pro
 trajectory where it would have ended had the probe run first (the later turns are undone). Under a
 :class:`TurnBarrier` the loop follows instead the peers' turn-synchronous schedule (pyterrier-rag's
 agents, Search-R1's ``generation.py``): every live trajectory generates its turn, then all search, then
-all probe. Outputs are the same in every schedule: only the order of independent requests changes.
+all probe. Outputs are the same in every schedule: only the order of independent requests changes
+(:mod:`raypipe.agents.schedule`).
 
 Each row records the cost of its turn (``raypipe.core.schema.ITERATION_COSTS``): prompt tokens of its
 requests and those served from the prefix cache, the time of the search the turn issued, and the
@@ -49,11 +50,13 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from raypipe.agents.barrier import TurnBarrier
 from raypipe.agents.hooks import StopController
 from raypipe.agents.protocol import ANSWER, INVALID, AgentProtocol
+from raypipe.agents.schedule import Concurrent, Schedule
 from raypipe.core.config import AgentConfig
 from raypipe.core.metrics import f1_score
 from raypipe.core.schema import (
@@ -144,7 +147,9 @@ class AgentLoop:
 
     ``agent`` is the run's agent section; besides it the loop needs the retrieval depths (a search
     retrieves ``deep_k`` documents, the agent reads ``top_k``) and the run's seed (sampled turns).
-    With a ``barrier`` every trajectory of the barrier's parties must be run at once (one ``run`` each).
+    The loop's schedule is :class:`~raypipe.agents.schedule.Concurrent`; a ``barrier`` replaces it with the
+    peers' lock-step one, and then every trajectory of the barrier's parties must be run at once (one ``run``
+    each).
     """
 
     def __init__(
@@ -167,7 +172,11 @@ class AgentLoop:
         self.max_turns = protocol.turn_limit(agent)
         self.top_k, self.deep_k, self.seed = top_k, deep_k, seed
         self.controller = controller
-        self.barrier = barrier
+        self.schedule: Schedule = barrier if barrier is not None else Concurrent()
+        # a turn's probe runs beside the trajectory's next turns unless the controller reads it first
+        self.probes_beside = (
+            agent.probe and agent.probe_overlap and controller is None and self.schedule.probes_may_overlap
+        )
 
     async def run(self, question: Question, observer: IterationObserver | None = None) -> TrajectoryOutput:
         """One trajectory; ``observer`` (optional) is told of each iteration row as it is added (a service
@@ -184,8 +193,7 @@ class AgentLoop:
             run.stop_reason = STOP_ENGINE_ERROR if isinstance(exc, EngineUnavailableError) else STOP_INTERNAL_ERROR
             run.error = f"{type(exc).__name__}: {exc}"
         finally:
-            if self.barrier is not None:
-                self.barrier.leave()
+            self.schedule.leave()
         return run.output(time.monotonic() - started)
 
 
@@ -204,9 +212,6 @@ class _Run:
         self.error: str | None = None
         self.retrievals = 0
         # probes running beside the later turns, oldest first, each with the state to return to if it fails
-        self.overlap = (
-            self.agent.probe and self.agent.probe_overlap and loop.controller is None and loop.barrier is None
-        )
         self.pending_probes: list[tuple[asyncio.Future, _State]] = []
 
     async def steps(self) -> None:
@@ -234,20 +239,13 @@ class _Run:
             gen = await self._generate(
                 self.context, agent.max_new_tokens, agent.temperature, protocol.stop, regex, turn
             )
-            await self._phase_done()  # turn-synchronous: every trajectory's turn before any search
+            await self.loop.schedule.turn_generated()
             output = protocol.restore_stop(protocol.clean_output(gen.text), gen.stop_string)  # as the context holds it
             row = self._row(turn, pending, output, len(gen.token_ids))
             _charge(row, gen)
             action = protocol.parse_action(protocol.restore_stop(gen.text, gen.stop_string))  # before any cleaning
             query = action.content if action.kind not in (ANSWER, INVALID) and turn < searching else None
-            probe_prompt = protocol.probe_prompt(self.context, output) if agent.probe else None
-            if self.overlap:
-                assert probe_prompt is not None  # overlap implies agent.probe
-                self._probe_beside(row, probe_prompt)
-                searched = await self._search(row, query)
-            else:
-                searched = await self._search_and_probe(row, query, probe_prompt)
-                self._append_row(row)
+            searched = await self._search_and_probe(row, query, output)
             self.context += protocol.joiner + output + protocol.close_action(output, action)
             if await self._controller_stops():
                 row["search_dropped"] = searched is not None
@@ -310,32 +308,20 @@ class _Run:
             task.cancel()
         await asyncio.gather(*(task for task, _ in pending), return_exceptions=True)
 
-    async def _phase_done(self) -> None:
-        if self.loop.barrier is not None:
-            await self.loop.barrier.wait()
-
-    async def _search(self, row: dict[str, Any], query: str | None) -> _Searched | None:
-        if query is None:
-            return None
-        searched = await self._retrieve(query)
-        row["retrieval_s"] = searched.seconds
-        return searched
-
-    async def _search_and_probe(
-        self, row: dict[str, Any], query: str | None, probe_prompt: str | None
-    ) -> _Searched | None:
-        """The turn's search (if it issued one) and its probe (if probing): together, or under a barrier
-        the peers' order (all searches, then all probes). The search is awaited even when the probe fails."""
-        search = asyncio.ensure_future(self._retrieve(query)) if query is not None else None
-        try:
-            if self.loop.barrier is not None and search is not None:
-                await search
-            await self._phase_done()
-            if probe_prompt is not None:
-                await self._probe(row, probe_prompt)
-            await self._phase_done()
-        finally:
-            searched = await search if search is not None else None
+    async def _search_and_probe(self, row: dict[str, Any], query: str | None, output: str) -> _Searched | None:
+        """The turn's search (if it issued one) and its probe (if probing); the row joins the trajectory. The
+        probe runs beside the next turns, or before them in the loop's schedule (with the search)."""
+        prompt = self.protocol.probe_prompt(self.context, output) if self.agent.probe else None
+        if prompt is not None and self.loop.probes_beside:
+            self._probe_beside(row, prompt)
+            searched = await self._retrieve(query) if query is not None else None
+        else:
+            search = asyncio.ensure_future(self._retrieve(query)) if query is not None else None
+            await self.loop.schedule.search_and_probe(
+                search, None if prompt is None else partial(self._probe, row, prompt)
+            )
+            searched = search.result() if search is not None else None
+            self._append_row(row)
         if searched is not None:
             row["retrieval_s"] = searched.seconds
         return searched
