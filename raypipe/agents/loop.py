@@ -106,6 +106,25 @@ def _public(row: _Row) -> IterationRow:
     return cast(IterationRow, {k: v for k, v in row.items() if not k.startswith("_")})
 
 
+def _online(row: _Row) -> OnlineRow:
+    """What an online controller sees of ``row``."""
+    return OnlineRow(
+        qid=row["qid"],
+        dataset=row["dataset"],
+        iteration=row["iteration"],
+        query=row["query"],
+        doc_ids=row["doc_ids"],
+        doc_scores=row["doc_scores"],
+        reasoning=row["reasoning"],
+        probe_answer=row["probe_answer"],
+        probe_token_logprobs=row["probe_token_logprobs"],
+        tokens_generated=row["tokens_generated"],
+        probe_tokens=row["probe_tokens"],
+        doc_titles=row["_titles"],
+        doc_texts=row["_texts"],
+    )
+
+
 class _Stop(Exception):
     def __init__(self, reason: str, message: str):
         super().__init__(message)
@@ -408,24 +427,7 @@ class _Run:
         return True
 
     def _history(self) -> list[OnlineRow]:
-        return [
-            OnlineRow(
-                qid=row["qid"],
-                dataset=row["dataset"],
-                iteration=row["iteration"],
-                query=row["query"],
-                doc_ids=row["doc_ids"],
-                doc_scores=row["doc_scores"],
-                reasoning=row["reasoning"],
-                probe_answer=row["probe_answer"],
-                probe_token_logprobs=row["probe_token_logprobs"],
-                tokens_generated=row["tokens_generated"],
-                probe_tokens=row["probe_tokens"],
-                doc_titles=row["_titles"],
-                doc_texts=row["_texts"],
-            )
-            for row in self.rows
-        ]
+        return [_online(row) for row in self.rows]
 
     async def _generate(
         self,
