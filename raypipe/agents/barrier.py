@@ -1,15 +1,18 @@
-"""A turn barrier: the peers' turn-synchronous schedule for the agent loop (a baseline, not the default).
+"""A turn barrier: the peers' turn-synchronous schedule for the agent loop (a benchmark's baseline, not the default).
 
 pyterrier-rag's agents (``frameworks/agentic/_base.py``) and Search-R1's ``generation.py`` advance all
 live trajectories in lock-step: every trajectory generates its turn as one batch, then all searches run
 as one batch, then the next turn starts. Given to :class:`~raypipe.agents.loop.AgentLoop`, this barrier
 holds each trajectory at the end of every phase of a turn (generation, search, probe) until all live
-trajectories have reached it; a trajectory that ends leaves, so the others need not wait for it.
+trajectories have reached it; a trajectory that ends leaves, so the others need not wait for it. It is a
+:class:`~raypipe.agents.schedule.Schedule` beside the loop's own :class:`~raypipe.agents.schedule.Concurrent`.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 
 class TurnBarrier:
@@ -18,6 +21,8 @@ class TurnBarrier:
     Every party calls :meth:`wait` at the same points of its turns (the loop does, three times a turn)
     and :meth:`leave` once when it ends. Use one barrier per batch of trajectories started together.
     """
+
+    probes_may_overlap = False  # a turn's probes are a phase of that turn
 
     def __init__(self, parties: int):
         if parties < 1:
@@ -37,6 +42,25 @@ class TurnBarrier:
             self._release()
         else:
             await released.wait()
+
+    async def turn_generated(self) -> None:
+        """Every live trajectory's turn is generated before any searches."""
+        await self.wait()
+
+    async def search_and_probe(
+        self, search: asyncio.Future[Any] | None, probe: Callable[[], Awaitable[object]] | None
+    ) -> None:
+        """Every live trajectory's search ends before any probes, and every probe before the next turn."""
+        try:
+            if search is not None:
+                await search
+            await self.wait()
+            if probe is not None:
+                await probe()
+            await self.wait()
+        finally:
+            if search is not None:
+                await search
 
     def leave(self) -> None:
         """A party ends: the others no longer wait for it."""

@@ -1,9 +1,8 @@
 """The online stopping hook between the agent loop and any controller.
 
-After each iteration's probe the agent loop calls ``decide`` with the history so far (iteration rows
-as dicts with the ITERATIONS columns the agent knows online: qid, dataset, iteration, query, doc_ids,
-doc_scores, reasoning, probe_answer, probe_token_logprobs, tokens_generated, probe_tokens — never the
-gold-based probe_f1/utility) plus the visible documents' texts under ``doc_titles``/``doc_texts``.
+After each iteration's probe the agent loop calls ``decide`` with the history so far: one
+:class:`~raypipe.core.rows.OnlineRow` per iteration (the iteration columns the agent knows online, never the
+gold-based probe_f1/utility, and the titles and texts of the documents it read).
 A controller that says stop names which iteration's probed answer the trajectory returns (the
 4-state heuristic may roll back to an earlier one); the cost is counted up to the current iteration.
 """
@@ -11,7 +10,9 @@ A controller that says stop names which iteration's probed answer the trajectory
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
+
+from raypipe.core.rows import OnlineRow
 
 
 @dataclass(frozen=True)
@@ -25,4 +26,4 @@ CONTINUE = StopDecision(stop=False)
 
 
 class StopController(Protocol):
-    async def decide(self, question: str, history: list[dict[str, Any]]) -> StopDecision: ...
+    async def decide(self, question: str, history: list[OnlineRow]) -> StopDecision: ...

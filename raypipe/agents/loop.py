@@ -26,7 +26,8 @@ row is completed (and told to the observer) when the probe ends, in order; a pro
 trajectory where it would have ended had the probe run first (the later turns are undone). Under a
 :class:`TurnBarrier` the loop follows instead the peers' turn-synchronous schedule (pyterrier-rag's
 agents, Search-R1's ``generation.py``): every live trajectory generates its turn, then all search, then
-all probe. Outputs are the same in every schedule: only the order of independent requests changes.
+all probe. Outputs are the same in every schedule: only the order of independent requests changes
+(:mod:`raypipe.agents.schedule`).
 
 Each row records the cost of its turn (``raypipe.core.schema.ITERATION_COSTS``): prompt tokens of its
 requests and those served from the prefix cache, the time of the search the turn issued, and the
@@ -49,13 +50,16 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import TypeVar, cast
 
 from raypipe.agents.barrier import TurnBarrier
 from raypipe.agents.hooks import StopController
 from raypipe.agents.protocol import ANSWER, INVALID, AgentProtocol
+from raypipe.agents.schedule import Concurrent, Schedule
 from raypipe.core.config import AgentConfig
 from raypipe.core.metrics import f1_score
+from raypipe.core.rows import IterationCosts, IterationRow, OnlineRow, TrajectoryCosts, TrajectoryRow
 from raypipe.core.schema import (
     STOP_ANSWER,
     STOP_CONTEXT,
@@ -67,7 +71,6 @@ from raypipe.core.schema import (
     STOP_NO_RESULTS,
     STOP_QUERY_CRASH,
     STOP_RETRIEVAL_ERROR,
-    TRAJECTORY_COSTS,
 )
 from raypipe.data.loaders import Question
 from raypipe.llm.base import (
@@ -81,30 +84,45 @@ from raypipe.llm.base import (
 )
 from raypipe.retrieval.types import QueryCrashError, Retriever, SearchResult
 
-# Columns an online controller may see (never the gold-based probe_f1 / utility).
-ONLINE_COLUMNS = (
-    "qid",
-    "dataset",
-    "iteration",
-    "query",
-    "doc_ids",
-    "doc_scores",
-    "reasoning",
-    "probe_answer",
-    "probe_token_logprobs",
-    "tokens_generated",
-    "probe_tokens",
-)
-
-
 # Told of each iteration row as it is added (the row without its private fields; costs not yet final).
-IterationObserver = Callable[[dict[str, Any]], None]
+IterationObserver = Callable[[IterationRow], None]
 
 
 @dataclass
 class TrajectoryOutput:
-    trajectory: dict[str, Any]  # a TRAJECTORIES row
-    iterations: list[dict[str, Any]]  # ITERATIONS rows
+    trajectory: TrajectoryRow
+    iterations: list[IterationRow]
+
+
+class _Row(IterationRow):
+    """An iteration row as the loop holds it: with the titles and texts of the documents the agent read
+    (an online controller sees them; the written row does not hold them)."""
+
+    _titles: list[str]
+    _texts: list[str]
+
+
+def _public(row: _Row) -> IterationRow:
+    return cast(IterationRow, {k: v for k, v in row.items() if not k.startswith("_")})
+
+
+def _online(row: _Row) -> OnlineRow:
+    """What an online controller sees of ``row``."""
+    return OnlineRow(
+        qid=row["qid"],
+        dataset=row["dataset"],
+        iteration=row["iteration"],
+        query=row["query"],
+        doc_ids=row["doc_ids"],
+        doc_scores=row["doc_scores"],
+        reasoning=row["reasoning"],
+        probe_answer=row["probe_answer"],
+        probe_token_logprobs=row["probe_token_logprobs"],
+        tokens_generated=row["tokens_generated"],
+        probe_tokens=row["probe_tokens"],
+        doc_titles=row["_titles"],
+        doc_texts=row["_texts"],
+    )
 
 
 class _Stop(Exception):
@@ -144,7 +162,9 @@ class AgentLoop:
 
     ``agent`` is the run's agent section; besides it the loop needs the retrieval depths (a search
     retrieves ``deep_k`` documents, the agent reads ``top_k``) and the run's seed (sampled turns).
-    With a ``barrier`` every trajectory of the barrier's parties must be run at once (one ``run`` each).
+    The loop's schedule is :class:`~raypipe.agents.schedule.Concurrent`; a ``barrier`` replaces it with the
+    peers' lock-step one, and then every trajectory of the barrier's parties must be run at once (one ``run``
+    each).
     """
 
     def __init__(
@@ -167,7 +187,11 @@ class AgentLoop:
         self.max_turns = protocol.turn_limit(agent)
         self.top_k, self.deep_k, self.seed = top_k, deep_k, seed
         self.controller = controller
-        self.barrier = barrier
+        self.schedule: Schedule = barrier if barrier is not None else Concurrent()
+        # a turn's probe runs beside the trajectory's next turns unless the controller reads it first
+        self.probes_beside = (
+            agent.probe and agent.probe_overlap and controller is None and self.schedule.probes_may_overlap
+        )
 
     async def run(self, question: Question, observer: IterationObserver | None = None) -> TrajectoryOutput:
         """One trajectory; ``observer`` (optional) is told of each iteration row as it is added (a service
@@ -184,8 +208,7 @@ class AgentLoop:
             run.stop_reason = STOP_ENGINE_ERROR if isinstance(exc, EngineUnavailableError) else STOP_INTERNAL_ERROR
             run.error = f"{type(exc).__name__}: {exc}"
         finally:
-            if self.barrier is not None:
-                self.barrier.leave()
+            self.schedule.leave()
         return run.output(time.monotonic() - started)
 
 
@@ -195,7 +218,7 @@ class _Run:
     def __init__(self, loop: AgentLoop, question: Question, observer: IterationObserver | None = None):
         self.loop, self.question, self.observer = loop, question, observer
         self.protocol, self.agent = loop.protocol, loop.agent
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[_Row] = []
         self.prompt = ""
         self.context = ""
         self.tail = ""  # text after the context that belongs to the transcript (the forced answer)
@@ -204,9 +227,6 @@ class _Run:
         self.error: str | None = None
         self.retrievals = 0
         # probes running beside the later turns, oldest first, each with the state to return to if it fails
-        self.overlap = (
-            self.agent.probe and self.agent.probe_overlap and loop.controller is None and loop.barrier is None
-        )
         self.pending_probes: list[tuple[asyncio.Future, _State]] = []
 
     async def steps(self) -> None:
@@ -234,20 +254,13 @@ class _Run:
             gen = await self._generate(
                 self.context, agent.max_new_tokens, agent.temperature, protocol.stop, regex, turn
             )
-            await self._phase_done()  # turn-synchronous: every trajectory's turn before any search
+            await self.loop.schedule.turn_generated()
             output = protocol.restore_stop(protocol.clean_output(gen.text), gen.stop_string)  # as the context holds it
             row = self._row(turn, pending, output, len(gen.token_ids))
             _charge(row, gen)
             action = protocol.parse_action(protocol.restore_stop(gen.text, gen.stop_string))  # before any cleaning
             query = action.content if action.kind not in (ANSWER, INVALID) and turn < searching else None
-            probe_prompt = protocol.probe_prompt(self.context, output) if agent.probe else None
-            if self.overlap:
-                assert probe_prompt is not None  # overlap implies agent.probe
-                self._probe_beside(row, probe_prompt)
-                searched = await self._search(row, query)
-            else:
-                searched = await self._search_and_probe(row, query, probe_prompt)
-                self._append_row(row)
+            searched = await self._search_and_probe(row, query, output)
             self.context += protocol.joiner + output + protocol.close_action(output, action)
             if await self._controller_stops():
                 row["search_dropped"] = searched is not None
@@ -268,22 +281,22 @@ class _Run:
         if pending is not None and agent.at_limit == "forced":
             await self._forced_answer(pending)
 
-    def _append_row(self, row: dict[str, Any]) -> None:
+    def _append_row(self, row: _Row) -> None:
         self.rows.append(row)
         self._tell(row)
 
-    def _tell(self, row: dict[str, Any]) -> None:
+    def _tell(self, row: _Row) -> None:
         if self.observer is not None:
-            self.observer({k: v for k, v in row.items() if not k.startswith("_")})
+            self.observer(_public(row))
 
-    def _probe_beside(self, row: dict[str, Any], prompt: str) -> None:
+    def _probe_beside(self, row: _Row, prompt: str) -> None:
         """Start the turn's probe and go on; the row joins the trajectory now, its probe columns later."""
         previous = self.pending_probes[-1][0] if self.pending_probes else None
         before = _State(self.context, len(self.rows), self.retrievals)
         self.rows.append(row)
         self.pending_probes.append((asyncio.ensure_future(self._finish_probe(row, prompt, previous)), before))
 
-    async def _finish_probe(self, row: dict[str, Any], prompt: str, previous: asyncio.Future | None) -> None:
+    async def _finish_probe(self, row: _Row, prompt: str, previous: asyncio.Future | None) -> None:
         gen = await self._probe_generate(prompt)
         if previous is not None:  # rows are completed and told in order (a utility needs the row before)
             await previous
@@ -310,32 +323,20 @@ class _Run:
             task.cancel()
         await asyncio.gather(*(task for task, _ in pending), return_exceptions=True)
 
-    async def _phase_done(self) -> None:
-        if self.loop.barrier is not None:
-            await self.loop.barrier.wait()
-
-    async def _search(self, row: dict[str, Any], query: str | None) -> _Searched | None:
-        if query is None:
-            return None
-        searched = await self._retrieve(query)
-        row["retrieval_s"] = searched.seconds
-        return searched
-
-    async def _search_and_probe(
-        self, row: dict[str, Any], query: str | None, probe_prompt: str | None
-    ) -> _Searched | None:
-        """The turn's search (if it issued one) and its probe (if probing): together, or under a barrier
-        the peers' order (all searches, then all probes). The search is awaited even when the probe fails."""
-        search = asyncio.ensure_future(self._retrieve(query)) if query is not None else None
-        try:
-            if self.loop.barrier is not None and search is not None:
-                await search
-            await self._phase_done()
-            if probe_prompt is not None:
-                await self._probe(row, probe_prompt)
-            await self._phase_done()
-        finally:
-            searched = await search if search is not None else None
+    async def _search_and_probe(self, row: _Row, query: str | None, output: str) -> _Searched | None:
+        """The turn's search (if it issued one) and its probe (if probing); the row joins the trajectory. The
+        probe runs beside the next turns, or before them in the loop's schedule (with the search)."""
+        prompt = self.protocol.probe_prompt(self.context, output) if self.agent.probe else None
+        if prompt is not None and self.loop.probes_beside:
+            self._probe_beside(row, prompt)
+            searched = await self._retrieve(query) if query is not None else None
+        else:
+            search = asyncio.ensure_future(self._retrieve(query)) if query is not None else None
+            await self.loop.schedule.search_and_probe(
+                search, None if prompt is None else partial(self._probe, row, prompt)
+            )
+            searched = search.result() if search is not None else None
+            self._append_row(row)
         if searched is not None:
             row["retrieval_s"] = searched.seconds
         return searched
@@ -379,7 +380,7 @@ class _Run:
         if not await self._controller_stops():
             self.final_answer = answer
 
-    async def _probe(self, row: dict[str, Any], prompt: str) -> Generation:
+    async def _probe(self, row: _Row, prompt: str) -> Generation:
         """The probe of a row not yet in the trajectory, run before the trajectory goes on."""
         gen = await self._probe_generate(prompt)
         self._record_probe(row, gen)
@@ -390,7 +391,7 @@ class _Run:
             prompt, self.agent.probe_max_tokens, 0.0, (self.protocol.answer_close,), logprobs=True
         )
 
-    def _record_probe(self, row: dict[str, Any], gen: Generation) -> None:
+    def _record_probe(self, row: _Row, gen: Generation) -> None:
         """The probe's columns; U_i against the row before ``row`` in the trajectory (or the last row)."""
         _charge(row, gen, probe=True)
         answer = self.protocol.parse_probe(gen.text)
@@ -425,13 +426,8 @@ class _Run:
         self.final_answer, self.stop_reason = self.rows[chosen]["probe_answer"], STOP_CONTROLLER
         return True
 
-    def _history(self) -> list[dict[str, Any]]:
-        history = []
-        for row in self.rows:
-            item = {key: row[key] for key in ONLINE_COLUMNS}
-            item["doc_titles"], item["doc_texts"] = row["_titles"], row["_texts"]
-            history.append(item)
-        return history
+    def _history(self) -> list[OnlineRow]:
+        return [_online(row) for row in self.rows]
 
     async def _generate(
         self,
@@ -464,7 +460,7 @@ class _Run:
         except EngineError as exc:  # the engine refused this request: sent again, it fails again
             raise _Stop(STOP_INTERNAL_ERROR, str(exc)) from exc
 
-    def _row(self, turn: int, retrieval: _Retrieval | None, reasoning: str, tokens: int) -> dict[str, Any]:
+    def _row(self, turn: int, retrieval: _Retrieval | None, reasoning: str, tokens: int) -> _Row:
         hits = retrieval.result.hits if retrieval else []
         visible = hits[: retrieval.visible] if retrieval else []
         return {
@@ -490,8 +486,8 @@ class _Run:
         for row in self.rows:
             cached = row["cached_tokens"]
             row["prefilled_tokens"] = None if cached is None else row["prompt_tokens"] - cached
-        iterations = [{k: v for k, v in row.items() if not k.startswith("_")} for row in self.rows]
-        trajectory = {
+        iterations = [_public(row) for row in self.rows]
+        trajectory: TrajectoryRow = {
             "qid": self.question.qid,
             "dataset": self.question.dataset,
             "question": self.question.question,
@@ -512,7 +508,7 @@ class _Run:
 
 # A row's cost before its requests are charged; null-able columns start at 0 and turn null when a request
 # of the row does not report them (an unknown part makes the sum unknown).
-_NO_COST: dict[str, Any] = {
+_NO_COST: IterationCosts = {
     "prompt_tokens": 0,
     "cached_tokens": 0,
     "prefilled_tokens": 0,
@@ -526,11 +522,22 @@ _NO_COST: dict[str, Any] = {
 }
 
 
-def _add(total: float | None, part: float | None) -> float | None:
+_N = TypeVar("_N", int, float)
+
+
+def _add(total: _N | None, part: _N | None) -> _N | None:
     return None if total is None or part is None else total + part
 
 
-def _charge(row: dict[str, Any], gen: Generation, probe: bool = False) -> None:
+def _total(parts: list[_N | None]) -> _N | None:
+    """The sum of ``parts``, null if any part is."""
+    total: _N | None = 0
+    for part in parts:
+        total = _add(total, part)
+    return total
+
+
+def _charge(row: IterationRow, gen: Generation, probe: bool = False) -> None:
     """Add one request's engine cost to its row."""
     row["prompt_tokens"] += gen.prompt_tokens
     row["cached_tokens"] = _add(row["cached_tokens"], gen.cached_prompt_tokens)
@@ -541,19 +548,17 @@ def _charge(row: dict[str, Any], gen: Generation, probe: bool = False) -> None:
         row["probe_cached_tokens"] = _add(row["probe_cached_tokens"], gen.cached_prompt_tokens)
 
 
-def trajectory_costs(iterations: list[dict[str, Any]]) -> dict[str, Any]:
+def trajectory_costs(iterations: list[IterationRow]) -> TrajectoryCosts:
     """The trajectory's cost columns: each iteration cost summed (null if any iteration's is; retrieval
     time over the iterations that searched), dropped searches counted."""
-    costs: dict[str, Any] = {}
-    for field in TRAJECTORY_COSTS:
-        name = field.name
-        if name == "searches_dropped":
-            costs[name] = sum(bool(r["search_dropped"]) for r in iterations)
-        elif name == "retrieval_s":
-            costs[name] = sum(r["retrieval_s"] for r in iterations if r["retrieval_s"] is not None)
-        else:
-            total: float | None = 0
-            for r in iterations:
-                total = _add(total, r[name])
-            costs[name] = total
-    return costs
+    return {
+        "prompt_tokens": _total([r["prompt_tokens"] for r in iterations]),
+        "cached_tokens": _total([r["cached_tokens"] for r in iterations]),
+        "prefilled_tokens": _total([r["prefilled_tokens"] for r in iterations]),
+        "probe_prompt_tokens": _total([r["probe_prompt_tokens"] for r in iterations]),
+        "probe_cached_tokens": _total([r["probe_cached_tokens"] for r in iterations]),
+        "retrieval_s": sum(r["retrieval_s"] for r in iterations if r["retrieval_s"] is not None),
+        "queue_s": _total([r["queue_s"] for r in iterations]),
+        "engine_s": _total([r["engine_s"] for r in iterations]),
+        "searches_dropped": sum(r["search_dropped"] for r in iterations),
+    }

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from raypipe.predict.scorers import Scorer, load_scorer
 from raypipe.predict.window import FIRST_ITERATION, window_for_last
 
 MANIFEST = "manifest.json"
-History = tuple[Sequence[dict[str, Any]], str]  # one trajectory's iteration rows so far and its question
+History = tuple[Sequence[Mapping[str, Any]], str]  # one trajectory's iteration rows so far and its question
 FeatureExtractor = Callable[[Sequence[History]], list[list[dict[str, Any]]]]
 
 
@@ -88,7 +88,7 @@ class PredictorBundle:
     def needs_feature_extractor(self) -> bool:
         return any(c not in self.sup_models for c in self.feature_columns)
 
-    def predict(self, history_rows: Sequence[dict[str, Any]], question: str) -> tuple[float, float]:
+    def predict(self, history_rows: Sequence[Mapping[str, Any]], question: str) -> tuple[float, float]:
         return self.predict_many([(history_rows, question)])[0]
 
     def predict_many(self, histories: Sequence[History]) -> list[tuple[float, float]]:
@@ -101,7 +101,7 @@ class PredictorBundle:
         p_hat, u_hat = self.heads["p"].predict(x), self.heads["u"].predict(x)
         return [(float(p), float(u)) for p, u in zip(p_hat, u_hat)]
 
-    def feature_frame(self, history_rows: Sequence[dict[str, Any]], question: str) -> pd.DataFrame:
+    def feature_frame(self, history_rows: Sequence[Mapping[str, Any]], question: str) -> pd.DataFrame:
         """The head's feature columns for the iterations of the current window (one row per iteration)."""
         return self.feature_frames([(history_rows, question)])[0]
 
@@ -134,7 +134,7 @@ class PredictorBundle:
             frames.append(frame)
         return frames
 
-    def _window_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _window_rows(self, rows: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         """The rows of the current iteration's window (``rows`` ordered by iteration)."""
         if not rows or int(rows[-1]["iteration"]) < FIRST_ITERATION:
             raise ValueError("predictions start at iteration 1 (the first retrieval iteration)")
@@ -143,7 +143,9 @@ class PredictorBundle:
             r for r in rows if current - self.window < int(r["iteration"]) and int(r["iteration"]) >= FIRST_ITERATION
         ]
 
-    def _supervised(self, ordered: list[History], windows: list[list[dict[str, Any]]]) -> list[dict[str, list[float]]]:
+    def _supervised(
+        self, ordered: list[History], windows: list[list[Mapping[str, Any]]]
+    ) -> list[dict[str, list[float]]]:
         """Cross-encoder signals of each trajectory's window, cached per (qid, iteration, column); each
         cross-encoder scores the texts no trajectory has cached in one call."""
         lookup = lookup_top_doc(self.doc_lookup)

@@ -18,7 +18,7 @@ special tokens, as the seed code does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -76,8 +76,8 @@ def format_relation(relation: str, it: IterationText, field_chars: int = 256, ti
 
 def trajectory_texts(
     question: str,
-    rows: list[dict[str, Any]],
-    top_doc: Callable[[dict], tuple[str, str]],
+    rows: Sequence[Mapping[str, Any]],
+    top_doc: Callable[[Mapping[str, Any]], tuple[str, str]],
     reasoning: Literal["parsed", "raw"] = "parsed",
 ) -> list[tuple[int, IterationText]]:
     """(iteration, IterationText) for every row with iteration >= 1 of one trajectory (rows in any order).
@@ -86,7 +86,7 @@ def trajectory_texts(
     row (see the module docstring).
     """
 
-    def r(row: dict) -> str | None:
+    def r(row: Mapping[str, Any]) -> str | None:
         return reasoning_text(row.get("reasoning"), reasoning)
 
     by_it = {int(r["iteration"]): r for r in rows}
@@ -115,10 +115,10 @@ def trajectory_texts(
     return out
 
 
-def lookup_top_doc(doc_lookup: DocLookup | None) -> Callable[[dict], tuple[str, str]]:
+def lookup_top_doc(doc_lookup: DocLookup | None) -> Callable[[Mapping[str, Any]], tuple[str, str]]:
     """top_doc for offline rows: the visible texts when the row carries them, else ``doc_lookup(doc_ids[0])``."""
 
-    def top_doc(row: dict) -> tuple[str, str]:
+    def top_doc(row: Mapping[str, Any]) -> tuple[str, str]:
         titles, texts = row.get("doc_titles"), row.get("doc_texts")
         if titles is not None and texts is not None and len(titles) and len(texts):
             return str(titles[0]), str(texts[0])

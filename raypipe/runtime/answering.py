@@ -25,7 +25,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -83,7 +83,7 @@ class RecordingSource:
     def __init__(self, shared: PredictionBatcher, record: Predictions):
         self.shared, self.record = shared, record
 
-    async def predict(self, history_rows: Sequence[dict[str, Any]], question: str) -> tuple[float, float]:
+    async def predict(self, history_rows: Sequence[Mapping[str, Any]], question: str) -> tuple[float, float]:
         p_hat, u_hat = await self.shared.predict(history_rows, question)
         self.record[int(history_rows[-1]["iteration"])] = (p_hat, u_hat)
         return p_hat, u_hat

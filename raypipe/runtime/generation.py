@@ -37,6 +37,7 @@ from raypipe.agents.protocol import AgentProtocol
 from raypipe.core.config import EngineConfig, RunConfig
 from raypipe.core.loopthread import LoopThread
 from raypipe.core.progress import Progress
+from raypipe.core.rows import TrajectoryRow
 from raypipe.core.rundir import RunDir
 from raypipe.core.schema import ITERATIONS, STOP_ENGINE_CRASH, TRAJECTORIES
 from raypipe.data.loaders import Question
@@ -168,7 +169,7 @@ class TrajectoryGenerator:
                 for _ in range(slots):
                     self._slots.release()
 
-    def _finished(self, trajectory: dict[str, Any]) -> None:
+    def _finished(self, trajectory: TrajectoryRow) -> None:
         self._in_flight -= 1
         self._tokens += (trajectory.get("tokens_generated") or 0) + (trajectory.get("probe_tokens") or 0)
         rate = self._progress.rate(self._tokens)
@@ -198,20 +199,31 @@ def crashed_output(question: Question, record: CrashRecord) -> TrajectoryOutput:
     """The row of a question that killed its engine even when running alone; no iteration rows (they
     died with the engine), so its rerun costs nothing more."""
     cause = record.error or "the generation actor's process died"
-    trajectory: dict[str, Any] = dict.fromkeys(TRAJECTORIES.names)
-    trajectory.update(
-        qid=question.qid,
-        dataset=question.dataset,
-        question=question.question,
-        golden_answers=list(question.golden_answers),
-        final_f1=0.0,
-        n_iterations=0,
-        stop_reason=STOP_ENGINE_CRASH,
-        tokens_generated=0,
-        probe_tokens=0,
-        transcript="",
-        error=f"in flight at {record.crashes} engine or actor deaths, the last one alone; last error: {cause}",
-    )
+    trajectory: TrajectoryRow = {
+        "qid": question.qid,
+        "dataset": question.dataset,
+        "question": question.question,
+        "golden_answers": list(question.golden_answers),
+        "final_answer": None,
+        "final_f1": 0.0,
+        "n_iterations": 0,
+        "stop_reason": STOP_ENGINE_CRASH,
+        "error": f"in flight at {record.crashes} engine or actor deaths, the last one alone; last error: {cause}",
+        "tokens_generated": 0,
+        "probe_tokens": 0,
+        "wall_s": None,
+        "transcript": "",
+        # its costs died with the engine
+        "prompt_tokens": None,
+        "cached_tokens": None,
+        "prefilled_tokens": None,
+        "probe_prompt_tokens": None,
+        "probe_cached_tokens": None,
+        "retrieval_s": None,
+        "queue_s": None,
+        "engine_s": None,
+        "searches_dropped": None,
+    }
     return TrajectoryOutput(trajectory, [])
 
 

@@ -65,6 +65,7 @@ from raypipe.agents.answer_api import (
 from raypipe.agents.loop import IterationObserver
 from raypipe.core.config import EngineConfig, RunConfig
 from raypipe.core.http import one_line
+from raypipe.core.rows import IterationRow
 from raypipe.llm.base import Engine
 from raypipe.retrieval.types import Retriever
 from raypipe.runtime.answering import Admission, AgentAnswerer, PolicyBook, within_deadline
@@ -149,7 +150,8 @@ class ServiceMetrics:
         self.latency.observe(seconds, {"policy": policy})
         decisions = [r["decision_s"] for r in answer.output.iterations if r["decision_s"] is not None]
         if decisions:  # the controller's share of wall time: controller_s over controller_wall_s
-            deciding = {"controller_s": sum(decisions), "controller_wall_s": trajectory["wall_s"]}
+            # the loop's row: wall_s is null only in the row of a question that crashed its engine
+            deciding = {"controller_s": sum(decisions), "controller_wall_s": trajectory["wall_s"] or 0.0}
             self.controller_s.inc(deciding["controller_s"], {"policy": policy})
             self.controller_wall_s.inc(deciding["controller_wall_s"], {"policy": policy})
             self.counts.update(deciding)
@@ -219,7 +221,7 @@ class AgentDeployment:
         parsed = parse_answer_request(await request.body(), self.limits)
         check_policy(parsed.policy)
         if parsed.stream:
-            rows: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+            rows: asyncio.Queue[IterationRow | None] = asyncio.Queue()
             work = self._admitted(parsed, rows.put_nowait)  # refused (429, 400) before the stream starts
             return TrajectoryStream(self._events(work, rows), work)
         return answer_body(await self._admitted(parsed))

@@ -11,7 +11,7 @@ is predicted at once, so batching costs nothing when nothing else is waiting. Th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,7 +28,7 @@ class Predictor(Protocol):
 class OneByOne:
     """Base of a predictor that predicts one trajectory at a time: ``predict_many`` calls ``predict`` on each."""
 
-    def predict(self, history_rows: Sequence[dict[str, Any]], question: str) -> tuple[float, float]:
+    def predict(self, history_rows: Sequence[Mapping[str, Any]], question: str) -> tuple[float, float]:
         raise NotImplementedError
 
     def predict_many(self, histories: Sequence[History]) -> list[tuple[float, float]]:
@@ -54,7 +54,7 @@ class PredictionBatcher:
         self.calls = 0  # predict_many calls made (for tests and stats)
         self.predicted = 0  # trajectories predicted
 
-    async def predict(self, history_rows: Sequence[dict[str, Any]], question: str) -> tuple[float, float]:
+    async def predict(self, history_rows: Sequence[Mapping[str, Any]], question: str) -> tuple[float, float]:
         waiting = _Waiting((history_rows, question), asyncio.get_running_loop().create_future())
         self._waiting.append(waiting)
         if self._drainer is None:

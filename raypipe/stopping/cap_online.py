@@ -9,9 +9,8 @@ that natural answer). Its saving is certain whatever the predictors are worth: n
 
 from __future__ import annotations
 
-from typing import Any
-
 from raypipe.agents.hooks import CONTINUE, StopDecision
+from raypipe.core.rows import OnlineRow
 
 
 class CapController:
@@ -22,7 +21,7 @@ class CapController:
             raise ValueError(f"cap must be >= 0, got {k}")
         self.k = k
 
-    async def decide(self, question: str, history: list[dict[str, Any]]) -> StopDecision:
+    async def decide(self, question: str, history: list[OnlineRow]) -> StopDecision:
         if history and int(history[-1]["iteration"]) >= self.k:
             return StopDecision(stop=True, reason=f"cap{self.k}")
         return CONTINUE

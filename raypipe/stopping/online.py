@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from raypipe.agents.hooks import CONTINUE, StopDecision
 from raypipe.core.config import RunConfig, load_config
+from raypipe.core.rows import OnlineRow
 from raypipe.features.extract import extract_many
 from raypipe.features.memo import MemoCorpus, MemoSentences
 from raypipe.features.resources import IndexCorpus, OnnxSentenceEncoder, SbertEncoder, SentenceEncoder
@@ -45,7 +46,7 @@ MAX_TRACKED = 10_000  # trajectories whose predictions are kept between calls
 
 
 class PredictionSource(Protocol):
-    async def predict(self, history_rows: Sequence[dict[str, Any]], question: str) -> tuple[float, float]: ...
+    async def predict(self, history_rows: Sequence[Mapping[str, Any]], question: str) -> tuple[float, float]: ...
 
 
 PredictorFactory = Callable[[], Predictor]
@@ -157,7 +158,7 @@ class OnlineController:
     def thresholds_for(self, dataset: str | None) -> Thresholds:
         return self.thresholds.get(dataset or "", self.thresholds["*"])
 
-    async def decide(self, question: str, history: list[dict[str, Any]]) -> StopDecision:
+    async def decide(self, question: str, history: list[OnlineRow]) -> StopDecision:
         if not history:
             return CONTINUE
         current = history[-1]
@@ -185,7 +186,7 @@ class OnlineController:
             self._predictions.pop(qid, None)
         return decision
 
-    async def _predict(self, rows: list[dict[str, Any]], question: str) -> tuple[float, float]:
+    async def _predict(self, rows: list[OnlineRow], question: str) -> tuple[float, float]:
         if self._source is not None:
             return await self._source.predict(rows, question)
         if self._batcher is None:

@@ -27,9 +27,10 @@ import asyncio
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from raypipe.agents.hooks import CONTINUE, StopDecision
+from raypipe.core.rows import OnlineRow
 from raypipe.llm.base import Engine, EngineError, GenerationRequest
 from raypipe.stoprag.targets import Round, rounds_from_history, selected_documents
 
@@ -284,7 +285,7 @@ class LLMStopController:
             return Parsed(self.default, "default_neither"), f"<engine error: {exc}>"
         return self.parse(gen.text, self.default), gen.text
 
-    async def decide(self, question: str, history: list[dict[str, Any]]) -> StopDecision:
+    async def decide(self, question: str, history: list[OnlineRow]) -> StopDecision:
         rounds = rounds_from_history(history)
         if len(rounds) < max(self.first_decision, 1):
             return CONTINUE

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from raypipe.agents.hooks import CONTINUE, StopDecision
+from raypipe.core.rows import OnlineRow
 from raypipe.stoprag.targets import SEP, rounds_from_history, state_text
 
 log = logging.getLogger(__name__)
@@ -208,7 +209,7 @@ class StopRagController:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _net=None, _lock=threading.Lock())
 
-    def margin(self, question: str, history: list[dict]) -> float:
+    def margin(self, question: str, history: Sequence[Mapping[str, Any]]) -> float:
         with self._lock:  # one forward pass at a time; the first call loads the network
             if self._net is None:
                 self._net = (QNetwork.load(self.folder)[0], load_tokenizer(self.folder))
@@ -225,7 +226,7 @@ class StopRagController:
             q_stop, q_cont = score(net, tokenizer, [text], meta["max_length"], keep=meta["state_truncation"])
         return q_stop[0] - q_cont[0]
 
-    async def decide(self, question: str, history: list[dict]) -> StopDecision:
+    async def decide(self, question: str, history: list[OnlineRow]) -> StopDecision:
         current = max(row["iteration"] for row in history)
         if current < self.meta["first_decision"]:
             return CONTINUE

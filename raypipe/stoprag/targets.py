@@ -24,7 +24,7 @@ Q_stop - Q_cont > threshold, the threshold tuned on validation questions.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -71,7 +71,7 @@ def with_documents(
     return out
 
 
-def rounds_from_history(history: Sequence[dict[str, Any]]) -> list[Round]:
+def rounds_from_history(history: Sequence[Mapping[str, Any]]) -> list[Round]:
     """The retrieval rounds (iterations >= 1, in order) of an online history or of rows from
     :func:`with_documents`."""
     ordered = sorted(history, key=lambda r: r["iteration"])

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from raypipe.agents.hooks import CONTINUE, StopDecision
+from raypipe.core.rows import OnlineRow
 from raypipe.llm.base import EngineError, EngineUnavailableError, Generation, GenerationRequest
 from raypipe.llm.common import engine_record, fit_max_tokens
 from raypipe.retrieval.types import QueryCrashError, SearchHit, SearchResult
@@ -133,9 +134,9 @@ class ScriptedController:
 
     def __init__(self, at: int, answer_iteration: int | None = None):
         self.at, self.answer_iteration = at, answer_iteration
-        self.histories: list[list[dict]] = []
+        self.histories: list[list[OnlineRow]] = []
 
-    async def decide(self, question: str, history: list[dict]) -> StopDecision:
+    async def decide(self, question: str, history: list[OnlineRow]) -> StopDecision:
         self.histories.append(history)
         if history[-1]["iteration"] == self.at:
             return StopDecision(stop=True, answer_iteration=self.answer_iteration, reason="scripted")
