@@ -3,18 +3,19 @@ without it, on the same questions: the wall-clock it saves against the iteration
 costs against an iteration's engine time.
 
     python benchmarks/controller_probe.py --bundle RUN_OR_BUNDLE --out runs/bench/controller
-        [--limit 60] [--repeats 3] [--set stopping.theta_p=0.3 ...]
+        [--limit 20] [--repeats 3] [--set stopping.theta_p=0.3 ...]
 
 ``--bundle`` is a predictor bundle (or a run directory with one under ``models/``) trained on the agent that runs
 (``raypipe train`` on a training-split run of it). Each repeat runs both jobs in a fresh run directory, in
 alternating order (natural first, then the controller first, ...), on the dev split's first ``--limit`` questions
-(all of them without it), with the preset's settings and ``--set``'s. For each job: the command's wall seconds, the
-probe stage's ``generation_seconds`` (probe_info.yaml: the generation actors' start and every trajectory, what a
-controller can shorten) and, of it, what came after the engines' start; the retrieval iterations, the final F1, and
-with the controller its decisions, their mean seconds and the mean engine seconds of an iteration (the engine time
-of its requests, summed: turn, probe, forced answer). The table shows medians and per-repeat ranges; the savings
-line divides the wall saved by the iterations saved (1.0: the wall falls as fast as the iterations). Prints the CPU
-model and its flags first. Rerunning with the same ``--out`` reuses the jobs already finished.
+of each dataset (``data.limit``; all of them without it), with the preset's settings and ``--set``'s. For each
+job: the command's wall seconds, the probe stage's ``generation_seconds`` (probe_info.yaml: the generation actors'
+start and every trajectory, what a controller can shorten) and, of it, what came after the engines' start; the
+retrieval iterations, the final F1, and with the controller its decisions, their mean seconds and the mean engine
+seconds of an iteration (the engine time of its requests, summed: turn, probe, forced answer). The table shows
+medians and per-repeat ranges; the savings line divides the wall saved by the iterations saved (1.0: the wall
+falls as fast as the iterations). Prints the CPU model and its flags first. Rerunning with the same ``--out``
+reuses the jobs already finished.
 """
 
 from __future__ import annotations
@@ -128,7 +129,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", type=Path, required=True, help="a predictor bundle or a run directory with models/")
     parser.add_argument("--out", type=Path, required=True, help="a folder for the runs (a rerun reuses finished ones)")
-    parser.add_argument("--limit", type=int, default=None, help="the dev split's first N questions (default: all)")
+    parser.add_argument(
+        "--limit", type=int, default=None, help="the dev split's first N questions of each dataset (default: all)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting for both jobs")
     args = parser.parse_args()
