@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,33 @@ from raypipe.predict.window import FIRST_ITERATION, window_for_last
 MANIFEST = "manifest.json"
 History = tuple[Sequence[Mapping[str, Any]], str]  # one trajectory's iteration rows so far and its question
 FeatureExtractor = Callable[[Sequence[History]], list[list[dict[str, Any]]]]
+# cross-encoder scores a bundle keeps, by (qid, iteration, column): far more than the windows of the trajectories in
+# flight need (16 in flight x window 3 x 3 relations = 144), and a bound for a service that lives for days
+SCORE_CACHE_SIZE = 16384
+
+
+class ScoreCache:
+    """Scores by key, the least recently used dropped past ``size`` entries."""
+
+    def __init__(self, size: int = SCORE_CACHE_SIZE):
+        self.size = size
+        self._scores: OrderedDict[tuple[str, int, str], float] = OrderedDict()
+
+    def __contains__(self, key: tuple[str, int, str]) -> bool:
+        return key in self._scores
+
+    def __len__(self) -> int:
+        return len(self._scores)
+
+    def __getitem__(self, key: tuple[str, int, str]) -> float:
+        self._scores.move_to_end(key)
+        return self._scores[key]
+
+    def __setitem__(self, key: tuple[str, int, str], value: float) -> None:
+        self._scores[key] = value
+        self._scores.move_to_end(key)
+        while len(self._scores) > self.size:
+            self._scores.popitem(last=False)
 
 
 class PredictorBundle:
@@ -62,7 +90,7 @@ class PredictorBundle:
         self.feature_extractor = feature_extractor
         self.scorer_backend, self.scorer_threads = scorer_backend, scorer_threads
         self._scorers: dict[str, Scorer] = {}
-        self._sup_cache: dict[tuple[str, int, str], float] = {}
+        self._sup_cache = ScoreCache()
 
     @classmethod
     def load(
@@ -156,21 +184,18 @@ class PredictorBundle:
             if column not in self.feature_columns:
                 continue
             relation = _relation_of(column)
-            todo = [
-                (k, int(r["iteration"]))
-                for k, wanted in enumerate(windows)
-                for r in wanted
-                if (qids[k], int(r["iteration"]), column) not in self._sup_cache
-            ]
+            keys = [[(qids[k], int(r["iteration"]), column) for r in wanted] for k, wanted in enumerate(windows)]
+            scores = {key: self._sup_cache[key] for trajectory in keys for key in trajectory if key in self._sup_cache}
+            todo = [(k, key[1]) for k, trajectory in enumerate(keys) for key in trajectory if key not in scores]
             if todo:
                 for k in {k for k, _ in todo} - texts.keys():
                     rows, question = ordered[k]
                     texts[k] = dict(trajectory_texts(question, list(rows), lookup, self.reasoning_text))
                 inputs = [format_relation(relation, texts[k][i], self.field_chars, self.title_chars) for k, i in todo]
                 for (k, i), value in zip(todo, self._scorer(column, folder).score(inputs, self.max_tokens)):
-                    self._sup_cache[(qids[k], i, column)] = float(value)
-            for k, wanted in enumerate(windows):
-                out[k][column] = [self._sup_cache[(qids[k], int(r["iteration"]), column)] for r in wanted]
+                    scores[(qids[k], i, column)] = self._sup_cache[(qids[k], i, column)] = float(value)
+            for k, trajectory in enumerate(keys):
+                out[k][column] = [scores[key] for key in trajectory]
         return out
 
     def _scorer(self, column: str, folder: str) -> Scorer:
