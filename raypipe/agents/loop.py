@@ -164,7 +164,6 @@ class AgentLoop:
         self.retriever = retriever
         self.protocol = protocol
         self.agent = agent
-        self.max_turns = protocol.turn_limit(agent)
         self.top_k, self.deep_k, self.seed = top_k, deep_k, seed
         self.controller = controller
         self.barrier = barrier

@@ -9,6 +9,7 @@ to its outputs (``RUN_DIR/config.yaml``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -108,8 +109,10 @@ class RetrievalConfig(StrictModel):
     index_dir: str | None = Field(
         default=None, description="Default: a folder in the cache keyed by corpus and encoder."
     )
-    top_k: int | None = Field(
-        default=None, ge=1, description="Documents the agent sees; None = the protocol's default."
+    top_k: int = Field(
+        ge=1,
+        description="Documents the agent reads per search; None or absent: the agent protocol's default "
+        "(PROTOCOL_DEFAULTS, filled in when the run config is built).",
     )
     deep_k: int = Field(default=100, ge=1, description="Depth of the list kept for QPP signals.")
     replicas: int = Field(default=1, ge=1)
@@ -361,6 +364,31 @@ ENFORCED_TAG_CHARS = 64
 CHARS_PER_TOKEN = 4
 
 
+@dataclass(frozen=True)
+class ProtocolDefaults:
+    """What an agent protocol does unless the config says otherwise."""
+
+    top_k: int  # documents read per search
+    max_turns: dict[str, int]  # the turn limit of each implementation an observation format follows
+
+
+# The one table of the protocols' defaults; a config is built with them filled in (agent.max_turns, retrieval.top_k).
+PROTOCOL_DEFAULTS = {
+    # Search-R1's evaluation (scripts/nq_hotpotqa/evaluate.sh max_turns=4, retrieval_server.py --topk 3);
+    # pyterrier-rag 0.3.0's max_turn=10
+    "search_r1": ProtocolDefaults(top_k=3, max_turns={"original": 4, "pyterrier": 10}),
+    # R1-Searcher's eval (top 5; the k == 9 cut: 10 rounds); pyterrier-rag 0.3.0's max_turn=10
+    "r1_searcher": ProtocolDefaults(top_k=5, max_turns={"original": 10, "pyterrier": 10}),
+}
+
+
+def _filled(section: Any, key: str, value: int | None) -> Any:
+    """A section's input with ``key`` set to ``value`` where it is None or absent (a built section has it)."""
+    if isinstance(section, dict) and section.get(key) is None and value is not None:
+        return {**section, key: value}
+    return section
+
+
 class AgentConfig(StrictModel):
     protocol: Literal["search_r1", "r1_searcher"] = "search_r1"
     prompt_version: Literal["v0", "v1", "v2", "v3"] = Field(default="v1", description="R1-Searcher prompt version.")
@@ -368,8 +396,10 @@ class AgentConfig(StrictModel):
         default="pyterrier",
         description="'original': the agent's own reference code; 'pyterrier': pyterrier-rag (the seed paper's setup).",
     )
-    max_turns: int | None = Field(
-        default=None, ge=1, description="Agent turns; None = the protocol's default (4 / 10)."
+    max_turns: int = Field(
+        ge=1,
+        description="Agent turns; None or absent: the protocol's default for the observation format "
+        "(PROTOCOL_DEFAULTS, filled in when the config is built).",
     )
     max_new_tokens: int = Field(default=1024, ge=1)
     temperature: float = Field(default=0.0, ge=0)
@@ -396,6 +426,17 @@ class AgentConfig(StrictModel):
         "the last documents (its probe row and the final answer).",
     )
     metric: Literal["squad", "hotpotqa", "r1searcher"] = Field(default="hotpotqa", description="F1 rule for P_i.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_max_turns(cls, data: Any) -> Any:
+        """A max_turns of None (or none given) becomes the protocol's default for the observation format."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        defaults = PROTOCOL_DEFAULTS.get(data.get("protocol", fields["protocol"].default))
+        fmt = data.get("observation_format", fields["observation_format"].default)
+        return _filled(data, "max_turns", defaults.max_turns.get(fmt) if defaults else None)
 
     @model_validator(mode="after")
     def _check_enforced_turn_fits(self) -> AgentConfig:
@@ -967,9 +1008,9 @@ class RunConfig(StrictModel):
         "directory as their argument.",
     )
     data: DataConfig = Field(default_factory=DataConfig)
-    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    retrieval: RetrievalConfig  # absent: the defaults, with the agent's top_k (_resolve_top_k)
     engine: EngineConfig = Field(default_factory=EngineConfig)
-    agent: AgentConfig = Field(default_factory=AgentConfig)
+    agent: AgentConfig = Field(default_factory=lambda: AgentConfig.model_validate({}))  # its max_turns resolved
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     features: FeaturesConfig = Field(default_factory=FeaturesConfig)
@@ -980,6 +1021,24 @@ class RunConfig(StrictModel):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     serve_agent: ServeAgentConfig = Field(default_factory=ServeAgentConfig)
     agent_train: AgentTrainConfig = Field(default_factory=AgentTrainConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_top_k(cls, data: Any) -> Any:
+        """A retrieval.top_k of None (or none given) becomes the agent protocol's default."""
+        if not isinstance(data, dict):
+            return data
+        agent = data.get("agent")
+        protocol = (
+            agent.protocol
+            if isinstance(agent, AgentConfig)
+            else agent.get("protocol")
+            if isinstance(agent, dict)
+            else None
+        )
+        defaults = PROTOCOL_DEFAULTS.get(protocol or AgentConfig.model_fields["protocol"].default)
+        retrieval = data.get("retrieval", {})
+        return {**data, "retrieval": _filled(retrieval, "top_k", defaults.top_k if defaults else None)}
 
     @model_validator(mode="after")
     def _check_backend(self) -> RunConfig:
