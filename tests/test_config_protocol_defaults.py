@@ -59,11 +59,11 @@ def test_a_bad_section_is_reported_not_crashed_on():
 
 
 def test_one_place_computes_the_protocol_defaults():
-    """Only the config reads PROTOCOL_DEFAULTS; no consumer falls back to a default of its own."""
-    fallbacks = re.compile(
-        r"PROTOCOL_DEFAULTS|visible_docs|turn_limit\(|default_top_k|DEFAULT_TOPK|max_turns_by_format"
+    """Only the config's agent and run modules read PROTOCOL_DEFAULTS (the two validators); no consumer falls back
+    to a default of its own."""
+    fallbacks = re.compile(r"visible_docs|turn_limit\(|default_top_k|DEFAULT_TOPK|max_turns_by_format")
+    assert [str(p) for p in RAYPIPE.rglob("*.py") if fallbacks.search(p.read_text())] == []
+    readers = sorted(
+        str(path.relative_to(RAYPIPE)) for path in RAYPIPE.rglob("*.py") if "PROTOCOL_DEFAULTS.get(" in path.read_text()
     )
-    users = sorted(
-        str(path.relative_to(RAYPIPE)) for path in RAYPIPE.rglob("*.py") if fallbacks.search(path.read_text())
-    )
-    assert users == ["core/config.py"]
+    assert readers == ["core/config/agent.py", "core/config/run.py"]
