@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from raypipe.agents import R1Searcher, SearchR1, build_loop, build_protocol, visible_docs
+from raypipe.agents import R1Searcher, SearchR1, build_loop, build_protocol
 from raypipe.agents.protocol import ANSWER, INVALID, SEARCH, Action
 from raypipe.core.config import AgentConfig, load_config
 from raypipe.testing.fakes import FakeEngine, FakeRetriever, hit
@@ -265,19 +265,17 @@ def test_enforcement_bounds_come_from_the_agent_section():
     )
 
 
-def test_turn_limit_and_visible_docs_default_to_the_protocol():
-    config = load_config("embedded", ["agent.protocol=r1_searcher", "agent.max_turns=null", "retrieval.top_k=null"])
-    protocol = build_protocol(config.agent)
-    assert protocol.turn_limit(config.agent) == protocol.default_max_turns == 10
-    assert visible_docs(config) == visible_docs(config, protocol) == R1Searcher.default_top_k
-    config.agent.max_turns, config.retrieval.top_k = 2, 7
-    assert protocol.turn_limit(config.agent) == 2 and visible_docs(config, protocol) == 7
+def test_turn_plan_reads_the_resolved_turn_limit():
+    config = load_config("embedded", ["agent.protocol=r1_searcher", "agent.max_turns=null"])
+    assert build_protocol(config.agent).turn_plan(config.agent) == (10, 10)  # R1-Searcher's default under pyterrier
+    config.agent.max_turns = 2
+    assert build_protocol(config.agent).turn_plan(config.agent) == (2, 2)
 
 
 def test_build_loop_reads_the_run_config():
     config = load_config("embedded", ["retrieval.top_k=5", "retrieval.deep_k=2", "seed=3"])
     loop = build_loop(config, ENGINE, FakeRetriever())
-    assert (loop.top_k, loop.deep_k, loop.seed, loop.max_turns) == (5, 5, 3, config.agent.max_turns)
+    assert (loop.top_k, loop.deep_k, loop.seed) == (5, 5, 3)
     assert loop.agent is config.agent and isinstance(loop.protocol, SearchR1)
 
 
@@ -302,7 +300,7 @@ def test_gpu_presets_are_the_seed_setup(preset, temperature, new_tokens):
     ``_r1searcher.py`` ``max_turn=10``; no final answer at the turn limit (``_base.py``)."""
     config = load_config(preset)
     agent = config.agent
-    assert visible_docs(config) == 3 and build_protocol(agent).turn_limit(agent) == 10
+    assert config.retrieval.top_k == 3 and agent.max_turns == 10
     assert (agent.temperature, agent.max_new_tokens, agent.probe_max_tokens) == (temperature, new_tokens, new_tokens)
     assert agent.observation_format == "pyterrier" and agent.at_limit == "none" and agent.enforcement == "none"
 
@@ -318,4 +316,4 @@ def test_cpu_presets_mark_every_agent_deviation_from_the_seed(preset):
         if value != gpu[key]:
             line = next(line for line in lines if line.strip().startswith(f"{key}:"))
             assert "seed:" in line, f"{preset}: agent.{key}={value!r} differs from the seed's {gpu[key]!r} unmarked"
-    assert visible_docs(config) == 3
+    assert config.retrieval.top_k == 3

@@ -141,10 +141,14 @@ def test_r1_searcher_original_uses_one_generation_less_than_its_limit():
     agent_requests = [r for r in engine.requests if not r.prompt.endswith("<answer>")]
     assert len(agent_requests) == 2 and out.trajectory["stop_reason"] == "max_turns"
     assert out.trajectory["final_answer"] is None and out.iterations[1]["query"] == " Hamlet author "
-    assert R1Searcher("original").turn_plan(AgentConfig()) == (9, 9)
-    pyterrier = (R1Searcher("pyterrier").turn_plan(AgentConfig()), SearchR1("pyterrier").turn_plan(AgentConfig()))
+    original = AgentConfig(protocol="r1_searcher", observation_format="original")  # its default limit: 10
+    assert R1Searcher("original").turn_plan(original) == (9, 9)
+    pyterrier = (
+        R1Searcher("pyterrier").turn_plan(AgentConfig(protocol="r1_searcher")),
+        SearchR1("pyterrier").turn_plan(AgentConfig()),
+    )
     assert pyterrier == ((10, 10), (10, 10))
-    assert SearchR1("original").turn_plan(AgentConfig()) == (5, 4)
+    assert SearchR1("original").turn_plan(AgentConfig(observation_format="original")) == (5, 4)  # its limit: 4
 
 
 def test_invalid_action_stops_pyterrier_and_is_corrected_in_search_r1_original():

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from raypipe.agents.factory import build_protocol, visible_docs
+from raypipe.agents.factory import build_protocol
 from raypipe.agenttrain.trajectories import AGENT, CONTEXT, PROMPT, contains, run_build, summarize, write_outputs
 from raypipe.core.config import load_config
 from raypipe.data.loaders import load_corpus
@@ -50,7 +50,7 @@ def test_prompts_are_the_agent_loops(built):
 def test_observations_are_what_the_retriever_returns(built):
     config, retriever, _, _, kept, _ = built
     protocol = build_protocol(config.agent)
-    top_k = visible_docs(config, protocol)
+    top_k = config.retrieval.top_k
     for row in kept:
         blocks = observations(row)
         assert len(blocks) == row["searches"]
@@ -98,7 +98,7 @@ def test_trajectories_in_the_r1_searcher_format_follow_its_prompt_tags_and_enfor
     asked = [*questions[:8], quoted]
     kept, rejected = run_build(asked, config, retriever, {p.doc_id: p for p in load_corpus()}, tokenizer)
     assert kept and all(r["reason"] != "format" for r in rejected) and quoted.qid in {r["qid"] for r in kept}
-    top_k = visible_docs(config, protocol)
+    top_k = config.retrieval.top_k
     for row in kept:
         assert row["segments"][0]["text"] == protocol.prompt(row["question"], tokenizer.apply_chat_template)
         agent = [s["text"] for s in row["segments"] if s["kind"] == AGENT]

@@ -87,7 +87,11 @@ def test_paired_statistics_on_the_shared_questions(runs):
 
 def test_config_differences_are_the_settings_that_differ(runs):
     diff = compare_runs(runs, samples=50).config_diff
-    assert diff.to_dict("records") == [{"setting": "agent.protocol", "base": "search_r1", "probe_off": "r1_searcher"}]
+    assert diff.to_dict("records") == [
+        {"setting": "agent.protocol", "base": "search_r1", "probe_off": "r1_searcher"},
+        # each config.yaml holds the protocol's documents read (resolved when the config is built), as a probe run's
+        {"setting": "retrieval.top_k", "base": "3", "probe_off": "5"},
+    ]
 
 
 def test_exact_match_is_computed_from_the_stored_answers(runs):

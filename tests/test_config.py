@@ -81,3 +81,26 @@ def test_a_preset_cycle_is_refused(tmp_path):
     (tmp_path / "b.yaml").write_text(f"extends: {tmp_path / 'a.yaml'}\n")
     with pytest.raises(ConfigError, match="cycle"):
         load_config(str(tmp_path / "a.yaml"))
+
+
+def test_the_config_package_exports_every_section_name():
+    """``raypipe.core.config`` is a package of one module per section; every public name defined in one of them is
+    imported from the package itself, as it was from the one module it replaced."""
+    import importlib
+    import pkgutil
+    import types
+
+    import raypipe.core.config as package
+
+    assert {m.name for m in pkgutil.iter_modules(package.__path__)} >= {"agent", "retrieval", "run", "load"}
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        defined = {
+            name
+            for name, value in vars(module).items()
+            if not name.startswith("_")
+            and not isinstance(value, types.ModuleType)
+            and getattr(value, "__module__", module.__name__) == module.__name__
+        } - {"annotations", "fill_missing"}  # the __future__ flag; the validators' own helper
+        assert defined <= set(package.__all__), f"{info.name}: {sorted(defined - set(package.__all__))}"
+        assert all(getattr(package, name) is getattr(module, name) for name in defined)

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from raypipe.agents.probe_run import check_resumable, done_qids, resolve_config
+from raypipe.agents.probe_run import check_resumable, done_qids
 from raypipe.analysis.probe_summary import format_summary, summarize
 from raypipe.core.config import load_config
 from raypipe.core.rundir import PARTIAL_SUFFIX, RunDir
@@ -187,7 +187,7 @@ def test_rerun_with_other_settings_is_refused(tmp_path):
     run = RunDir(tmp_path / "run")
     stage = GenerateStage(CONFIG, FakeRetriever(), engine_factory=scripted_engine)
     write_batch(run, stage(pa.Table.from_pylist(question_items(questions(2)))), "part-a")
-    run.write_config(resolve_config(CONFIG))
+    run.write_config(CONFIG)
     assert done_qids(run) == {"id0", "id1"}
     check_resumable(load_config("embedded", ["data.limit=3"]), run)  # data changes are fine
     with pytest.raises(Exception, match="agent.probe_max_tokens"):
@@ -348,7 +348,7 @@ def written_run(path, n=2) -> RunDir:
     stage = GenerateStage(CONFIG, FakeRetriever(), engine_factory=scripted_engine)
     write_batch(run, stage(pa.Table.from_pylist(question_items(questions(n)))), "part-a")
     stage.close()
-    run.write_config(resolve_config(CONFIG))
+    run.write_config(CONFIG)
     return run
 
 

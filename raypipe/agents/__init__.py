@@ -13,7 +13,7 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     globals(),
     {
-        "factory": ("build_loop", "build_protocol", "visible_docs"),
+        "factory": ("build_loop", "build_protocol"),
         "loop": ("AgentLoop", "TrajectoryOutput"),
         "protocol": ("Action", "AgentProtocol"),
         "r1_searcher": ("R1Searcher",),
@@ -30,5 +30,4 @@ __all__ = [
     "TrajectoryOutput",
     "build_loop",
     "build_protocol",
-    "visible_docs",
 ]

@@ -1,4 +1,4 @@
-"""A run config's agent: its protocol, the documents it reads per search, and its loop."""
+"""A run config's agent: its protocol and its loop."""
 
 from __future__ import annotations
 
@@ -19,11 +19,6 @@ def build_protocol(agent: AgentConfig) -> AgentProtocol:
     return SearchR1(agent.observation_format)
 
 
-def visible_docs(config: RunConfig, protocol: AgentProtocol | None = None) -> int:
-    """Documents the agent reads per search: ``retrieval.top_k``, else the protocol's default."""
-    return config.retrieval.top_k or (protocol or build_protocol(config.agent)).default_top_k
-
-
 def build_loop(
     config: RunConfig,
     engine: Engine,
@@ -34,7 +29,7 @@ def build_loop(
 ) -> AgentLoop:
     """The loop of ``config``'s agent; a search retrieves ``retrieval.deep_k`` documents, at least those it reads."""
     protocol = protocol or build_protocol(config.agent)
-    top_k = visible_docs(config, protocol)
+    top_k = config.retrieval.top_k
     return AgentLoop(
         engine,
         retriever,

@@ -184,7 +184,6 @@ class AgentLoop:
         self.retriever = retriever
         self.protocol = protocol
         self.agent = agent
-        self.max_turns = protocol.turn_limit(agent)
         self.top_k, self.deep_k, self.seed = top_k, deep_k, seed
         self.controller = controller
         self.schedule: Schedule = barrier if barrier is not None else Concurrent()

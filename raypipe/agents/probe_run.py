@@ -1,6 +1,5 @@
 """What a probe run directory records about its run, and what a rerun finds already written.
 
-- :func:`resolve_config`: the config with the protocol's defaults filled in (what ran), the run's ``config.yaml``.
 - :func:`run_info`: what the config does not say (stop strings, enforcement regexes, package versions), the
   run's ``probe_info.yaml`` (:data:`INFO_FILE`); the job adds to it with :func:`update_info`.
 - :func:`check_resumable`: a rerun into the same directory must keep the settings that make a trajectory.
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from raypipe.agents.factory import build_protocol, visible_docs
+from raypipe.agents.factory import build_protocol
 from raypipe.core.adapter import read_manifest
 from raypipe.core.config import ConfigError, RunConfig
 from raypipe.core.models import locate_adapter
@@ -52,15 +51,6 @@ OPERATIONAL = {
         "serve_max_batch_results",
     },
 }
-
-
-def resolve_config(config: RunConfig) -> RunConfig:
-    """The config with the protocol's defaults filled in (turn limit, visible documents): what ran."""
-    resolved = config.model_copy(deep=True)
-    protocol = build_protocol(config.agent)
-    resolved.agent.max_turns = protocol.turn_limit(config.agent)
-    resolved.retrieval.top_k = visible_docs(config, protocol)
-    return resolved
 
 
 def run_info(config: RunConfig) -> dict:
@@ -127,7 +117,7 @@ def check_resumable(config: RunConfig, run_dir: RunDir) -> None:
     if not path.exists() or not run_dir.has("trajectories"):
         return
     old = yaml.safe_load(path.read_text()) or {}
-    new = resolve_config(config).model_dump(mode="json")
+    new = config.model_dump(mode="json")
     changed = [
         f"{section}.{key}"
         for section in RESULT_SECTIONS

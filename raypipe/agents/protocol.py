@@ -46,27 +46,16 @@ class AgentProtocol(ABC):
     search_close: str
     answer_open: str = "<answer>"
     answer_close: str = "</answer>"
-    default_top_k: int
-    max_turns_by_format: dict[str, int]  # the turn limit of each implementation
 
     def __init__(self, observation_format: ObservationFormat = "pyterrier"):
         if observation_format not in OBSERVATION_FORMATS:
             raise ValueError(f"unknown observation format {observation_format!r}; choose one of {OBSERVATION_FORMATS}")
         self.observation_format = observation_format
 
-    @property
-    def default_max_turns(self) -> int:
-        return self.max_turns_by_format[self.observation_format]
-
-    def turn_limit(self, agent: AgentConfig) -> int:
-        """The configured turn limit, else the one of the implementation the format follows."""
-        return agent.max_turns or self.default_max_turns
-
     def turn_plan(self, agent: AgentConfig) -> tuple[int, int]:
-        """(generations, how many of them may search): the turn limit for both in pyterrier-rag's loop
-        (``_base.py`` ``for turn in range(self.max_turn)``); the original formats override it."""
-        limit = self.turn_limit(agent)
-        return limit, limit
+        """(generations, how many of them may search): the turn limit (``agent.max_turns``) for both in
+        pyterrier-rag's loop (``_base.py`` ``for turn in range(self.max_turn)``); the original formats override it."""
+        return agent.max_turns, agent.max_turns
 
     @property
     def stops_on_empty_results(self) -> bool:

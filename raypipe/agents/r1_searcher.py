@@ -81,8 +81,6 @@ def _clean_query(query: str) -> str:
 class R1Searcher(AgentProtocol):
     name = "r1_searcher"
     search_open, search_close = "<|begin_of_query|>", "<|end_of_query|>"
-    default_top_k = 5
-    max_turns_by_format = {"original": 10, "pyterrier": 10}  # the eval's k == 9 cut; pyterrier-rag 0.3.0
 
     def __init__(self, observation_format: ObservationFormat = "pyterrier", prompt_version: str = "v1"):
         super().__init__(observation_format)
@@ -103,7 +101,7 @@ class R1Searcher(AgentProtocol):
     def turn_plan(self, agent: AgentConfig) -> tuple[int, int]:
         if self.observation_format == "pyterrier":
             return super().turn_plan(agent)
-        usable = max(self.turn_limit(agent) - 1, 1)  # the last round's output is discarded
+        usable = max(agent.max_turns - 1, 1)  # the last round's output is discarded
         return usable, usable
 
     def parse_query(self, output: str) -> str:

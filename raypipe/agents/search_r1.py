@@ -43,9 +43,6 @@ CORRECTION = (
 class SearchR1(AgentProtocol):
     name = "search_r1"
     search_open, search_close = "<search>", "</search>"
-    default_top_k = 3
-    # Search-R1's evaluation (scripts/nq_hotpotqa/evaluate.sh max_turns=4); pyterrier-rag 0.3.0's max_turn=10
-    max_turns_by_format = {"original": 4, "pyterrier": 10}
 
     def prompt(self, question: str, chat_template) -> str:
         question = question.strip()
@@ -61,7 +58,7 @@ class SearchR1(AgentProtocol):
         return CORRECTION if self.observation_format == "original" else None
 
     def turn_plan(self, agent: AgentConfig) -> tuple[int, int]:
-        limit = self.turn_limit(agent)
+        limit = agent.max_turns
         return (limit + 1, limit) if self.observation_format == "original" else (limit, limit)
 
     def parse_original(self, output: str) -> Action:

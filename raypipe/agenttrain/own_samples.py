@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from raypipe.agents.factory import build_loop, visible_docs
+from raypipe.agents.factory import build_loop
 from raypipe.agenttrain.trajectories import (
     FormatError,
     ScriptedEngine,
@@ -85,7 +85,7 @@ async def replay(question: Question, run_row: dict[str, Any], config: RunConfig,
         raise ReplayError(f"{question.qid}: the replayed transcript differs from the run's")
     check_enforcement(protocol, loop_config, engine.outputs)
     searched = [row for row in out.iterations[1:] if row["query"] is not None]
-    top_k = visible_docs(loop_config, protocol)  # what the agent read of each search's deep list
+    top_k = loop_config.retrieval.top_k  # what the agent read of each search's deep list
     return {
         "qid": question.qid,
         "dataset": question.dataset,

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raypipe.agents.factory import build_loop, build_protocol, visible_docs
+from raypipe.agents.factory import build_loop, build_protocol
 from raypipe.agents.protocol import ANSWER, SEARCH, AgentProtocol
 from raypipe.core.config import RunConfig
 from raypipe.core.metrics import normalize_answer
@@ -117,7 +117,7 @@ class Planner:
     def __init__(self, config: RunConfig, retriever: Retriever, corpus: dict[str, Passage]):
         self.config, self.retriever, self.corpus = config, retriever, corpus
         self.protocol = build_protocol(config.agent)
-        self.top_k = visible_docs(config, self.protocol)
+        self.top_k = config.retrieval.top_k
         self.deep_k = max(config.retrieval.deep_k, self.top_k)
         agent = config.agent
         self.max_searches = min(config.agent_train.max_searches, self.protocol.turn_plan(agent)[1] - 1)

@@ -45,18 +45,17 @@ def run_tree(run_path: Path) -> tuple[dict[str, Any], list[str]]:
 
 
 def effective_values(tree: dict[str, Any]) -> dict[str, Any]:
-    """Values a protocol resolves: the documents the agent reads, its turn limit."""
-    from raypipe.agents.factory import build_protocol
-    from raypipe.core.config import AgentConfig
+    """Values a protocol resolves: the documents the agent reads, its turn limit (as the run config is built)."""
+    from raypipe.core.config import RunConfig
 
-    agent_tree = dict(tree.get("agent") or {})
-    try:
-        agent = AgentConfig.model_validate(agent_tree)
+    retrieval = tree.get("retrieval") or {}
+    try:  # the agent section and top_k only: other sections may hold keys of another version
+        config = RunConfig.model_validate(
+            {"agent": tree.get("agent") or {}, "retrieval": {"top_k": retrieval.get("top_k")}}
+        )
     except ValueError:  # a config from another version: resolve nothing rather than guess
         return {}
-    protocol = build_protocol(agent)
-    top_k = (tree.get("retrieval") or {}).get("top_k")
-    return {"max_turns": protocol.turn_limit(agent), "top_k": top_k or protocol.default_top_k}
+    return {"max_turns": config.agent.max_turns, "top_k": config.retrieval.top_k}
 
 
 def lookup(tree: dict[str, Any], effective: dict[str, Any], key: str) -> Any:

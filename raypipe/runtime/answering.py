@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from raypipe.agents import build_loop, build_protocol, visible_docs
+from raypipe.agents import build_loop, build_protocol
 from raypipe.agents.answer_api import (
     Answer,
     AnswerRequest,
@@ -43,7 +43,7 @@ from raypipe.agents.answer_api import (
 )
 from raypipe.agents.hooks import StopController
 from raypipe.agents.loop import IterationObserver, TrajectoryOutput
-from raypipe.agents.probe_run import INFO_FILE, check_resumable, resolve_config, run_info
+from raypipe.agents.probe_run import INFO_FILE, check_resumable, run_info
 from raypipe.core.config import EngineConfig, RunConfig, StoppingConfig
 from raypipe.core.rundir import RunDir
 from raypipe.core.schema import STOP_CONTROLLER
@@ -122,7 +122,7 @@ class RequestLog:
     def __init__(self, run_dir: RunDir, config: RunConfig, engine_json: str):
         check_resumable(config, run_dir)  # a log of other agent/engine/retrieval settings is refused
         run_dir.path.mkdir(parents=True, exist_ok=True)
-        run_dir.write_config(resolve_config(config))
+        run_dir.write_config(config)
         service = {"command": "raypipe serve-agent", "deployment": config.serve_agent.deployment}
         info = {**run_info(config), "service": service}
         (run_dir.path / INFO_FILE).write_text(yaml.safe_dump(info, sort_keys=False))
@@ -153,7 +153,6 @@ class AgentAnswerer:
         self.config, self.engine, self.retriever, self.policies = config, engine, retriever, policies
         self.request_log = request_log
         self.protocol = build_protocol(config.agent)
-        self.visible = visible_docs(config, self.protocol)
 
     @classmethod
     async def start(
@@ -193,7 +192,7 @@ class AgentAnswerer:
         searching = self.protocol.turn_plan(config.agent)[1]
         trajectory = output.trajectory
         left = max(searching - trajectory["n_iterations"], 0) if trajectory["stop_reason"] == STOP_CONTROLLER else 0
-        return Answer(request, output, policy, predictions, self.visible, left)
+        return Answer(request, output, policy, predictions, config.retrieval.top_k, left)
 
     def describe(self) -> dict[str, Any]:
         """What ``/health`` shows of the replica's engine, agent and policies: no file path, no address (the
@@ -204,8 +203,8 @@ class AgentAnswerer:
         return {
             "engine": engine,
             "protocol": self.protocol.name,
-            "max_turns": self.protocol.turn_limit(self.config.agent),
-            "documents_read": self.visible,
+            "max_turns": self.config.agent.max_turns,
+            "documents_read": self.config.retrieval.top_k,
             "policies": self.policies.offered(),
             "request_log": self.request_log is not None,
         }

@@ -28,7 +28,6 @@ log = logging.getLogger("raypipe.stages.probe")  # the job's own progress lines,
 def generate(
     udf: type,
     config: RunConfig,
-    resolved: RunConfig,
     run_dir: RunDir,
     todo: list[Question],
     retried: dict,
@@ -49,7 +48,7 @@ def generate(
         stage = BatchStage(
             udf,
             {
-                "config": resolved.model_dump(mode="json"),
+                "config": config.model_dump(mode="json"),
                 "retriever": client,
                 "controller": controller,
                 "engine_factory": engine_factory,
@@ -75,9 +74,7 @@ def generate(
         ds.context.execution_no_progress_timeout_s = -1
         engines: list[dict] = []
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-        progress = GenerationReporter(
-            len(todo), engine_start_hint(config), log=log, turn_limit=resolved.agent.max_turns
-        )
+        progress = GenerationReporter(len(todo), engine_start_hint(config), log=log, turn_limit=config.agent.max_turns)
         try:
             with progress.heartbeat(ledger.read_status):
                 for index, batch in enumerate(ds.iter_batches(batch_size=None, batch_format="pyarrow")):

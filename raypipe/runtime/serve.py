@@ -7,7 +7,8 @@ does (same :func:`~raypipe.runtime.retrieval.open_replica`, so the same ids and 
 HTTP proxy at ``http://HOST:PORT``:
 
 - ``POST /retrieve``: Search-R1's request and response (``raypipe.retrieval.http_client``); a missing or
-  zero ``topk`` falls back to ``retrieval.top_k`` or 3, as Search-R1's server falls back to its ``--topk``.
+  zero ``topk`` falls back to ``retrieval.top_k`` (the agent protocol's default when the config leaves it out:
+  Search-R1's 3, its server's ``--topk``), as Search-R1's server falls back to its ``--topk``.
 - ``GET /health``: status, passages, encoder, the replica, its batch count and its limits (no file paths).
 - raypipe's own corpus endpoints under ``/raypipe`` (:mod:`raypipe.runtime.corpus_service`: passage
   vectors, document frequencies per lexicon, query vectors, the corpus size), which the features stage
@@ -53,10 +54,6 @@ from raypipe.retrieval.types import SearchResult
 from raypipe.runtime.corpus_service import PREFIX, CorpusMethods
 from raypipe.runtime.retrieval import open_replica
 from raypipe.runtime.service import RequestGate, replica_gate, start_proxy, undeploy_app, warn_if_open
-
-DEFAULT_TOPK = (
-    3  # Search-R1's retrieval_server.py --topk default, used when neither the request nor retrieval.top_k sets it
-)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -327,7 +324,7 @@ def retrieval_app(config: RunConfig, index_path: str | Path, token: str | None =
         cfg.search_threads,
         cfg.max_batch_size,
         cfg.max_wait_ms,
-        cfg.top_k or DEFAULT_TOPK,
+        cfg.top_k,
         ServeLimits.from_config(cfg),
         token,
     )

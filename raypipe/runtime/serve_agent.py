@@ -322,7 +322,7 @@ class AgentDeployment:
         """The stream of one admitted request: its iteration rows as they come, then the answer (or the error)."""
         work.add_done_callback(lambda _: rows.put_nowait(None))
         while (row := await rows.get()) is not None:
-            yield sse(iteration_view(row, self.answerer.visible), "iteration")
+            yield sse(iteration_view(row, self.answerer.config.retrieval.top_k), "iteration")
         try:
             yield sse(answer_body(await work), "answer")
         except Exception as exc:  # noqa: BLE001 - the stream has begun (200): its last event says what failed

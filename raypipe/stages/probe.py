@@ -45,7 +45,7 @@ import pyarrow as pa
 import yaml
 
 from raypipe.agents.hooks import StopController
-from raypipe.agents.probe_run import INFO_FILE, check_resumable, done_qids, resolve_config, run_info, update_info
+from raypipe.agents.probe_run import INFO_FILE, check_resumable, done_qids, run_info, update_info
 from raypipe.analysis.headlines import probe_headline
 from raypipe.analysis.probe_summary import format_summary, summarize
 from raypipe.analysis.tracking import StageTracker
@@ -134,8 +134,7 @@ def run_probe(
     if engine_factory is None and config.engine.backend != "openai":  # an HTTP backend's model is the server's
         locate_llm(config.engine.model)  # a missing model fails here, not in every generation actor
     run_dir.path.mkdir(parents=True, exist_ok=True)
-    resolved = resolve_config(config)
-    run_dir.write_config(resolved)
+    run_dir.write_config(config)
     info_path = run_dir.path / INFO_FILE
     info_path.write_text(yaml.safe_dump(run_info(config), sort_keys=False))
     todo, retried = plan_work(config, run_dir, questions)
@@ -177,7 +176,6 @@ def run_probe(
             generate(
                 GenerateStage,
                 config,
-                resolved,
                 run_dir,
                 work,
                 outages,

@@ -33,11 +33,10 @@ log = logging.getLogger(__name__)
 
 def load_histories(run: RunDir, config: RunConfig, qids: set[str]) -> tuple[dict[str, str], dict[str, list[dict]]]:
     """Questions and per-qid iteration rows with their visible documents' titles and texts."""
-    from raypipe.agents import visible_docs
     from raypipe.retrieval.build import corpus_path
     from raypipe.retrieval.store import corpus_documents
 
-    top_k = visible_docs(config)  # what the agent saw; a state selects its documents among them
+    top_k = config.retrieval.top_k  # what the agent saw; a state selects its documents among them
     questions = dict(zip(*run.read("trajectories", ["qid", "question"]).to_pydict().values()))
     rows: dict[str, list[dict]] = {}
     for row in run.read("iterations").to_pylist():
