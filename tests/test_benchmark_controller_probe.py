@@ -37,6 +37,7 @@ def test_job_figures_read_the_run(bench, tmp_path):
     assert figures["final_f1"] == pytest.approx(1.0)  # the null F1 is not counted as 0 by the mean
     assert figures["after_start_s"] == pytest.approx(40.0)  # after the slower engine's start
     assert figures["decisions"] == 2 and figures["decision_s"] == pytest.approx(0.2)
+    assert figures["decision_median_s"] == pytest.approx(0.2)
     assert figures["iteration_engine_s"] == pytest.approx(3.0)  # iteration 0 (no retrieval) left out
 
 
@@ -50,6 +51,7 @@ def test_report_divides_the_wall_saved_by_the_iterations_saved(bench):
             "final_f1": f1,
             "decisions": 80 if decision_s else 0,
             "decision_s": decision_s,
+            "decision_median_s": decision_s,
             "iteration_engine_s": 1.0 if decision_s else None,
         }
 
