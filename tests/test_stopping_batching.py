@@ -103,3 +103,52 @@ def test_concurrent_trajectories_get_the_decisions_they_get_one_at_a_time():
     assert batched == asyncio.run(alone())
     assert any(r is not None for r in batched) and any(r is None for r in batched)  # both outcomes occur
     assert batcher.calls < batcher.predicted  # some decisions shared a call
+
+
+def test_warm_builds_the_predictor_on_the_worker_thread_before_the_first_decision():
+    built = threading.Event()
+    threads = []
+
+    def factory():
+        threads.append(threading.current_thread().name)
+        built.set()
+        return GatedPredictor()
+
+    batcher = PredictionBatcher(factory)
+    batcher.warm()
+    assert built.wait(5)  # no prediction asked for: the load ran on its own
+    assert threads == ["stop-controller_0"]
+    batcher._predictor.gate.set()
+    assert asyncio.run(batcher.predict(rows("q3", 1), "question?")) == (pytest.approx(0.31), 0.05)
+    assert threads == ["stop-controller_0"]  # built once
+
+
+def test_a_failed_warm_load_is_tried_again_at_the_first_prediction():
+    attempts = []
+
+    def factory():
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise OSError("bundle not readable yet")
+        predictor = GatedPredictor()
+        predictor.gate.set()
+        return predictor
+
+    batcher = PredictionBatcher(factory)
+    batcher.warm()
+    assert asyncio.run(batcher.predict(rows("q2", 1), "question?")) == (pytest.approx(0.21), 0.05)
+    assert len(attempts) == 2
+
+
+def test_online_controller_prepare_starts_the_load():
+    loaded = threading.Event()
+
+    def factory():
+        loaded.set()
+        predictor = GatedPredictor()
+        predictor.gate.set()
+        return predictor
+
+    controller = OnlineController(None, Thresholds(0.5, 0.0), predictor_factory=factory)
+    controller.prepare()
+    assert loaded.wait(5)
