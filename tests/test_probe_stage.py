@@ -396,24 +396,3 @@ def test_the_end_of_job_count_check_catches_a_stage_that_drops_a_row(ray_local, 
         run_probe(
             CONFIG, RunDir(tmp_path / "run"), questions(4), retriever=FakeRetriever(), engine_factory=scripted_engine
         )
-
-
-def test_the_generation_actor_prepares_its_controller_before_the_engine_starts():
-    order = []
-
-    class PreparedController:
-        def prepare(self):
-            order.append("controller prepared")
-
-        async def decide(self, question, history):
-            raise AssertionError("no trajectory runs here")
-
-    def engine(config):
-        order.append("engine built")
-        return FakeEngine(lambda request: "<answer> x </answer>")
-
-    generator = generation.TrajectoryGenerator(
-        load_config("embedded"), FakeRetriever(), controller=PreparedController(), engine_factory=engine
-    )
-    generator.close()
-    assert order == ["controller prepared", "engine built"]

@@ -26,7 +26,4 @@ CONTINUE = StopDecision(stop=False)
 
 
 class StopController(Protocol):
-    """``decide`` after each iteration. A controller may also define ``prepare()``: the generation actor calls
-    it once, before its engine starts, so what the first decision needs loads beside the engine's start."""
-
     async def decide(self, question: str, history: list[OnlineRow]) -> StopDecision: ...

@@ -87,9 +87,6 @@ class TrajectoryGenerator:
         self.protocol = build_protocol(agent)
         self._thread = LoopThread("raypipe-trajectories")
         self._thread.run(self.crash_ledger.engine_starting(self.name))
-        prepare = getattr(controller, "prepare", None)  # the controller's models load beside the engine's start
-        if prepare is not None:
-            prepare()
         started = time.perf_counter()
         engine = (engine_factory or build_engine)(self.config.engine)
         self.engine: Engine = self._thread.run(prepare_engine(engine, self.config, self.protocol))

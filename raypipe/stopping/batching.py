@@ -5,8 +5,7 @@ queued, and a drain task hands everything queued to the predictor's ``predict_ma
 thread (the predictor is not meant for concurrent use; the event loop keeps serving the other trajectories).
 Decisions that arrive while a call runs form the next batch. There is no waiting window: a lone trajectory
 is predicted at once, so batching costs nothing when nothing else is waiting. The predictor is built by
-``factory`` on the worker thread, at first use or earlier by :meth:`PredictionBatcher.warm` (a bundle loads its
-models there).
+``factory`` on the worker thread at first use (a bundle loads its models there).
 """
 
 from __future__ import annotations
@@ -80,19 +79,10 @@ class PredictionBatcher:
         finally:
             self._drainer = None
 
-    def warm(self) -> None:
-        """Build the predictor on the worker thread now, without waiting for it: the first decisions then find
-        it loaded (or loading) instead of each waiting for the load. A failed build is tried again, and its
-        error raised, at the first prediction."""
-        self._executor.submit(self._built)
-
-    def _built(self) -> Predictor:
+    def _predict_many(self, histories: list[History]) -> list[tuple[float, float]]:
         if self._predictor is None:
             self._predictor = self.factory()
-        return self._predictor
-
-    def _predict_many(self, histories: list[History]) -> list[tuple[float, float]]:
-        results = self._built().predict_many(histories)
+        results = self._predictor.predict_many(histories)
         self.calls += 1
         self.predicted += len(histories)
         return [(float(p), float(u)) for p, u in results]

@@ -186,21 +186,12 @@ class OnlineController:
             self._predictions.pop(qid, None)
         return decision
 
-    def prepare(self) -> None:
-        """Start loading the predictor (the bundle's models) on the batcher's thread, beside the engine's start
-        (:class:`raypipe.agents.hooks.StopController`); nothing to load where predictions come from a source."""
-        if self._source is None:
-            self._own_batcher().warm()
-
     async def _predict(self, rows: list[OnlineRow], question: str) -> tuple[float, float]:
         if self._source is not None:
             return await self._source.predict(rows, question)
-        return await self._own_batcher().predict(rows, question)
-
-    def _own_batcher(self) -> PredictionBatcher:
         if self._batcher is None:
             self._batcher = PredictionBatcher(self._factory or self._load_bundle)
-        return self._batcher
+        return await self._batcher.predict(rows, question)
 
     def _load_bundle(self) -> Predictor:
         assert self.bundle_path is not None  # the constructor asks for a bundle, a factory or a source
