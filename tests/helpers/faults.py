@@ -114,16 +114,17 @@ class _CoreKillingVLLMEngine(VLLMEngine):
 
     async def generate(self, request: GenerationRequest) -> Generation:
         fault = self.fault
-        # the once-only kill waits for a request that finds a live core to kill (one sent while this engine has
-        # none listed, as in one CI run, would use up the marker and kill nothing)
-        pids = self.core_pids() if fault.trigger in request.prompt else []
-        if fault.trigger in request.prompt and (fault.marker is None or (pids and fire_once(fault.marker))):
-            for pid in pids:
-                os.kill(pid, signal.SIGKILL)
-            while any(process_running(pid) for pid in pids):  # gone before the request is sent
-                await asyncio.sleep(0.01)
-            if fault.marker is not None:  # which process was killed, for the test to check
-                Path(fault.marker).write_text(" ".join(map(str, pids)))
+        if fault.trigger in request.prompt:
+            pids = self.core_pids()
+            # the once-only kill waits for a request that finds a live core to kill (one sent while this engine has
+            # none listed, as in one CI run, would use up the marker and kill nothing)
+            if fault.marker is None or (pids and fire_once(fault.marker)):
+                for pid in pids:
+                    os.kill(pid, signal.SIGKILL)
+                while any(process_running(pid) for pid in pids):  # gone before the request is sent
+                    await asyncio.sleep(0.01)
+                if fault.marker is not None:  # which process was killed, for the test to check
+                    Path(fault.marker).write_text(" ".join(map(str, pids)))
         return await super().generate(request)
 
 
