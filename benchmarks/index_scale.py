@@ -96,9 +96,9 @@ def index_command(corpus: Path, index_dir: Path, dim: int, block_rows: int) -> l
         "--set",
         f"retrieval.encoder=hash:{dim}",
         "--set",
-        f"retrieval.index_dir={index_dir}",
+        f"retrieval.index.dir={index_dir}",
         "--set",
-        f"retrieval.build_block_rows={block_rows}",
+        f"retrieval.encode.block_rows={block_rows}",
     ]
 
 

@@ -262,7 +262,9 @@ def run_variant(name: str, repeat: int, config: RunConfig, questions, engine, in
     from raypipe.runtime.generation import TrajectoryGenerator
 
     config = variant_config(name, config)
-    retriever = QueryBatcher(index.search_batch, config.retrieval.max_batch_size, config.retrieval.max_wait_ms / 1000)
+    retriever = QueryBatcher(
+        index.search_batch, config.retrieval.actors.max_batch_size, config.retrieval.actors.max_wait_ms / 1000
+    )
     asyncio.run(engine.reset_prefix_cache())
     shared = SharedEngine(engine, reprefill=name == "sequential")
     if name in LOCKSTEP:
@@ -910,7 +912,7 @@ def gib(size: int) -> str:
 
 def open_index(config: RunConfig):
     """The config's index (built if missing) in this process, behind the searcher a retrieval replica holds
-    (``retrieval.search_threads`` applies)."""
+    (``retrieval.actors.search_threads`` applies)."""
     from raypipe.retrieval import encoder_spec, search_params
     from raypipe.runtime.index_build import ensure_index
     from raypipe.runtime.retrieval import open_replica
@@ -920,7 +922,7 @@ def open_index(config: RunConfig):
         str(ensure_index(config, use_ray=False)),
         encoder_spec(retrieval),
         search_params(retrieval),
-        retrieval.search_threads,
+        retrieval.actors.search_threads,
     )
 
 

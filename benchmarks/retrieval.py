@@ -131,10 +131,12 @@ def bench_service_paths(config: RunConfig, args) -> list[dict]:
         actors.shutdown()
     url = deploy_retrieval(config, path, port=args.port)
     try:
-        job_client = HttpRetriever.from_config(cfg.model_copy(update={"url": url}))
+        job_client = HttpRetriever.from_config(
+            cfg.model_copy(update={"http": cfg.http.model_copy(update={"url": url})})
+        )
         rows.append(measure("Serve deployment, raypipe HTTP client", lambda c, qs, k: job_client.search(qs, k)))
         outside = [
-            HttpRetriever(url, cfg.http_timeout_s, cfg.http_retries, max_batch_size=1, max_wait_ms=0)
+            HttpRetriever(url, cfg.http.timeout_s, cfg.http.retries, max_batch_size=1, max_wait_ms=0)
             for _ in range(max(CLIENTS))
         ]
         rows.append(measure("Serve deployment, one POST per query", lambda c, qs, k: outside[c].search(qs, k)))
@@ -164,11 +166,11 @@ def bench_config(base: RunConfig, encoder: str, force: bool) -> RunConfig:
     Its index is the one a job with that encoder uses (for the default encoder, ``make run``'s, whichever
     vectors it holds). ``force``: the index is rebuilt by encoding (shipped vectors off), so the build's
     figures are an encoding's."""
-    update = {"encoder": encoder}
+    update: dict[str, object] = {"encoder": encoder}
     if "@" in encoder:  # minilm@none / minilm@int8: the encoder with that retrieval.encoder_quantization
         update["encoder"], update["encoder_quantization"] = encoder.split("@", 1)
     if force:
-        update["shipped_vectors"] = False
+        update["encode"] = base.retrieval.encode.model_copy(update={"shipped_vectors": False})
     return base.model_copy(update={"retrieval": base.retrieval.model_copy(update=update)})
 
 

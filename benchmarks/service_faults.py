@@ -3,8 +3,8 @@
 Two tables, both on loopback only and bounded (about 3 minutes on 2 cores):
 
 * The service (``raypipe serve-retrieval``'s deployment over the first 40 passages of the bundled corpus, on
-  a local 2-CPU Ray, started with a token, ``retrieval.serve_max_body_bytes`` 1 MiB and
-  ``retrieval.serve_timeout_s`` 3 s, the other limits at their defaults): each row sends one bad request
+  a local 2-CPU Ray, started with a token, ``retrieval.serve.max_body_bytes`` 1 MiB and
+  ``retrieval.serve.timeout_s`` 3 s, the other limits at their defaults): each row sends one bad request
   while 8 well-formed clients search, and reports the answer (status and detail), its time, how many of the
   other clients got their answer with the in-process searcher's ids, and that the service answers
   ``/health`` after it.
@@ -122,11 +122,11 @@ def service_rows(work: Path) -> list[Row]:
         "embedded",
         [
             f"data.corpus={corpus}",
-            f"retrieval.index_dir={work / 'index'}",
-            "retrieval.deployment=raypipe-service-faults",
-            "retrieval.num_cpus=0",
-            "retrieval.serve_max_body_bytes=1048576",
-            "retrieval.serve_timeout_s=3",
+            f"retrieval.index.dir={work / 'index'}",
+            "retrieval.serve.deployment=raypipe-service-faults",
+            "retrieval.actors.num_cpus=0",
+            "retrieval.serve.max_body_bytes=1048576",
+            "retrieval.serve.timeout_s=3",
         ],
     )
     index = ensure_index(config, use_ray=False)
@@ -158,14 +158,14 @@ def bad_requests(config: RunConfig) -> list[tuple[str, Callable[[str], tuple[int
     words = " ".join(["retrieval"] * 400)
     return [
         (
-            f"{cfg.serve_max_queries + 1:,} queries in one request",
-            post("/retrieve", {"queries": ["q"] * (cfg.serve_max_queries + 1)}),
+            f"{cfg.serve.max_queries + 1:,} queries in one request",
+            post("/retrieve", {"queries": ["q"] * (cfg.serve.max_queries + 1)}),
             413,
         ),
         ("topk 10^12", post("/retrieve", {"queries": ["q"], "topk": 10**12}), 422),
         (
-            f"topk {cfg.serve_max_topk:,} on {PASSAGES} passages (all of them come back)",
-            post("/retrieve", {"queries": ["q"], "topk": cfg.serve_max_topk}),
+            f"topk {cfg.serve.max_topk:,} on {PASSAGES} passages (all of them come back)",
+            post("/retrieve", {"queries": ["q"], "topk": cfg.serve.max_topk}),
             200,
         ),
         ("a 2 MiB body with its Content-Length", post("/retrieve", {"queries": ["x" * 2**21]}), 413),
@@ -173,8 +173,8 @@ def bad_requests(config: RunConfig) -> list[tuple[str, Callable[[str], tuple[int
         ("malformed JSON", post("/retrieve", b'{"queries": ["unclosed"'), 422),
         ("queries not a list", post("/retrieve", {"queries": "q", "topk": "many"}), 422),
         (
-            f"{cfg.serve_max_items + 1:,} ids to /raypipe/doc_vectors",
-            post("/raypipe/doc_vectors", {"doc_ids": ["p1"] * (cfg.serve_max_items + 1)}),
+            f"{cfg.serve.max_items + 1:,} ids to /raypipe/doc_vectors",
+            post("/raypipe/doc_vectors", {"doc_ids": ["p1"] * (cfg.serve.max_items + 1)}),
             413,
         ),
         ("an unknown lexicon", post("/raypipe/document_frequencies", {"terms": ["a"], "lexicon": "klingon"}), 400),

@@ -28,7 +28,7 @@ start=$(date +%s)
 "$VENV/bin/python" jobs/probe.py --limit "$N" --out "$OUT/run" \
   --set engine.dtype=bfloat16 --set engine.gpu_memory_utilization=0.5 --set engine.block_size=16 \
   --set generation.actor_num_gpus=0.5 --set generation.actor_num_cpus=2 \
-  --set retrieval.num_gpus=0.25 --set retrieval.faiss_gpu=shard
+  --set retrieval.actors.num_gpus=0.25 --set retrieval.index.faiss_gpu=shard
 elapsed=$(( $(date +%s) - start ))
 "$VENV/bin/python" - "$OUT/run" "$elapsed" <<'PY'
 import sys

@@ -37,7 +37,7 @@ def job_config(corpus, index_dir, *extra):
     """The embedded preset `make run` uses, over a small corpus and index folder."""
     return load_config(
         "embedded",
-        [f"data.corpus={corpus}", f"retrieval.index_dir={index_dir}", "retrieval.build_block_rows=16", *extra],
+        [f"data.corpus={corpus}", f"retrieval.index.dir={index_dir}", "retrieval.encode.block_rows=16", *extra],
     )
 
 
@@ -46,7 +46,9 @@ def test_the_benchmark_reuses_the_index_make_run_builds_from_shipped_vectors(ben
     corpus = tmp_path / "corpus.jsonl"
     with BUNDLED_CORPUS.open() as src:
         corpus.write_text("".join(next(src) for _ in range(N)))
-    encoded = ensure_index(job_config(corpus, tmp_path / "encoded", "retrieval.shipped_vectors=false"), use_ray=False)
+    encoded = ensure_index(
+        job_config(corpus, tmp_path / "encoded", "retrieval.encode.shipped_vectors=false"), use_ray=False
+    )
     job = job_config(corpus, tmp_path / "index")
     exported = shipped_module.export_vectors(encoded, encoder_spec(job.retrieval), tmp_path / "vectors", "test")
     monkeypatch.setattr(shipped_module, "SHIPPED_DIR", exported.parent)  # this corpus's vectors ship
@@ -58,7 +60,7 @@ def test_the_benchmark_reuses_the_index_make_run_builds_from_shipped_vectors(ben
     assert ensure_index(column, use_ray=False) == built  # reused as it is: no IndexMismatchError, no rebuild
     assert load_index_dir(built).manifest["vectors"] == "shipped-float16"
     forced = bench.bench_config(job, job.retrieval.encoder, force=True)  # --force: the build timed is an encoding's
-    assert forced.retrieval.shipped_vectors is False and index_dir_for(forced) == built
+    assert forced.retrieval.encode.shipped_vectors is False and index_dir_for(forced) == built
     with pytest.raises(IndexMismatchError, match="vectors: index has 'shipped-float16', configured 'encoded'"):
         ensure_index(forced, use_ray=False)  # what the benchmark asked for before, without --force
 
@@ -74,4 +76,4 @@ def test_each_column_uses_the_index_folder_a_job_with_its_encoder_uses(bench):
         == index_dir_for(load_config("embedded", ["retrieval.encoder_quantization=int8"]))
         != default
     )
-    assert bench.bench_config(job, "minilm", force=False).retrieval.shipped_vectors is True
+    assert bench.bench_config(job, "minilm", force=False).retrieval.encode.shipped_vectors is True

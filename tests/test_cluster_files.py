@@ -110,8 +110,8 @@ def test_gpu_presets_request_the_cluster_resources(cluster, preset):
     types = cluster["available_node_types"]
     gen, ret = config.generation, config.retrieval
     assert gen.actor_num_gpus == 1 and gen.resources == {GENERATION: 1}
-    assert ret.resources == {RETRIEVAL: 1} and ret.faiss_gpu == "shard"
-    assert ret.num_gpus <= types["retrieval_worker"]["resources"]["GPU"]
+    assert ret.actors.resources == {RETRIEVAL: 1} and ret.index.faiss_gpu == "shard"
+    assert ret.actors.num_gpus <= types["retrieval_worker"]["resources"]["GPU"]
     per_node = types["gpu_worker"]["resources"][GENERATION]
     assert gen.actor_num_cpus * per_node <= 48, "generation actors of one node fit its CPUs"
     assert config.engine.enable_prefix_caching and config.agent.probe

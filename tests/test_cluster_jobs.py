@@ -82,7 +82,7 @@ def test_submit_on_one_node_then_place_actors_on_two_nodes(cluster, paragraph_co
         "--set",
         "generation.resources={raypipe_generation: 1}",
         "--set",
-        "retrieval.resources={raypipe_retrieval: 1}",
+        "retrieval.actors.resources={raypipe_retrieval: 1}",
     ]
     submit(cluster, job_args(corpus, placed) + resources, "raypipe-two-nodes")
     info = yaml.safe_load((placed / "probe_info.yaml").read_text())

@@ -8,7 +8,7 @@ def test_embedded_preset_loads():
     config = load_config("embedded")
     assert config.engine.model == "smollm2"
     assert config.agent.protocol == "search_r1"
-    assert config.retrieval.num_cpus == 0
+    assert config.retrieval.actors.num_cpus == 0
 
 
 def test_overrides_are_parsed_as_yaml():

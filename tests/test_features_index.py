@@ -27,7 +27,7 @@ def index_config(tmp_path_factory):
     root = tmp_path_factory.mktemp("index")
     path = root / "corpus.jsonl"
     path.write_text("".join(json.dumps({"id": i, "contents": f'"{t}"\n{x}'}) + "\n" for i, t, x in PASSAGES))
-    config = load_config("embedded", [f"data.corpus={path}", f"retrieval.index_dir={root / 'idx'}", "ray.num_cpus=2"])
+    config = load_config("embedded", [f"data.corpus={path}", f"retrieval.index.dir={root / 'idx'}", "ray.num_cpus=2"])
     ensure_index(config, use_ray=False)
     return config
 

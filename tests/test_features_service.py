@@ -107,7 +107,7 @@ def test_a_plain_search_r1_server_is_refused_at_start(tmp_path):
     server = SearchR1Server()
     try:
         run = write_synthetic_run(tmp_path / "run", n_questions=2, parts=1)
-        config = load_config("embedded", ["retrieval.backend=http", f"retrieval.url={server.url}"])
+        config = load_config("embedded", ["retrieval.backend=http", f"retrieval.http.url={server.url}"])
         with pytest.raises(CorpusServiceError) as refused:
             run_features(run, config, sentence_factory=HashEncoder)
     finally:

@@ -108,10 +108,10 @@ def test_features_through_the_retrieval_service_equal_an_in_process_index(ray_lo
         "embedded",
         [
             f"data.corpus={corpus}",
-            f"retrieval.index_dir={tmp_path / 'idx'}",
+            f"retrieval.index.dir={tmp_path / 'idx'}",
             "retrieval.encoder=hash:32",
             "features.actors=1",
-            "retrieval.replicas=2",
+            "retrieval.actors.replicas=2",
         ],
     )
     ensure_index(config, use_ray=False)

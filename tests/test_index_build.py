@@ -34,9 +34,9 @@ def config_for(corpus, index_dir, *extra):
         "embedded",
         [
             f"data.corpus={corpus}",
-            f"retrieval.index_dir={index_dir}",
+            f"retrieval.index.dir={index_dir}",
             "retrieval.encoder=hash:32",
-            "retrieval.build_block_rows=10",
+            "retrieval.encode.block_rows=10",
             *extra,
         ],
     )
@@ -95,9 +95,9 @@ def test_minilm_build_equals_corpus_order_encoding(corpus, tmp_path, quantizatio
         "embedded",
         [
             f"data.corpus={corpus}",
-            f"retrieval.index_dir={tmp_path / 'idx'}",
+            f"retrieval.index.dir={tmp_path / 'idx'}",
             f"retrieval.encoder_quantization={quantization}",
-            "retrieval.build_block_rows=20",
+            "retrieval.encode.block_rows=20",
         ],
     )
     idx = load_index_dir(ensure_index(config, use_ray=False))
@@ -184,7 +184,7 @@ def test_duplicate_ids_across_blocks_name_both_rows(tmp_path):
     rows[11]["id"] = "d2"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(DataError, match="duplicate passage id 'd2' \\(corpus rows 2 and 11\\)"):
-        ensure_index(config_for(path, tmp_path / "idx", "retrieval.build_block_rows=5"), use_ray=False)
+        ensure_index(config_for(path, tmp_path / "idx", "retrieval.encode.block_rows=5"), use_ray=False)
 
 
 def test_serving_maps_the_doc_store_and_the_flat_index(corpus, tmp_path):

@@ -70,7 +70,7 @@ def test_good_import_records_the_source_and_searches(published, tmp_path):
             f"data.corpus={corpus}",
             f"retrieval.encoder=hash:{DIM}",
             "retrieval.encoder_prefixes=e5",
-            f"retrieval.index_dir={out}",
+            f"retrieval.index.dir={out}",
         ],
     )
     assert ensure_index(config, use_ray=False) == out
@@ -169,7 +169,7 @@ def test_probe_run_over_an_imported_index(published, ray_local, tmp_path):
             f"data.corpus={corpus}",
             f"retrieval.encoder=hash:{DIM}",
             "retrieval.encoder_prefixes=e5",
-            f"retrieval.index_dir={out}",
+            f"retrieval.index.dir={out}",
             "generation.batch_size=2",
             "retrieval.deep_k=5",
         ],

@@ -215,7 +215,7 @@ def test_gpu_presets_keep_runs_index_and_training_on_the_shared_mount(preset):
 
     config = load_config(preset)
     assert config.runs_dir == "/mnt/raypipe/runs"
-    assert config.retrieval.index_dir.startswith("/mnt/raypipe/index/")
+    assert config.retrieval.index.dir.startswith("/mnt/raypipe/index/")
     assert (
         storage_location(config.ray.storage_path, "/mnt/raypipe/runs/x", "stoprag/ray_train")
         == "/mnt/raypipe/train/x/stoprag/ray_train"

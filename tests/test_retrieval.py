@@ -44,7 +44,7 @@ def tiny_corpus(tmp_path_factory):
 
 
 def tiny_config(corpus, index_dir, *extra):
-    return load_config("embedded", [f"data.corpus={corpus}", f"retrieval.index_dir={index_dir}", *extra])
+    return load_config("embedded", [f"data.corpus={corpus}", f"retrieval.index.dir={index_dir}", *extra])
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +138,7 @@ def test_rebuild_of_unchanged_corpus_is_a_noop(built, monkeypatch):
 
 def test_other_build_settings_need_force(built):
     config, index_dir = built
-    other = tiny_config(config.data.corpus, index_dir, "retrieval.fp16=true")
+    other = tiny_config(config.data.corpus, index_dir, "retrieval.index.fp16=true")
     with pytest.raises(IndexMismatchError, match="fp16"):
         ensure_index(other, use_ray=False)
 

@@ -159,11 +159,11 @@ def test_health_without_a_health_endpoint_is_a_first_call(server_factory):
 
 
 def test_config_and_url_checks():
-    with pytest.raises(ConfigError, match="needs retrieval.url"):
+    with pytest.raises(ConfigError, match="needs retrieval.http.url"):
         HttpRetriever.from_config(load_config("embedded", ["retrieval.backend=http"]).retrieval)
     client = HttpRetriever.from_config(
         load_config(
-            "embedded", ["retrieval.backend=http", "retrieval.url=http://h:1/", "retrieval.http_retries=5"]
+            "embedded", ["retrieval.backend=http", "retrieval.http.url=http://h:1/", "retrieval.http.retries=5"]
         ).retrieval
     )
     assert (client.url, client.retries) == ("http://h:1", 5)
@@ -196,10 +196,10 @@ def test_a_server_that_dies_mid_run_ends_rows_with_retrieval_error(server_factor
         "embedded",
         [
             "retrieval.backend=http",
-            f"retrieval.url={server.url}",
-            "retrieval.http_retries=1",
-            "retrieval.max_batch_size=4",
-            "retrieval.max_wait_ms=20",
+            f"retrieval.http.url={server.url}",
+            "retrieval.http.retries=1",
+            "retrieval.actors.max_batch_size=4",
+            "retrieval.actors.max_wait_ms=20",
             "generation.max_concurrent_trajectories=12",
         ],
     )

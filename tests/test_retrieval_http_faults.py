@@ -109,7 +109,7 @@ def test_hang_ups_and_408_are_retried_other_4xx_are_not(serve):
 
 def test_a_408_from_serves_proxy_is_retried_and_each_try_has_its_own_deadline(serve):
     """What docs/retrieval.md says: a 408 (here Serve's proxy's, plain text) is retried, and the deadline
-    (retrieval.http_timeout_s) is per HTTP call: two tries of 0.35 s each succeed under a 0.5 s deadline."""
+    (retrieval.http.timeout_s) is per HTTP call: two tries of 0.35 s each succeed under a 0.5 s deadline."""
     replies = iter([Reply(408, b"Request 1a2b timed out after 60.0s.", delay_s=0.35), None])
 
     def script(request: Received) -> Reply:
@@ -146,9 +146,9 @@ def test_the_size_limit_and_deadline_come_from_the_config():
         "embedded",
         [
             "retrieval.backend=http",
-            "retrieval.url=http://h:1",
-            "retrieval.http_max_response_bytes=5000",
-            "retrieval.http_timeout_s=2",
+            "retrieval.http.url=http://h:1",
+            "retrieval.http.max_response_bytes=5000",
+            "retrieval.http.timeout_s=2",
         ],
     ).retrieval
     client = HttpRetriever.from_config(cfg)

@@ -37,10 +37,10 @@ def config(tmp_path_factory):
         "embedded",
         [
             f"data.corpus={corpus}",
-            f"retrieval.index_dir={index_dir}",
-            "retrieval.replicas=2",
-            "retrieval.encode_batch_size=16",
-            "retrieval.max_wait_ms=20",
+            f"retrieval.index.dir={index_dir}",
+            "retrieval.actors.replicas=2",
+            "retrieval.encode.batch_size=16",
+            "retrieval.actors.max_wait_ms=20",
         ],
     )
 

@@ -66,15 +66,15 @@ def config(tmp_path_factory):
         "embedded",
         [
             f"data.corpus={corpus}",
-            f"retrieval.index_dir={tmp_path_factory.mktemp('idx') / 'tiny'}",
-            "retrieval.max_wait_ms=10",
-            "retrieval.deployment=raypipe-test-retrieval",
-            "retrieval.num_cpus=0",
+            f"retrieval.index.dir={tmp_path_factory.mktemp('idx') / 'tiny'}",
+            "retrieval.actors.max_wait_ms=10",
+            "retrieval.serve.deployment=raypipe-test-retrieval",
+            "retrieval.actors.num_cpus=0",
             "ray.num_cpus=2",
             "generation.batch_size=4",
             "generation.actors=1",
             "generation.actor_num_cpus=0.5",
-            "retrieval.serve_max_body_bytes=100000",
+            "retrieval.serve.max_body_bytes=100000",
         ],
     )
     ensure_index(config, use_ray=False)
@@ -99,7 +99,7 @@ def test_command_prints_its_url_and_stops_cleanly_on_sigterm(config, tmp_path):
     port, token = free_port(), "t0ken-for-the-test"
     settings = [
         f"data.corpus={config.data.corpus}",
-        f"retrieval.index_dir={config.retrieval.index_dir}",
+        f"retrieval.index.dir={config.retrieval.index.dir}",
         "ray.num_cpus=1",
     ]
     proc = subprocess.Popen(
@@ -182,7 +182,7 @@ def test_every_path_returns_the_in_job_ids_and_scores(config, local, service):
         actors.shutdown()
     over_http = HttpRetriever(service).search_batch(queries, k)
     by_handle = asyncio.run(
-        ServeRetriever(config.retrieval.deployment, config.retrieval.serve_timeout_s).search(queries, k)
+        ServeRetriever(config.retrieval.serve.deployment, config.retrieval.serve.timeout_s).search(queries, k)
     )
     assert in_job == expected
     assert ids_and_scores(over_http) == expected  # scores exactly: floats survive JSON
@@ -225,7 +225,9 @@ def test_corpus_calls_answer_as_the_in_job_actors(config, local, service):
     try:
         transports = {
             "actors": ReplicaTransport(actors),
-            "serve": ServeTransport(ServeRetriever(config.retrieval.deployment, config.retrieval.serve_timeout_s)),
+            "serve": ServeTransport(
+                ServeRetriever(config.retrieval.serve.deployment, config.retrieval.serve.timeout_s)
+            ),
             "http": HttpTransport(HttpRetriever(service), chunk=4),
         }
         got = {
@@ -325,7 +327,11 @@ def test_features_stage_through_the_deployment_equals_the_in_job_service(config,
     tables = {}
     for backend in ("actors", "serve", "http"):
         job = config.model_copy(
-            update={"retrieval": config.retrieval.model_copy(update={"backend": backend, "url": service})}
+            update={
+                "retrieval": config.retrieval.model_copy(
+                    update={"backend": backend, "http": config.retrieval.http.model_copy(update={"url": service})}
+                )
+            }
         )
         assert run_features(run, job, sentence_factory=HashEncoder) == 12
         tables[backend] = {(r["qid"], r["iteration"]): r for r in run.read("features").to_pylist()}
@@ -366,7 +372,11 @@ def test_probe_job_against_the_deployment(config, local, service, tmp_path, back
         for i, d in enumerate(docs)
     ]
     job = config.model_copy(
-        update={"retrieval": config.retrieval.model_copy(update={"backend": backend, "url": service})}
+        update={
+            "retrieval": config.retrieval.model_copy(
+                update={"backend": backend, "http": config.retrieval.http.model_copy(update={"url": service})}
+            )
+        }
     )
     run = RunDir(tmp_path / "run")
     assert run_probe(job, run, questions, engine_factory=titles_engine) == len(questions)
@@ -402,19 +412,19 @@ def test_one_request_takes_no_more_than_the_limits_allow(config, local, service)
     """Each limit a 4xx whose JSON detail names its setting; topk above the corpus gets the corpus; /health
     shows no file path; the replica serves on after every refusal."""
     cfg = config.retrieval
-    too_many = ["Who is Ed Wood?"] * (cfg.serve_max_queries + 1)
+    too_many = ["Who is Ed Wood?"] * (cfg.serve.max_queries + 1)
     cases = [
-        ("/retrieve", {"queries": too_many}, 413, "retrieval.serve_max_queries"),
-        ("/retrieve", {"queries": ["Who is Ed Wood?"], "topk": 10**12}, 422, "retrieval.serve_max_topk"),
-        ("/retrieve", {"queries": ["x" * cfg.serve_max_body_bytes]}, 413, "retrieval.serve_max_body_bytes"),
+        ("/retrieve", {"queries": too_many}, 413, "retrieval.serve.max_queries"),
+        ("/retrieve", {"queries": ["Who is Ed Wood?"], "topk": 10**12}, 422, "retrieval.serve.max_topk"),
+        ("/retrieve", {"queries": ["x" * cfg.serve.max_body_bytes]}, 413, "retrieval.serve.max_body_bytes"),
         (
             "/raypipe/document_frequencies",
-            {"terms": ["ed"] * (cfg.serve_max_items + 1)},
+            {"terms": ["ed"] * (cfg.serve.max_items + 1)},
             413,
-            "retrieval.serve_max_items",
+            "retrieval.serve.max_items",
         ),
-        ("/raypipe/doc_vectors", {"doc_ids": ["p1"] * (cfg.serve_max_items + 1)}, 413, "retrieval.serve_max_items"),
-        ("/raypipe/encode_queries", {"texts": ["q"] * (cfg.serve_max_items + 1)}, 413, "retrieval.serve_max_items"),
+        ("/raypipe/doc_vectors", {"doc_ids": ["p1"] * (cfg.serve.max_items + 1)}, 413, "retrieval.serve.max_items"),
+        ("/raypipe/encode_queries", {"texts": ["q"] * (cfg.serve.max_items + 1)}, 413, "retrieval.serve.max_items"),
     ]
     for path, body, status, setting in cases:
         code, detail = refusal(f"{service}{path}", body)
@@ -422,11 +432,11 @@ def test_one_request_takes_no_more_than_the_limits_allow(config, local, service)
     code, detail = refusal(f"{service}/retrieve", b'{"queries": ["unclosed"')
     assert code == 422 and isinstance(detail, list)  # FastAPI's own validation answer, also JSON
 
-    deepest = get_json(f"{service}/retrieve", {"queries": ["Who is Ed Wood?"], "topk": cfg.serve_max_topk})
+    deepest = get_json(f"{service}/retrieve", {"queries": ["Who is Ed Wood?"], "topk": cfg.serve.max_topk})
     assert len(deepest["result"][0]) == N_PASSAGES  # above the passages indexed: all of them
     health = get_json(f"{service}/health")
-    assert "index" not in health and str(cfg.index_dir) not in json.dumps(health)
-    assert health["limits"]["max_queries"] == cfg.serve_max_queries and health["token"] is False
+    assert "index" not in health and str(cfg.index.dir) not in json.dumps(health)
+    assert health["limits"]["max_queries"] == cfg.serve.max_queries and health["token"] is False
     queries = queries_for(local)
     expected = ids_and_scores(local.search_batch(queries, 5))
     assert ids_and_scores(HttpRetriever(service).search_batch(queries, 5)) == expected

@@ -257,7 +257,7 @@ def test_the_deadlines_count_from_arrival_at_serve_s_proxy(monkeypatch):
     monkeypatch.setattr(agent_module, "wait_running", lambda *args: None)
     monkeypatch.setattr(serve_module, "retrieval_app", lambda *args: None)
     agent_module.deploy_agent(CONFIG, FakeRetriever(), port=8123, engine_factory=paced_engine)
-    config = load_config("embedded", ["retrieval.serve_timeout_s=7"])
+    config = load_config("embedded", ["retrieval.serve.timeout_s=7"])
     serve_module.deploy_retrieval(config, "unused", port=8124)
     assert [(o["port"], o["request_timeout_s"]) for o in started] == [(8123, 8.0), (8124, 7.0)]
 
@@ -422,8 +422,8 @@ def indexed(tmp_path_factory) -> list[str]:
         corpus.write_text("".join(next(src) for _ in range(40)))
     settings = [
         f"data.corpus={corpus}",
-        f"retrieval.index_dir={tmp_path_factory.mktemp('idx') / 'tiny'}",
-        "retrieval.num_cpus=0",
+        f"retrieval.index.dir={tmp_path_factory.mktemp('idx') / 'tiny'}",
+        "retrieval.actors.num_cpus=0",
         "serve_agent.num_cpus=0",
     ]
     ensure_index(load_config("embedded", settings), use_ray=False)
@@ -447,7 +447,7 @@ def test_agent_replicas_share_one_retrieval_service(service, indexed):
         [
             *indexed,
             "serve_agent.replicas=2",
-            "retrieval.replicas=1",
+            "retrieval.actors.replicas=1",
             "serve_agent.deployment=raypipe-test-agent-shared",
             "serve_agent.route_prefix=/shared",
         ],
@@ -492,7 +492,7 @@ def test_retrieval_that_never_becomes_ready_fails_within_the_bound(ray_local, in
     from raypipe.runtime.retrieval import RetrievalStartError, start_retrieval_service
 
     config = load_config(
-        "embedded", [*indexed, "retrieval.resources={raypipe_nowhere: 1}", "retrieval.start_timeout_s=2"]
+        "embedded", [*indexed, "retrieval.actors.resources={raypipe_nowhere: 1}", "retrieval.start_timeout_s=2"]
     )
     before = retrieval_actors()
     started = time.monotonic()

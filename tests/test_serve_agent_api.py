@@ -381,7 +381,7 @@ def test_the_documented_cluster_command_places_each_replica_on_a_generation_gpu(
     config = load_config(preset, [words[i + 1] for i, w in enumerate(words) if w == "--set"])
     assert config.serve_agent.num_gpus == 1 and config.serve_agent.resources == {"raypipe_generation": 1}
     assert config.generation.resources == config.serve_agent.resources
-    assert "raypipe_generation" not in config.retrieval.resources
+    assert "raypipe_generation" not in config.retrieval.actors.resources
 
 
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e999"])
@@ -453,20 +453,20 @@ def test_a_resume_is_not_refused_when_only_service_limits_or_client_retries_chan
     run = RunDir(tmp_path / "log")
     answered(answerer(1, log_run=run.path), {"question": "Who?"})
     operational = [
-        "retrieval.http_retries=9",
-        "retrieval.http_timeout_s=5",
-        "retrieval.max_task_retries=0",
-        "retrieval.serve_max_queries=8",
-        "retrieval.serve_max_topk=200",
-        "retrieval.serve_timeout_s=2",
-        "retrieval.serve_max_body_bytes=4096",
-        "retrieval.replicas=3",
-        "retrieval.num_cpus=1",
+        "retrieval.http.retries=9",
+        "retrieval.http.timeout_s=5",
+        "retrieval.actors.max_task_retries=0",
+        "retrieval.serve.max_queries=8",
+        "retrieval.serve.max_topk=200",
+        "retrieval.serve.timeout_s=2",
+        "retrieval.serve.max_body_bytes=4096",
+        "retrieval.actors.replicas=3",
+        "retrieval.actors.num_cpus=1",
         "retrieval.start_timeout_s=10",
         "engine.max_retries=7",
         "engine.request_timeout_s=9",
     ]
     check_resumable(load_config("embedded", operational), run)
-    for changed in ("retrieval.deep_k=50", "retrieval.nprobe=4", "engine.max_model_len=2048"):
+    for changed in ("retrieval.deep_k=50", "retrieval.index.nprobe=4", "engine.max_model_len=2048"):
         with pytest.raises(ConfigError, match=changed.split("=")[0].replace(".", r"\.")):
             check_resumable(load_config("embedded", [changed]), run)

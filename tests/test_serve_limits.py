@@ -11,15 +11,21 @@ import pytest
 from fastapi import FastAPI, Request
 from starlette.testclient import TestClient
 
-from raypipe.core.config import load_config
+from raypipe.core.config import ServeConfig, load_config
 from raypipe.data.loaders import BUNDLED_CORPUS
 from raypipe.retrieval import LocalRetriever, encoder_spec
 from raypipe.retrieval.types import SearchHit, SearchResult
-from raypipe.runtime.serve import RequestError, RequestGate, ServeLimits, search_by_topk
-
-LIMITS = ServeLimits(
-    max_queries=4, max_topk=50, max_items=8, max_body_bytes=1000, timeout_s=5.0, max_results=120, max_batch_results=40
+from raypipe.runtime.serve import (
+    RequestError,
+    RequestGate,
+    check_items,
+    check_queries,
+    check_results,
+    search_by_topk,
+    search_depth,
 )
+
+LIMITS = ServeConfig(max_queries=4, max_topk=50, max_items=8, timeout_s=5.0, max_results=120, max_batch_results=40)
 
 
 def refusal(call, *args) -> RequestError:
@@ -29,30 +35,29 @@ def refusal(call, *args) -> RequestError:
 
 
 def test_the_limits_refuse_with_a_4xx_that_names_the_setting():
-    LIMITS.check_queries(4)
-    too_many = refusal(LIMITS.check_queries, 100_000)
+    check_queries(LIMITS, 4)
+    too_many = refusal(check_queries, LIMITS, 100_000)
     assert too_many.status == 413 and "100000 queries" in too_many.detail
-    assert "retrieval.serve_max_queries" in too_many.detail
-    LIMITS.check_items("terms", 8)
-    items = refusal(LIMITS.check_items, "terms", 9)
-    assert items.status == 413 and "9 terms" in items.detail and "retrieval.serve_max_items" in items.detail
+    assert "retrieval.serve.max_queries" in too_many.detail
+    check_items(LIMITS, "terms", 8)
+    items = refusal(check_items, LIMITS, "terms", 9)
+    assert items.status == 413 and "9 terms" in items.detail and "retrieval.serve.max_items" in items.detail
     for topk in (10**12, 51, 0):
-        deep = refusal(LIMITS.depth, topk, 40)
-        assert deep.status == 422 and f"topk {topk}" in deep.detail and "retrieval.serve_max_topk" in deep.detail
+        deep = refusal(search_depth, LIMITS, topk, 40)
+        assert deep.status == 422 and f"topk {topk}" in deep.detail and "retrieval.serve.max_topk" in deep.detail
 
 
 def test_topk_is_clamped_to_the_passages_indexed():
-    assert LIMITS.depth(3, 40) == 3
-    assert LIMITS.depth(50, 40) == 40  # more than the corpus holds: all of it, FAISS asked for 40
-    assert LIMITS.depth(50, 0) == 1
+    assert search_depth(LIMITS, 3, 40) == 3
+    assert search_depth(LIMITS, 50, 40) == 40  # more than the corpus holds: all of it, FAISS asked for 40
+    assert search_depth(LIMITS, 50, 0) == 1
 
 
 def test_limits_come_from_the_retrieval_section():
-    cfg = load_config("embedded", ["retrieval.serve_max_queries=7", "retrieval.serve_timeout_s=2.5"]).retrieval
-    limits = ServeLimits.from_config(cfg)
-    assert (limits.max_queries, limits.timeout_s, limits.max_topk) == (7, 2.5, cfg.serve_max_topk)
+    cfg = load_config("embedded", ["retrieval.serve.max_queries=7", "retrieval.serve.timeout_s=2.5"]).retrieval
+    assert (cfg.serve.max_queries, cfg.serve.timeout_s, cfg.serve.max_topk) == (7, 2.5, 1024)
     defaults = load_config("embedded").retrieval
-    assert defaults.serve_max_topk >= defaults.deep_k  # the agents' deep list fits the default
+    assert defaults.serve.max_topk >= defaults.deep_k  # the agents' deep list fits the default
 
 
 def gated_app(token: str | None, max_bytes: int = 1000) -> tuple[TestClient, list[int]]:
@@ -96,7 +101,7 @@ def test_the_gate_refuses_a_body_over_the_limit_before_the_route_reads_it():
     client, passed = gated_app(None, max_bytes=1000)
     assert client.post("/echo", content=b"x" * 1000).json() == {"bytes": 1000}  # at the limit: passed on whole
     declared = client.post("/echo", content=b"x" * 1001)
-    assert declared.status_code == 413 and "retrieval.serve_max_body_bytes" in declared.json()["detail"]
+    assert declared.status_code == 413 and "retrieval.serve.max_body_bytes" in declared.json()["detail"]
 
     def chunks():  # no Content-Length: counted while read
         for _ in range(40):
@@ -131,7 +136,7 @@ def test_faiss_is_never_asked_for_more_than_the_passages_indexed(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     with BUNDLED_CORPUS.open() as src:
         corpus.write_text("".join(next(src) for _ in range(12)))
-    config = load_config("embedded", [f"data.corpus={corpus}", f"retrieval.index_dir={tmp_path / 'idx'}"])
+    config = load_config("embedded", [f"data.corpus={corpus}", f"retrieval.index.dir={tmp_path / 'idx'}"])
     ensure_index(config, use_ray=False)
     retriever = LocalRetriever.open(tmp_path / "idx", encoder_spec(config.retrieval))
     asked: list[int] = []
@@ -174,7 +179,7 @@ class SlowCorpus:
         return self._slow([[0.0]] * len(texts))
 
 
-def replica(corpus, limits: ServeLimits = LIMITS):
+def replica(corpus, limits: ServeConfig = LIMITS):
     """A deployment replica's object without Serve or an index: only its limits and corpus answers."""
     from raypipe.runtime.serve import RetrievalDeployment
 
@@ -217,9 +222,9 @@ def test_corpus_calls_run_off_the_event_loop_within_the_limits_and_the_deadline(
         assert answer and ticks >= 10, (answer, ticks)  # the loop went on serving during the 0.4 s
     refused = refusal(lambda: asyncio.run(slow.document_frequencies([f"t{i}" for i in range(9)])))
     assert refused.status == 413 and "9 terms" in refused.detail
-    late = replica(SlowCorpus(1.0), ServeLimits(4, 50, 8, 1000, 0.1, 120, 40))
+    late = replica(SlowCorpus(1.0), LIMITS.model_copy(update={"timeout_s": 0.1}))
     timed_out = refusal(lambda: asyncio.run(late.encode_queries(["q"])))
-    assert timed_out.status == 408 and "retrieval.serve_timeout_s" in timed_out.detail
+    assert timed_out.status == 408 and "retrieval.serve.timeout_s" in timed_out.detail
 
 
 def test_the_deadline_gives_408():
@@ -244,16 +249,16 @@ def test_asyncios_timeout_is_the_builtin_one_the_deadline_catches():
 
 def test_queries_times_topk_is_bounded_per_request_and_per_search_call():
     """1,024 queries x topk 1,024 in one request was allowed by default, and Serve's batching could merge 64 such:
-    a request is refused past retrieval.serve_max_results hits, and merged requests are searched in calls of at most
-    retrieval.serve_max_batch_results hits."""
-    LIMITS.check_results(4, 30)  # 120 hits: the limit
-    over = refusal(LIMITS.check_results, 4, 31)
-    assert over.status == 413 and "124 hits" in over.detail and "retrieval.serve_max_results" in over.detail
+    a request is refused past retrieval.serve.max_results hits, and merged requests are searched in calls of at most
+    retrieval.serve.max_batch_results hits."""
+    check_results(LIMITS, 4, 30)  # 120 hits: the limit
+    over = refusal(check_results, LIMITS, 4, 31)
+    assert over.status == 413 and "124 hits" in over.detail and "retrieval.serve.max_results" in over.detail
     defaults = load_config("embedded").retrieval
-    default_limits = ServeLimits.from_config(defaults)
-    assert defaults.deep_k * defaults.max_batch_size <= default_limits.max_results  # the agents' batches fit
-    assert refusal(default_limits.check_results, 1024, 1024).status == 413
-    assert default_limits.max_batch_results < defaults.max_batch_size * default_limits.max_results
+    default_limits = defaults.serve
+    assert defaults.deep_k * defaults.actors.max_batch_size <= default_limits.max_results  # the agents' batches fit
+    assert refusal(check_results, default_limits, 1024, 1024).status == 413
+    assert default_limits.max_batch_results < defaults.actors.max_batch_size * default_limits.max_results
 
     sizes: list[int] = []
 
@@ -269,7 +274,7 @@ def test_queries_times_topk_is_bounded_per_request_and_per_search_call():
 
 
 def test_a_handle_search_has_its_deadline_from_the_call_its_queue_included():
-    """retrieval.backend=serve: a search through the Serve handle that gets no answer within retrieval.serve_timeout_s
+    """retrieval.backend=serve: a search through the Serve handle that gets no answer within retrieval.serve.timeout_s
     (here it waits in Serve's queue) is cancelled and fails with a one-line RetrievalServerError."""
     from raypipe.retrieval.http_client import RetrievalServerError
     from raypipe.runtime.serve_client import ServeRetriever
@@ -292,6 +297,6 @@ def test_a_handle_search_has_its_deadline_from_the_call_its_queue_included():
     retriever = object.__new__(ServeRetriever)
     retriever.handle, retriever.name, retriever.timeout_s = Handle(), "raypipe-retrieval", 0.1
     started = time.perf_counter()
-    with pytest.raises(RetrievalServerError, match=r"within 0.1 s \(retrieval.serve_timeout_s\), its queue included"):
+    with pytest.raises(RetrievalServerError, match=r"within 0.1 s \(retrieval.serve.timeout_s\), its queue included"):
         asyncio.run(retriever.search(["q"], 3))
     assert time.perf_counter() - started < 2 and Queued.cancelled

@@ -58,7 +58,7 @@ def test_the_message_is_one_line_naming_path_node_and_setting():
         "run directory /home/me/run is not visible from node 10.0.0.2 (CPU 8, GPU 2, raypipe_generation 2)"
     )
     assert "and 1 more of the 3 nodes checked" in line and "set --out" in line and "docs/cluster.md" in line
-    index = SharedPath("retrieval index", Path("/idx"), "retrieval.index_dir", expect="manifest.json")
+    index = SharedPath("retrieval index", Path("/idx"), "retrieval.index.dir", expect="manifest.json")
     assert missing_line(index, [RETRIEVAL], 1).startswith(
         "retrieval index /idx/manifest.json is not visible from node 10.0.0.3"
     )
@@ -81,9 +81,9 @@ def test_the_check_runs_on_each_node_and_names_a_missing_file(ray_local, tmp_pat
     expected = (
         rf"^retrieval index .*/manifest.json is not visible from node {re.escape(describe_node(node))} and 1 more"
     )
-    with pytest.raises(SharedStorageError, match=expected + r" of the 2 nodes checked.*retrieval.index_dir"):
+    with pytest.raises(SharedStorageError, match=expected + r" of the 2 nodes checked.*retrieval.index.dir"):
         check_shared_storage(
-            [SharedPath("retrieval index", run, "retrieval.index_dir", expect="manifest.json")], nodes=twice
+            [SharedPath("retrieval index", run, "retrieval.index.dir", expect="manifest.json")], nodes=twice
         )
 
 

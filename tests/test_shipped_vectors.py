@@ -25,7 +25,7 @@ N = 40
 def config_for(corpus, index_dir, *extra):
     return load_config(
         "embedded",
-        [f"data.corpus={corpus}", f"retrieval.index_dir={index_dir}", "retrieval.build_block_rows=16", *extra],
+        [f"data.corpus={corpus}", f"retrieval.index.dir={index_dir}", "retrieval.encode.block_rows=16", *extra],
     )
 
 
@@ -37,7 +37,7 @@ def encoded(tmp_path_factory):
     corpus = work / "corpus.jsonl"
     with BUNDLED_CORPUS.open() as src:
         corpus.write_text("".join(next(src) for _ in range(N)))
-    config = config_for(corpus, work / "encoded", "retrieval.shipped_vectors=false")
+    config = config_for(corpus, work / "encoded", "retrieval.encode.shipped_vectors=false")
     index_dir = ensure_index(config, use_ray=False)
     exported = shipped_module.export_vectors(index_dir, encoder_spec(config.retrieval), work / "vectors", "test")
     return corpus, index_dir, exported
@@ -163,7 +163,7 @@ def test_an_index_from_shipped_vectors_is_not_the_encoded_build(encoded, tmp_pat
     monkeypatch.setattr(shipped_module, "SHIPPED_DIR", exported.parent)
     built = ensure_index(config_for(corpus, tmp_path / "index"), use_ray=False)
     assert ensure_index(config_for(corpus, tmp_path / "index"), use_ray=False) == built  # the same build: reused
-    encoding = config_for(corpus, tmp_path / "index", "retrieval.shipped_vectors=false")
+    encoding = config_for(corpus, tmp_path / "index", "retrieval.encode.shipped_vectors=false")
     with pytest.raises(IndexMismatchError, match="vectors: index has 'shipped-float16', configured 'encoded'"):
         ensure_index(encoding, use_ray=False)
     assert load_index_dir(ensure_index(encoding, force=True, use_ray=False)).manifest["vectors"] == "encoded"
@@ -205,7 +205,9 @@ def test_int8_vectors_are_outside_the_fp32_tolerance(encoded, tmp_path):
     are refused, where the fp32 encoding rounded to float16 passes."""
     corpus, _, exported = encoded
     int8_index = ensure_index(
-        config_for(corpus, tmp_path / "int8", "retrieval.shipped_vectors=false", "retrieval.encoder_quantization=int8"),
+        config_for(
+            corpus, tmp_path / "int8", "retrieval.encode.shipped_vectors=false", "retrieval.encoder_quantization=int8"
+        ),
         use_ray=False,
     )
     disguised = copy_vectors(exported, tmp_path / "vectors")
@@ -243,7 +245,11 @@ def test_shipped_vectors_of_other_settings_or_another_corpus_are_not_found(encod
 def test_only_a_flat_index_exports_its_vectors(encoded, tmp_path):
     corpus, _, _ = encoded
     config = config_for(
-        corpus, tmp_path / "ivf", "retrieval.shipped_vectors=false", "retrieval.index_type=ivf", "retrieval.ivf_nlist=2"
+        corpus,
+        tmp_path / "ivf",
+        "retrieval.encode.shipped_vectors=false",
+        "retrieval.index.type=ivf",
+        "retrieval.index.ivf_nlist=2",
     )
     built = ensure_index(config, use_ray=False)
     with pytest.raises(IndexMismatchError, match="only a flat index"):

@@ -34,15 +34,15 @@ GPU_PLACEMENT = [
     "generation.batch_size=1",
     "generation.batches_per_actor=1",
     "engine.kv_cache_gib=0.5",
-    "retrieval.resources={raypipe_retrieval: 1}",
-    "retrieval.num_gpus=1",
-    "retrieval.faiss_gpu=none",
+    "retrieval.actors.resources={raypipe_retrieval: 1}",
+    "retrieval.actors.num_gpus=1",
+    "retrieval.index.faiss_gpu=none",
 ]
 
 
 def gpu_job(corpus: Path, out: Path, index: Path, extra: tuple[str, ...] = ()) -> list[str]:
     """jobs/probe.py with the GPU placement, the index in ``index``."""
-    settings = [*GPU_PLACEMENT, f"retrieval.index_dir={index}", *extra]
+    settings = [*GPU_PLACEMENT, f"retrieval.index.dir={index}", *extra]
     return job_args(corpus, out) + [a for s in settings for a in ("--set", s)]
 
 

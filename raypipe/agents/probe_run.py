@@ -14,10 +14,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
+from pydantic import BaseModel
 
 from raypipe.agents.factory import build_protocol
 from raypipe.core.adapter import read_manifest
-from raypipe.core.config import ConfigError, RunConfig
+from raypipe.core.config import ConfigError, RunConfig, migrate_tree
 from raypipe.core.models import locate_adapter
 from raypipe.core.rundir import RunDir
 
@@ -27,28 +28,36 @@ INFO_FILE = "probe_info.yaml"
 # Sections whose change alters what a trajectory is; a rerun into the same directory must keep them.
 RESULT_SECTIONS = ("seed", "engine", "agent", "retrieval")
 # Settings of those sections that bound or place a service, or say how often a client retries, and not what a
-# search or a generation returns: a resume may change them.
+# search or a generation returns: a resume may change them (a sub-section's keys dotted: ``actors.replicas``).
 OPERATIONAL = {
     "engine": {"request_timeout_s", "max_retries"},
     "retrieval": {
-        "replicas",
-        "num_cpus",
-        "resources",
-        "search_threads",
-        "max_restarts",
-        "max_task_retries",
-        "max_query_crashes",
         "start_timeout_s",
-        "http_timeout_s",
-        "http_retries",
-        "http_max_response_bytes",
-        "serve_max_queries",
-        "serve_max_topk",
-        "serve_max_items",
-        "serve_max_body_bytes",
-        "serve_timeout_s",
-        "serve_max_results",
-        "serve_max_batch_results",
+        *(
+            f"actors.{key}"
+            for key in (
+                "replicas",
+                "num_cpus",
+                "resources",
+                "search_threads",
+                "max_restarts",
+                "max_task_retries",
+                "max_query_crashes",
+            )
+        ),
+        *(f"http.{key}" for key in ("timeout_s", "retries", "max_response_bytes")),
+        *(
+            f"serve.{key}"
+            for key in (
+                "max_queries",
+                "max_topk",
+                "max_items",
+                "max_body_bytes",
+                "timeout_s",
+                "max_results",
+                "max_batch_results",
+            )
+        ),
     },
 }
 
@@ -112,20 +121,19 @@ def update_info(path: Path, **entries: object) -> None:
 
 def check_resumable(config: RunConfig, run_dir: RunDir) -> None:
     """Refuse to add trajectories to a run directory written with other agent/engine/retrieval settings (those in
-    :data:`OPERATIONAL` excepted: limits, placement, client retries)."""
+    :data:`OPERATIONAL` excepted: limits, placement, client retries). The run's config is read with old key names
+    moved to their new places (:func:`~raypipe.core.config.migrate.migrate_tree`)."""
     path = run_dir.path / "config.yaml"
     if not path.exists() or not run_dir.has("trajectories"):
         return
-    old = yaml.safe_load(path.read_text()) or {}
+    old = migrate_tree(yaml.safe_load(path.read_text()) or {})
     new = config.model_dump(mode="json")
-    changed = [
-        f"{section}.{key}"
-        for section in RESULT_SECTIONS
-        for key in sorted(
-            (set(_as_dict(old.get(section))) | set(_as_dict(new.get(section)))) - OPERATIONAL.get(section, set())
-        )
-        if _as_dict(old.get(section)).get(key) != _as_dict(new.get(section)).get(key)
-    ]
+    changed = []
+    for section in RESULT_SECTIONS:
+        model = RunConfig.model_fields[section].annotation
+        before, after = _settings(old.get(section), model), _settings(new.get(section), model)
+        keys = (before.keys() | after.keys()) - OPERATIONAL.get(section, set())
+        changed += [f"{section}.{key}" for key in sorted(keys) if before.get(key) != after.get(key)]
     if changed:
         raise ConfigError(
             f"{run_dir.path} holds trajectories from other settings ({', '.join(changed)}); "
@@ -133,8 +141,20 @@ def check_resumable(config: RunConfig, run_dir: RunDir) -> None:
         )
 
 
-def _as_dict(value) -> dict:
-    return value if isinstance(value, dict) else {"": value}
+def _settings(section: object, model: object, prefix: str = "") -> dict[str, object]:
+    """A section's settings by dotted key, its sub-sections' (``model``'s nested models) flattened into it; a
+    mapping-valued setting stays one value; a section that is not a mapping is one value under its own name."""
+    if not isinstance(section, dict) or not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return {prefix.rstrip("."): section}
+    flat: dict[str, object] = {}
+    for key, value in section.items():
+        field = model.model_fields.get(key)
+        sub = field.annotation if field is not None else None
+        if isinstance(value, dict) and isinstance(sub, type) and issubclass(sub, BaseModel):
+            flat.update(_settings(value, sub, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def done_qids(run_dir: RunDir) -> set[str]:

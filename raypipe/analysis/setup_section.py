@@ -15,6 +15,7 @@ import pandas as pd
 import yaml
 
 from raypipe.analysis.blocks import Block, Table, Text
+from raypipe.core.config import migrate_tree
 from raypipe.core.seed_setup import SEED_SETUP
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def run_tree(run_path: Path) -> tuple[dict[str, Any], list[str]]:
             if key in stage:
                 tree[key] = stage[key]
         used.append(name)
-    return tree, used
+    return migrate_tree(tree), used  # a run written before a key moved reads as today's
 
 
 def effective_values(tree: dict[str, Any]) -> dict[str, Any]:

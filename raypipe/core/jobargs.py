@@ -66,27 +66,16 @@ def run_config_from_args(args: argparse.Namespace, run_dir: Path) -> RunConfig:
     path = run_dir / "config.yaml"
     if args.config == DEFAULT_PRESET and path.exists():
         args.config = str(path)
-        args.overrides = [*renamed_key_overrides(path), *args.overrides]  # renamed first: --set still applies
+        args.overrides = [*run_overrides(path), *args.overrides]  # the run's first: --set still applies
         return config_from_args(args, legacy_run_overrides(path))
     return config_from_args(args)
 
 
-# Keys renamed since runs were written (section -> old name -> new name)
-RENAMED_KEYS = {"stoprag": {"workers": "num_workers", "worker_num_cpus": "cpus_per_worker"}}
-
-
-def renamed_key_overrides(path: Path) -> list[str]:
-    """Overrides that let a run's config.yaml written before a key was renamed load: each section that
-    still has an old name is set whole, under the new names; head refits with an old regulariser are
-    converted (:func:`refit_alpha_overrides`)."""
-    tree = _yaml_tree(path)
-    overrides = []
-    for section, renames in RENAMED_KEYS.items():
-        values = tree.get(section)
-        if isinstance(values, dict) and renames.keys() & values.keys():
-            renamed = {renames.get(key, key): value for key, value in values.items()}
-            overrides.append(f"{section}={json.dumps(renamed)}")  # JSON is YAML
-    return overrides + refit_alpha_overrides(tree)
+def run_overrides(path: Path) -> list[str]:
+    """Overrides that keep a run's ``config.yaml`` loading as it ran: head refits with an old regulariser are
+    converted (:func:`refit_alpha_overrides`); renamed and moved keys are read by the loader
+    (:mod:`raypipe.core.config.migrate`)."""
+    return refit_alpha_overrides(_yaml_tree(path))
 
 
 def refit_alpha_overrides(tree: dict) -> list[str]:

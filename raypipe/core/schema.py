@@ -19,7 +19,7 @@ STOP_ENGINE_ERROR = "engine_error"  # the engine could not be reached or did not
 STOP_ENGINE_CRASH = "engine_crash"  # in flight at generation.max_question_crashes engine deaths, then killed it alone
 STOP_RETRIEVAL_ERROR = "retrieval_error"  # the retrieval service failed on this row (an outage)
 STOP_QUERY_CRASH = (
-    "query_crash"  # its query killed a retrieval replica even when searched alone (retrieval.max_query_crashes)
+    "query_crash"  # its query killed a retrieval replica even when searched alone (retrieval.actors.max_query_crashes)
 )
 # A failure that a rerun would repeat and that is neither the model's nor retrieval's: a bug in the loop or
 # its controller, a prompt that cannot be built, a request the engine refuses (deterministic under greedy decoding)

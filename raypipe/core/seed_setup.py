@@ -81,7 +81,7 @@ SEED_SETUP: tuple[SeedSetting, ...] = (
         lambda v: _contains("wiki")(v) and _contains("18")(v),
     ),
     SeedSetting("retrieval", "retrieval.encoder", "E5 (e5-base-v2)", "the paper's setup", _contains("e5-base-v2")),
-    SeedSetting("retrieval", "retrieval.index_type", "flat", "Search-R1's e5_Flat.index"),
+    SeedSetting("retrieval", "retrieval.index.type", "flat", "Search-R1's e5_Flat.index"),
     SeedSetting("retrieval", "effective.top_k", 3, f"{PROBING}: top_k=3 for both agents"),
     SeedSetting(
         "retrieval",

@@ -11,7 +11,7 @@ The client is picklable: pass it to Ray actors and tasks. ``LocalRetriever.open(
 search in-process, without Ray (tests, baselines).
 
 Index directory (``jobs/index.py`` builds it; default ``$RAYPIPE_CACHE/indexes/<corpus sha256[:12]>-
-<encoder>-<type>[-fp16]``, or ``retrieval.index_dir``)::
+<encoder>-<type>[-fp16]``, or ``retrieval.index.dir``)::
 
     manifest.json         encoder, encoder_path, query_prefix, passage_prefix, max_length, dimension,
                           count, corpus, corpus_sha256, index_type, fp16, factory, n_docs, created

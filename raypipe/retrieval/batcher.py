@@ -2,7 +2,7 @@
 
 A :class:`QueryBatcher` can also be *claimed* for one search alone (:meth:`QueryBatcher.claim`, then
 :meth:`QueryBatcher.search_alone`): the retrieval client sends a query that was in flight at several replica
-deaths that way (``retrieval.max_query_crashes``, :mod:`raypipe.runtime.retrieval`), so that if the replica
+deaths that way (``retrieval.actors.max_query_crashes``, :mod:`raypipe.runtime.retrieval`), so that if the replica
 dies again, nothing but that query ran on it. While a claim holds the batcher, ``search(...,
 refuse_when_claimed=True)`` (the client's path) raises :class:`ReplicaBusy` at once and a plain ``search``
 waits for the claim to end; the claim itself first waits for the batches already queued or running.

@@ -82,7 +82,7 @@ def encoder_spec(cfg: RetrievalConfig, threads: int | None = None) -> EncoderSpe
         ref=cfg.encoder,
         prefixes=cfg.encoder_prefixes,
         max_length=cfg.max_length,
-        batch_size=min(cfg.encode_batch_size, 128),
+        batch_size=min(cfg.encode.batch_size, 128),
         threads=threads,
         backend=cfg.encoder_backend,
         quantization=cfg.encoder_quantization,
@@ -91,17 +91,22 @@ def encoder_spec(cfg: RetrievalConfig, threads: int | None = None) -> EncoderSpe
 
 def index_settings(cfg: RetrievalConfig) -> IndexSettings:
     return IndexSettings(
-        index_type=cfg.index_type,
-        fp16=cfg.fp16,
-        ivf_nlist=cfg.ivf_nlist,
-        pq_m=cfg.pq_m,
-        pq_nbits=cfg.pq_nbits,
-        hnsw_m=cfg.hnsw_m,
+        index_type=cfg.index.type,
+        fp16=cfg.index.fp16,
+        ivf_nlist=cfg.index.ivf_nlist,
+        pq_m=cfg.index.pq_m,
+        pq_nbits=cfg.index.pq_nbits,
+        hnsw_m=cfg.index.hnsw_m,
     )
 
 
 def search_params(cfg: RetrievalConfig) -> SearchParams:
-    return SearchParams(nprobe=cfg.nprobe, hnsw_ef_search=cfg.hnsw_ef_search, faiss_gpu=cfg.faiss_gpu, mmap=cfg.mmap)
+    return SearchParams(
+        nprobe=cfg.index.nprobe,
+        hnsw_ef_search=cfg.index.hnsw_ef_search,
+        faiss_gpu=cfg.index.faiss_gpu,
+        mmap=cfg.index.mmap,
+    )
 
 
 def corpus_path(data: DataConfig) -> Path:
@@ -111,8 +116,8 @@ def corpus_path(data: DataConfig) -> Path:
 def index_dir_for(config: RunConfig, corpus_sha256: str | None = None, spec: EncoderSpec | None = None) -> Path:
     """The configured index directory, or the default one in the cache keyed by corpus and settings
     (``corpus_sha256`` and ``spec``: the corpus hash and ``encoder_spec(config.retrieval)``, where known)."""
-    if config.retrieval.index_dir:
-        return Path(config.retrieval.index_dir).expanduser()
+    if config.retrieval.index.dir:
+        return Path(config.retrieval.index.dir).expanduser()
     sha = corpus_sha256 or file_sha256(corpus_path(config.data))
     name = (spec or encoder_spec(config.retrieval)).name
     return default_index_dir(cache_dir(), sha, name, index_settings(config.retrieval))
@@ -385,7 +390,7 @@ def build_index(
     cfg = config.retrieval
     corpus = Path(manifest["corpus"])
     start = time.perf_counter()
-    work = BuildDir.open(target, manifest, cfg.build_block_rows)
+    work = BuildDir.open(target, manifest, cfg.encode.block_rows)
     pending = work.pending()
     prepare_s = time.perf_counter() - start
     spec = spec or encoder_spec(cfg)

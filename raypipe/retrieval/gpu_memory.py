@@ -146,5 +146,5 @@ def check_gpu_memory(plan: GpuClonePlan, free: list[int], where: str = "the inde
         f"{plan.mode}: {plan.rows:,} rows per GPU) needs {plan.peak_bytes / 1e9:.1f} GB on each GPU at its peak "
         f"(store {plan.store_bytes / 1e9:.1f} GB + norms + faiss's {TEMP_MEMORY_BYTES / GiB:.1f} GiB of temporary "
         f"memory), GPU {gpu} has {have / 1e9:.1f} GB free: give the retrieval actor more GPUs "
-        "(retrieval.num_gpus) with retrieval.faiss_gpu=shard, or use a larger card"
+        "(retrieval.actors.num_gpus) with retrieval.index.faiss_gpu=shard, or use a larger card"
     )

@@ -8,7 +8,7 @@ The API (PeterGriffinJin/Search-R1 ``search_r1/search/retrieval_server.py``, ``Q
 
 one ranked list per query, in order. :class:`HttpRetriever` implements the ``Retriever`` protocol over
 it: concurrent ``search`` calls (one per trajectory) are coalesced into batched POSTs by a
-:class:`~raypipe.retrieval.batcher.QueryBatcher` (``retrieval.max_batch_size`` / ``max_wait_ms``, as in
+:class:`~raypipe.retrieval.batcher.QueryBatcher` (``retrieval.actors.max_batch_size`` / ``max_wait_ms``, as in
 the in-job service); each request has a deadline for the whole exchange (connect, send, the whole
 answer), a ceiling on the answer's size, and is retried with backoff on connection errors, timeouts and
 5xx/408/429 answers. What still fails raises :class:`RetrievalServerError` (one line, for the user), which
@@ -76,7 +76,7 @@ def base_url(url: str) -> str:
     if url.endswith("/retrieve"):
         url = url[: -len("/retrieve")]
     if not url.startswith(("http://", "https://")):
-        raise ValueError(f"retrieval.url must start with http:// or https://, got {url!r}")
+        raise ValueError(f"retrieval.http.url must start with http:// or https://, got {url!r}")
     return url
 
 
@@ -242,17 +242,17 @@ class HttpRetriever:
     def from_config(cls, retrieval) -> HttpRetriever:
         """From a ``RetrievalConfig`` (``url``, ``http_timeout_s``, ``http_retries``, ``http_max_response_bytes``,
         batching settings)."""
-        if not retrieval.url:
+        if not retrieval.http.url:
             raise ConfigError(
-                "retrieval.backend=http needs retrieval.url, e.g. --set retrieval.url=http://127.0.0.1:8000"
+                "retrieval.backend=http needs retrieval.http.url, e.g. --set retrieval.http.url=http://127.0.0.1:8000"
             )
         return cls(
-            retrieval.url,
-            retrieval.http_timeout_s,
-            retrieval.http_retries,
-            retrieval.max_batch_size,
-            retrieval.max_wait_ms,
-            max_response_bytes=retrieval.http_max_response_bytes,
+            retrieval.http.url,
+            retrieval.http.timeout_s,
+            retrieval.http.retries,
+            retrieval.actors.max_batch_size,
+            retrieval.actors.max_wait_ms,
+            max_response_bytes=retrieval.http.max_response_bytes,
         )
 
     def __getstate__(self) -> dict:

@@ -490,7 +490,7 @@ def to_gpus(index, shard: bool, fp16: bool = True, gpu=None):
 
     gpu = gpu or faiss
     if not hasattr(gpu, "GpuMultipleClonerOptions") or gpu.get_num_gpus() == 0:
-        raise RuntimeError("retrieval.faiss_gpu needs faiss-gpu and at least one visible GPU")
+        raise RuntimeError("retrieval.index.faiss_gpu needs faiss-gpu and at least one visible GPU")
     n_gpus = gpu.get_num_gpus()
     if not (
         isinstance(index, faiss.IndexFlat)

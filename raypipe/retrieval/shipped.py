@@ -6,7 +6,7 @@ Encoding the bundled corpus's 13,844 passages would be most of a fresh machine's
 and its ``.json`` (what they were made from: the corpus's sha256, the encoder's name, prefixes and token
 limit, the ``.npy``'s sha256, the command and that build's timings).
 
-A build of the bundled corpus with a matching encoder (``retrieval.shipped_vectors``, on by default)
+A build of the bundled corpus with a matching encoder (``retrieval.encode.shipped_vectors``, on by default)
 checks the file before taking every block's vectors from it:
 
 1. the ``.npy``'s sha256 equals the one its ``.json`` records (a changed file is not used);
@@ -29,7 +29,7 @@ so repeated builds check different rows. A file that fails is logged and the cor
 The index's manifest records which happened (``vectors``: ``shipped-float16`` or ``encoded``;
 ``build.vectors``: the checks' figures and ``seed``).
 
-The file is reproducible: ``raypipe index --set retrieval.shipped_vectors=false --force --export-vectors
+The file is reproducible: ``raypipe index --set retrieval.encode.shipped_vectors=false --force --export-vectors
 DIR`` encodes the corpus and writes that index's vectors in this format; rounded to float16 they equal the
 shipped file byte for byte on the machine that made it, and to float32 precision on any x86-64 CPU.
 """

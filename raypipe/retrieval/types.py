@@ -33,7 +33,7 @@ class SearchResult:
 
 
 class QueryCrashError(RuntimeError):
-    """A query killed a retrieval replica even when it ran alone on it (``retrieval.max_query_crashes``): its
+    """A query killed a retrieval replica even when it ran alone on it (``retrieval.actors.max_query_crashes``): its
     search fails, the client does not send it again, and the agent loop writes the row as ``query_crash``
     (the question's own failure, which a rerun keeps)."""
 

@@ -19,8 +19,8 @@ runs it.
 
 - :class:`ServiceCorpus`: the features' ``CorpusResources`` over a :class:`CorpusTransport`, one per
   backend: :class:`ReplicaTransport` (``actors``: the job's replicas), :class:`ServeTransport`
-  (``serve``: a Serve handle to ``retrieval.deployment``), :class:`HttpTransport` (``http``: a
-  ``raypipe serve-retrieval`` deployment at ``retrieval.url``); the job's service picks its own
+  (``serve``: a Serve handle to ``retrieval.serve.deployment``), :class:`HttpTransport` (``http``: a
+  ``raypipe serve-retrieval`` deployment at ``retrieval.http.url``); the job's service picks its own
   (:func:`raypipe.runtime.retrieval.corpus_transport`). Searches (the question's own list) go through the
   backend's search, as the probe job's do.
 
@@ -247,7 +247,7 @@ def not_raypipe_message(url: str, call: str, status: int) -> str:
     return (
         f"the retrieval server at {url} has no {call} (HTTP {status}): it is not raypipe's retrieval deployment. "
         "The features stage needs the index's passage vectors and document frequencies, which Search-R1's "
-        "POST /retrieve does not give (ranked ids, scores and texts only). Point retrieval.url at `raypipe "
+        "POST /retrieve does not give (ranked ids, scores and texts only). Point retrieval.http.url at `raypipe "
         "serve-retrieval` over the same index, or run the features with --set retrieval.backend=actors "
         "(replicas over the local index the run's config names)."
     )

@@ -67,7 +67,9 @@ def ensure_index(config: RunConfig, force: bool = False, use_ray: bool = True) -
         raise FileNotFoundError(f"corpus file not found: {corpus}")
     sha = file_sha256(corpus)
     spec = encoder_spec(cfg)
-    expected = expected_manifest(spec, index_settings(cfg), corpus, sha, None if cfg.shipped_vectors else "encoded")
+    expected = expected_manifest(
+        spec, index_settings(cfg), corpus, sha, None if cfg.encode.shipped_vectors else "encoded"
+    )
     target = index_dir_for(config, sha, spec)
     if up_to_date(target, expected, force):
         return target
@@ -94,16 +96,17 @@ def ensure_index(config: RunConfig, force: bool = False, use_ray: bool = True) -
 def shipped_encoding(
     config: RunConfig, spec: EncoderSpec, corpus: Path, sha: str
 ) -> tuple[EncodeBlocks | None, dict | None]:
-    """The shipped vectors' ``EncodeBlocks`` and their manifest entry when ``retrieval.shipped_vectors`` is on, the
-    package ships vectors of this corpus for this encoder and a re-encoded sample matches them; else (None, None).
+    """The shipped vectors' ``EncodeBlocks`` and their manifest entry when ``retrieval.encode.shipped_vectors`` is
+    on, the package ships vectors of this corpus for this encoder and a re-encoded sample matches them; else
+    (None, None).
     Reading them takes seconds, so it runs in this process whatever ``use_ray``."""
-    if not config.retrieval.shipped_vectors:
+    if not config.retrieval.encode.shipped_vectors:
         return None, None
     shipped = find_shipped(spec, sha)
     if shipped is None:
         return None, None
     spec.prepare()
-    check = shipped.verify(corpus, plan_blocks(corpus, config.retrieval.build_block_rows), spec)
+    check = shipped.verify(corpus, plan_blocks(corpus, config.retrieval.encode.block_rows), spec)
     if check is None:
         return None, None
     log.info(
@@ -164,27 +167,31 @@ class BlockEncoder(BatchUDF):
 def ray_encode_blocks(
     spec: EncoderSpec, corpus: Path, blocks: list[Block], cfg: RetrievalConfig
 ) -> Iterator[EncodedBlock]:
-    """Read (Ray tasks over byte ranges of the corpus) and encode (actor pool of ``encode_actors``) the
+    """Read (Ray tasks over byte ranges of the corpus) and encode (actor pool of ``retrieval.encode.actors``) the
     blocks; yields each block when it is done, in any order. The driver holds one block at a time and
     logs the passages the actors have encoded every 15 s."""
     import ray
 
     if not blocks:
         return
-    if cfg.encode_threads:
-        spec = EncoderSpec(**{**spec.__dict__, "threads": cfg.encode_threads})
+    if cfg.encode.threads:
+        spec = EncoderSpec(**{**spec.__dict__, "threads": cfg.encode.threads})
     ds = ray.data.from_items([{"block": asdict(b)} for b in blocks], override_num_blocks=len(blocks))
     ds = ds.map_batches(
-        read_blocks, fn_kwargs={"corpus": str(corpus)}, batch_size=1, batch_format="pyarrow", num_cpus=cfg.read_num_cpus
+        read_blocks,
+        fn_kwargs={"corpus": str(corpus)},
+        batch_size=1,
+        batch_format="pyarrow",
+        num_cpus=cfg.encode.read_num_cpus,
     )
     tally = start_tally()
     ds = BatchStage(
         BlockEncoder,
-        {"spec": spec, "call_rows": cfg.encode_batch_size, "actors_per_node": cfg.encode_actors, "tally": tally},
-        actors=min(cfg.encode_actors, len(blocks)),
+        {"spec": spec, "call_rows": cfg.encode.batch_size, "actors_per_node": cfg.encode.actors, "tally": tally},
+        actors=min(cfg.encode.actors, len(blocks)),
         batch_size=1,
-        num_cpus=cfg.encode_num_cpus,
-        num_gpus=cfg.encode_num_gpus,
+        num_cpus=cfg.encode.num_cpus,
+        num_gpus=cfg.encode.num_gpus,
         # one block per actor at a time: a block queued behind a busy actor would wait there while
         # another actor idles (Ray Data's default of 4 in flight ran the bundled corpus on one actor)
         pool={"max_tasks_in_flight_per_actor": 1},

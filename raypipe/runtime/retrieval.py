@@ -2,15 +2,15 @@
 
 ``start_retrieval_service(config, index_path)``, on the connected Ray and over an index directory that
 exists (the probe job builds or reuses it with :func:`raypipe.runtime.index_build.ensure_index`), starts
-``retrieval.replicas`` :class:`RetrievalActor` s with ``retrieval.num_cpus`` / ``num_gpus`` each, waits
+``retrieval.actors.replicas`` :class:`RetrievalActor` s with ``retrieval.actors.num_cpus`` / ``num_gpus`` each, waits
 until they have loaded (at most ``retrieval.start_timeout_s``: then :class:`RetrievalStartError`, which names
 what each replica asks), and returns a :class:`RetrievalClient`. The client is picklable (it holds actor
 handles), so it can be passed into generation actors and Ray tasks; its ``await search(queries, k)``
 goes to the replicas round robin. Each actor queues the requests it receives and runs them as one
 batch every ``max_wait_ms`` or as soon as ``max_batch_size`` queries are waiting.
 
-Replica deaths. A replica whose process dies is restarted by Ray (``retrieval.max_restarts``), and the
-client sends the searches it was serving again, up to ``retrieval.max_task_retries`` times each (a search
+Replica deaths. A replica whose process dies is restarted by Ray (``retrieval.actors.max_restarts``), and the
+client sends the searches it was serving again, up to ``retrieval.actors.max_task_retries`` times each (a search
 has no side effects), so callers only see the delay. The client makes those retries itself, not Ray: it
 sends each search once (``try_search``, with Ray's retries off: one call when nothing dies), so that
 it sees every death. A query that kills the replica process (a crash in the encoder or
@@ -21,7 +21,7 @@ FAISS on that input) would otherwise take down, retry after retry, every query c
   the client, and so in the process that sends the query (the generation actor whose trajectory asked
   for it): it sees every death of its own sends, and nothing else needs one. A generation actor that
   restarts starts with a new client and new counts; each query is still bounded, as below.
-- A query whose count reaches ``retrieval.max_query_crashes`` (default 2) is searched *alone*: the client
+- A query whose count reaches ``retrieval.actors.max_query_crashes`` (default 2) is searched *alone*: the client
   claims a replica (``claim``: the replica waits until its queued and running batches are done, and from
   then on refuses every other request with ``ReplicaBusy``, which the client sends to the next replica or
   again a moment later, uncharged), then sends that one query under the claim (``search_alone``), which
@@ -34,12 +34,12 @@ FAISS on that input) would otherwise take down, retry after retry, every query c
   same as without it.
 - So a query that kills every replica it reaches costs ``max_query_crashes`` + 1 replica restarts, and an
   innocent one coalesced with it ``max_query_crashes`` failed sends at most (then it runs alone).
-  ``retrieval.max_task_retries`` still caps the failed sends of one search (deaths, claims lost); with
+  ``retrieval.actors.max_task_retries`` still caps the failed sends of one search (deaths, claims lost); with
   ``max_task_retries=0`` (retries off) a search is sent once and fails with Ray's error at the first death, and so does
   every query coalesced with it (no isolation). ``-1``: no cap but isolation and ``UNLIMITED_RETRIES``.
 
 The corpus-side methods (:class:`~raypipe.runtime.corpus_service.CorpusMethods`, the features stage's) and
-the plain ``search`` (``ReplicaTransport``) keep Ray's retries (``retrieval.max_task_retries``) and are not
+the plain ``search`` (``ReplicaTransport``) keep Ray's retries (``retrieval.actors.max_task_retries``) and are not
 counted; a plain ``search`` waits while the replica is claimed, and corpus calls are not held back.
 """
 
@@ -72,14 +72,15 @@ from raypipe.runtime.shared_storage import SharedPath, alive_nodes, check_shared
 
 log = logging.getLogger(__name__)
 
-UNLIMITED_RETRIES = 100  # retrieval.max_task_retries=-1: failed sends of one search before it fails (a backstop)
+UNLIMITED_RETRIES = 100  # retrieval.actors.max_task_retries=-1: failed sends of one search before it fails (a backstop)
 BUSY_TIMEOUT_S = 300.0  # a search refused by every replica (held for searches alone) this long fails
 
 
 def open_replica(
     index_path: str, spec: EncoderSpec, params: SearchParams, threads: int | None = None
 ) -> LocalRetriever:
-    """A replica's searcher: the index, with ``threads`` (``retrieval.search_threads``) for FAISS and the encoder."""
+    """A replica's searcher: the index, with ``threads`` (``retrieval.actors.search_threads``) for FAISS and the
+    encoder."""
     if threads:
         import faiss
 
@@ -140,7 +141,7 @@ class RetrievalActor(CorpusMethods):
 
 
 class _Attempts:
-    """What one search may still spend: failed sends (``retrieval.max_task_retries``) and refusals."""
+    """What one search may still spend: failed sends (``retrieval.actors.max_task_retries``) and refusals."""
 
     def __init__(self, retries: int, replicas: int):
         self.left = retries if retries >= 0 else UNLIMITED_RETRIES
@@ -261,7 +262,8 @@ class RetrievalClient:
                 deaths = self._deaths[query] = self._deaths.get(query, 0) + 1
                 self._killers[query] = (
                     f"in flight at {deaths} retrieval replica deaths, the last one alone "
-                    f"(retrieval.max_query_crashes={self.max_query_crashes}); last error: {type(exc).__name__}: {exc}"
+                    f"(retrieval.actors.max_query_crashes={self.max_query_crashes}); "
+                    f"last error: {type(exc).__name__}: {exc}"
                 )
                 log.warning("query %r killed its retrieval replica while searched alone: not sent again", query)
                 raise QueryCrashError(self._killers[query]) from exc
@@ -315,39 +317,41 @@ def start_retrieval_service(
     spec = encoder_spec(cfg)
     IndexDir(index_path, spec)  # manifest/encoder check in the driver, before any actor starts
     actor_cls = ray.remote(RetrievalActor).options(
-        num_cpus=cfg.num_cpus,
-        num_gpus=cfg.num_gpus,
-        resources=cfg.resources or None,
+        num_cpus=cfg.actors.num_cpus,
+        num_gpus=cfg.actors.num_gpus,
+        resources=cfg.actors.resources or None,
         max_concurrency=1000,
-        max_restarts=cfg.max_restarts,
-        max_task_retries=cfg.max_task_retries,
+        max_restarts=cfg.actors.max_restarts,
+        max_task_retries=cfg.actors.max_task_retries,
     )
     actors = [
         actor_cls.remote(
             str(index_path),
             spec,
             search_params(cfg),
-            cfg.max_batch_size,
-            cfg.max_wait_ms,
-            cfg.search_threads,
+            cfg.actors.max_batch_size,
+            cfg.actors.max_wait_ms,
+            cfg.actors.search_threads,
             search_fault,
         )
-        for _ in range(cfg.replicas)
+        for _ in range(cfg.actors.replicas)
     ]
-    info = wait_ready(actors, cfg.start_timeout_s, placement(cfg.num_cpus, cfg.num_gpus, cfg.resources))
+    info = wait_ready(
+        actors, cfg.start_timeout_s, placement(cfg.actors.num_cpus, cfg.actors.num_gpus, cfg.actors.resources)
+    )
     log.info(
         "retrieval service: %d replica(s) over %d passages (%s)", len(actors), info[0]["count"], info[0]["encoder"]
     )
     return RetrievalClient(
-        actors, index_path, [i["node_id"] for i in info], cfg.max_task_retries, cfg.max_query_crashes
+        actors, index_path, [i["node_id"] for i in info], cfg.actors.max_task_retries, cfg.actors.max_query_crashes
     )
 
 
 def open_retrieval(config: RunConfig, build: bool = True) -> ReplicaService | SharedRetrievalService:
     """The job's retrieval service for ``retrieval.backend``, on the connected Ray: replicas started here over
     the configured index (``actors``: built or reused by :func:`ensure_index` when ``build``, else the existing
-    directory :func:`index_dir_for` names), a Search-R1-style server at ``retrieval.url`` (``http``), or the
-    ``raypipe serve-retrieval`` deployment ``retrieval.deployment`` on the job's Ray cluster (``serve``). Its
+    directory :func:`index_dir_for` names), a Search-R1-style server at ``retrieval.http.url`` (``http``), or the
+    ``raypipe serve-retrieval`` deployment ``retrieval.serve.deployment`` on the job's Ray cluster (``serve``). Its
     ``shutdown()`` stops only what the job started."""
     backend = config.retrieval.backend
     if backend == "http":
@@ -355,7 +359,7 @@ def open_retrieval(config: RunConfig, build: bool = True) -> ReplicaService | Sh
     if backend == "serve":
         from raypipe.runtime.serve_client import ServeRetriever
 
-        return ServeRetriever(config.retrieval.deployment, config.retrieval.serve_timeout_s)
+        return ServeRetriever(config.retrieval.serve.deployment, config.retrieval.serve.timeout_s)
     path = ensure_index(config) if build else index_dir_for(config)
     check_index_visible(config, path)
     return start_retrieval_service(config, path)
@@ -364,7 +368,7 @@ def open_retrieval(config: RunConfig, build: bool = True) -> ReplicaService | Sh
 def check_index_visible(config: RunConfig, path: Path) -> None:
     """On a multi-node Ray, every node that can hold a retrieval actor (the resources it asks for) sees the
     index at ``path``, or :class:`~raypipe.runtime.shared_storage.SharedStorageError` names the node."""
-    index = SharedPath("retrieval index", path, "retrieval.index_dir", expect=MANIFEST, demand=retrieval_demand(config))
+    index = SharedPath("retrieval index", path, "retrieval.index.dir", expect=MANIFEST, demand=retrieval_demand(config))
     check_shared_storage([index])
 
 
@@ -374,7 +378,7 @@ def check_index_folder(config: RunConfig) -> None:
     nodes = alive_nodes()
     if len(nodes) > 1:  # the default index folder's name hashes the corpus: only worth it on a cluster
         folder = SharedPath(
-            "index folder", index_dir_for(config).parent, "retrieval.index_dir", demand=retrieval_demand(config)
+            "index folder", index_dir_for(config).parent, "retrieval.index.dir", demand=retrieval_demand(config)
         )
         check_shared_storage([folder], nodes)
 
@@ -382,7 +386,7 @@ def check_index_folder(config: RunConfig) -> None:
 def retrieval_demand(config: RunConfig) -> dict[str, float]:
     """The resources one retrieval actor asks for: the nodes that have them are the ones that need the index."""
     r = config.retrieval
-    return {**r.resources, "CPU": r.num_cpus, "GPU": r.num_gpus}
+    return {**r.actors.resources, "CPU": r.actors.num_cpus, "GPU": r.actors.num_gpus}
 
 
 def corpus_transport(service: ReplicaService | SharedRetrievalService) -> CorpusTransport:

@@ -1,7 +1,7 @@
 """The retrieval service as a Ray Serve deployment speaking Search-R1's HTTP API.
 
-``deploy_retrieval(config, index_path, host, port, token)`` runs the application ``retrieval.deployment``:
-``retrieval.replicas`` replicas (``retrieval.num_cpus`` / ``num_gpus`` / ``resources`` each), each holding
+``deploy_retrieval(config, index_path, host, port, token)`` runs the application ``retrieval.serve.deployment``:
+``retrieval.actors.replicas`` replicas (``retrieval.actors.num_cpus`` / ``num_gpus`` / ``resources`` each), each holding
 the index and query encoder exactly as an in-job :class:`~raypipe.runtime.retrieval.RetrievalActor`
 does (same :func:`~raypipe.runtime.retrieval.open_replica`, so the same ids and scores), behind Serve's
 HTTP proxy at ``http://HOST:PORT``:
@@ -15,12 +15,12 @@ HTTP proxy at ``http://HOST:PORT``:
   needs besides searches; the same calls as handle methods. Search-R1's API has no such calls.
 
 Concurrent requests (HTTP or handle) are coalesced by Serve's request batching (``@serve.batch``): up to
-``retrieval.max_batch_size`` requests, waiting at most ``retrieval.max_wait_ms``, become one search call
+``retrieval.actors.max_batch_size`` requests, waiting at most ``retrieval.actors.max_wait_ms``, become one search call
 per distinct ``topk``; a search that fails fails the requests of its ``topk`` only. Jobs on the same Ray
 cluster can skip HTTP: :class:`~raypipe.runtime.serve_client.ServeRetriever` calls the deployment's
 ``search`` through a Serve handle (``retrieval.backend: serve``).
 
-What one request may take is bounded (:class:`ServeLimits`, the ``retrieval.serve_*`` settings): its
+What one request may take is bounded (the ``retrieval.serve`` settings, :class:`~raypipe.core.config.ServeConfig`): its
 queries, its ``topk`` (and never more than the passages indexed), its body's size, the ids, terms or texts
 of a corpus call, and its time from arrival to answer. Each refusal is a 4xx whose JSON ``detail`` names
 the setting (through a handle, a :class:`RequestError`). The corpus work runs in worker threads, so a big
@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,7 +43,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ray import serve
 
-from raypipe.core.config import RetrievalConfig, RunConfig
+from raypipe.core.config import RunConfig, ServeConfig
 from raypipe.core.http import one_line
 from raypipe.retrieval.build import encoder_spec, search_params
 from raypipe.retrieval.encoders import EncoderSpec
@@ -69,64 +68,43 @@ class RequestError(Exception):
         self.status, self.detail = status, detail
 
 
-@dataclass(frozen=True)
-class ServeLimits:
-    """What one request may take of a replica (the ``retrieval.serve_*`` settings)."""
-
-    max_queries: int
-    max_topk: int
-    max_items: int
-    max_body_bytes: int
-    timeout_s: float
-    max_results: int
-    max_batch_results: int
-
-    @classmethod
-    def from_config(cls, retrieval: RetrievalConfig) -> ServeLimits:
-        return cls(
-            retrieval.serve_max_queries,
-            retrieval.serve_max_topk,
-            retrieval.serve_max_items,
-            retrieval.serve_max_body_bytes,
-            retrieval.serve_timeout_s,
-            retrieval.serve_max_results,
-            retrieval.serve_max_batch_results,
+def check_queries(limits: ServeConfig, count: int) -> None:
+    if count > limits.max_queries:
+        raise RequestError(
+            413,
+            f"{count} queries in one request, over this server's limit of {limits.max_queries} "
+            "(retrieval.serve.max_queries): send them in smaller requests",
         )
 
-    def check_queries(self, count: int) -> None:
-        if count > self.max_queries:
-            raise RequestError(
-                413,
-                f"{count} queries in one request, over this server's limit of {self.max_queries} "
-                "(retrieval.serve_max_queries): send them in smaller requests",
-            )
 
-    def depth(self, topk: int, passages: int) -> int:
-        """The depth searched for ``topk``: refused outside 1..max_topk, and never more than the passages
-        indexed (FAISS allocates queries x depth)."""
-        if not 1 <= topk <= self.max_topk:
-            raise RequestError(
-                422, f"topk {topk} is outside 1..{self.max_topk}, this server's range (retrieval.serve_max_topk)"
-            )
-        return min(topk, max(passages, 1))
+def search_depth(limits: ServeConfig, topk: int, passages: int) -> int:
+    """The depth searched for ``topk``: refused outside 1..max_topk, and never more than the passages indexed
+    (FAISS allocates queries x depth)."""
+    if not 1 <= topk <= limits.max_topk:
+        raise RequestError(
+            422, f"topk {topk} is outside 1..{limits.max_topk}, this server's range (retrieval.serve.max_topk)"
+        )
+    return min(topk, max(passages, 1))
 
-    def check_results(self, queries: int, depth: int) -> None:
-        """Queries x the depth searched: the hits one request asks for (and FAISS allocates)."""
-        if queries * depth > self.max_results:
-            raise RequestError(
-                413,
-                f"{queries} queries x depth {depth} = {queries * depth:,} hits in one request, over "
-                f"this server's limit of {self.max_results:,} (retrieval.serve_max_results): send fewer "
-                "queries per request or a smaller topk",
-            )
 
-    def check_items(self, field: str, count: int) -> None:
-        if count > self.max_items:
-            raise RequestError(
-                413,
-                f"{count} {field} in one request, over this server's limit of {self.max_items} "
-                "(retrieval.serve_max_items): send them in chunks",
-            )
+def check_results(limits: ServeConfig, queries: int, depth: int) -> None:
+    """Queries x the depth searched: the hits one request asks for (and FAISS allocates)."""
+    if queries * depth > limits.max_results:
+        raise RequestError(
+            413,
+            f"{queries} queries x depth {depth} = {queries * depth:,} hits in one request, over "
+            f"this server's limit of {limits.max_results:,} (retrieval.serve.max_results): send fewer "
+            "queries per request or a smaller topk",
+        )
+
+
+def check_items(limits: ServeConfig, field: str, count: int) -> None:
+    if count > limits.max_items:
+        raise RequestError(
+            413,
+            f"{count} {field} in one request, over this server's limit of {limits.max_items} "
+            "(retrieval.serve.max_items): send them in chunks",
+        )
 
 
 api = FastAPI(title="raypipe retrieval", description="Search-R1's POST /retrieve over a raypipe index")
@@ -173,7 +151,7 @@ async def within_deadline(work: Awaitable[T], timeout_s: float) -> T:
     except TimeoutError:  # asyncio.TimeoutError is this builtin from Python 3.11
         raise RequestError(
             408,
-            f"no answer within {timeout_s:g} s (retrieval.serve_timeout_s): the server is busy or the request too big",
+            f"no answer within {timeout_s:g} s (retrieval.serve.timeout_s): the server is busy or the request too big",
         ) from None
 
 
@@ -208,7 +186,7 @@ async def search_by_topk(
 class RetrievalDeployment(CorpusMethods):
     """One replica: the searcher of an in-job retrieval actor, fed by Serve's request batching, and its
     corpus methods (handle calls ``corpus_info``, ``doc_vectors``, ``document_frequencies``,
-    ``encode_queries``; HTTP under ``/raypipe``), each within the replica's :class:`ServeLimits`."""
+    ``encode_queries``; HTTP under ``/raypipe``), each within the replica's ``limits`` (``retrieval.serve``)."""
 
     def __init__(
         self,
@@ -219,7 +197,7 @@ class RetrievalDeployment(CorpusMethods):
         max_batch_size: int,
         max_wait_ms: float,
         default_topk: int,
-        limits: ServeLimits,
+        limits: ServeConfig,
         token: str | None = None,
     ):
         self.retriever = open_replica(index_path, spec, params, threads)
@@ -244,7 +222,7 @@ class RetrievalDeployment(CorpusMethods):
             "replica": serve.get_replica_context().replica_id.unique_id,
             "batches": self.batches,
             "corpus_endpoints": PREFIX,
-            "limits": asdict(self.limits),
+            "limits": self.limits.model_dump(exclude={"deployment"}),
             "token": self.token is not None,
         }
 
@@ -274,9 +252,9 @@ class RetrievalDeployment(CorpusMethods):
         """The ``Retriever`` call for Serve handles (:class:`~raypipe.runtime.serve_client.ServeRetriever`)
         and ``POST /retrieve``."""
         queries = list(queries)
-        self.limits.check_queries(len(queries))
-        depth = self.limits.depth(k, self.retriever.index.ntotal)
-        self.limits.check_results(len(queries), depth)
+        check_queries(self.limits, len(queries))
+        depth = search_depth(self.limits, k, self.retriever.index.ntotal)
+        check_results(self.limits, len(queries), depth)
         results = await within_deadline(self._search_calls((queries, depth)), self.limits.timeout_s)
         if isinstance(results, Exception):
             raise RequestError(500, f"the search failed: {type(results).__name__}: {one_line(str(results))}")
@@ -286,15 +264,15 @@ class RetrievalDeployment(CorpusMethods):
         return await self._in_thread(self.corpus.corpus_info)
 
     async def doc_vectors(self, doc_ids: list[str]) -> Any:
-        self.limits.check_items("doc_ids", len(doc_ids))
+        check_items(self.limits, "doc_ids", len(doc_ids))
         return await self._in_thread(self.corpus.doc_vectors, doc_ids)
 
     async def document_frequencies(self, terms: list[str], lexicon: str = "plain") -> list[int]:
-        self.limits.check_items("terms", len(terms))
+        check_items(self.limits, "terms", len(terms))
         return await self._in_thread(self.corpus.document_frequencies, terms, lexicon)
 
     async def encode_queries(self, texts: list[str]) -> Any:
-        self.limits.check_items("texts", len(texts))
+        check_items(self.limits, "texts", len(texts))
         return await self._in_thread(self.corpus.encode_queries, texts)
 
     async def _in_thread(self, work: Callable[..., T], *args: Any) -> T:
@@ -313,19 +291,23 @@ def retrieval_app(config: RunConfig, index_path: str | Path, token: str | None =
     spec = encoder_spec(cfg)
     IndexDir(index_path, spec)
     return RetrievalDeployment.options(
-        num_replicas=cfg.replicas,
-        ray_actor_options={"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "resources": cfg.resources},
-        max_ongoing_requests=2 * cfg.max_batch_size,  # one batch searching while the next one fills
+        num_replicas=cfg.actors.replicas,
+        ray_actor_options={
+            "num_cpus": cfg.actors.num_cpus,
+            "num_gpus": cfg.actors.num_gpus,
+            "resources": cfg.actors.resources,
+        },
+        max_ongoing_requests=2 * cfg.actors.max_batch_size,  # one batch searching while the next one fills
         logging_config={"enable_access_log": False},  # a line per request floods the console under load
     ).bind(
         str(index_path),
         spec,
         search_params(cfg),
-        cfg.search_threads,
-        cfg.max_batch_size,
-        cfg.max_wait_ms,
+        cfg.actors.search_threads,
+        cfg.actors.max_batch_size,
+        cfg.actors.max_wait_ms,
         cfg.top_k,
-        ServeLimits.from_config(cfg),
+        cfg.serve,
         token,
     )
 
@@ -339,10 +321,10 @@ def deploy_retrieval(
     warn_if_open(
         host, port, token, "search the index and read its passages, vectors and term counts (docs/retrieval.md)"
     )
-    start_proxy(host, port, config.retrieval.serve_timeout_s)
-    serve.run(retrieval_app(config, index_path, token), name=config.retrieval.deployment, route_prefix="/")
+    start_proxy(host, port, config.retrieval.serve.timeout_s)
+    serve.run(retrieval_app(config, index_path, token), name=config.retrieval.serve.deployment, route_prefix="/")
     return f"http://{host}:{port}"
 
 
 def undeploy_retrieval(config: RunConfig) -> None:
-    undeploy_app(config.retrieval.deployment)
+    undeploy_app(config.retrieval.serve.deployment)

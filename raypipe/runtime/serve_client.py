@@ -17,7 +17,7 @@ from raypipe.retrieval.types import SearchResult
 class ServeRetriever:
     """A :class:`~raypipe.retrieval.types.SharedRetrievalService` over the deployment ``name`` on the connected
     Ray cluster (a Serve handle). Picklable: generation actors call the replicas directly. Each search has the
-    deadline ``timeout_s`` (``retrieval.serve_timeout_s``) from the call, Serve's queue included: past it the call
+    deadline ``timeout_s`` (``retrieval.serve.timeout_s``) from the call, Serve's queue included: past it the call
     is cancelled and :class:`RetrievalServerError` raised."""
 
     def __init__(self, name: str, timeout_s: float):
@@ -42,7 +42,7 @@ class ServeRetriever:
             response.cancel()
             raise RetrievalServerError(
                 f"no answer from the Ray Serve application {self.name!r} within "
-                f"{self.timeout_s:g} s (retrieval.serve_timeout_s), its queue included"
+                f"{self.timeout_s:g} s (retrieval.serve.timeout_s), its queue included"
             ) from None
 
     def describe(self) -> dict[str, Any]:

@@ -108,7 +108,7 @@ class RequestGate:
         self,
         app: Any,
         settings: Callable[[], tuple[str | None, int]],
-        body_setting: str = "retrieval.serve_max_body_bytes",
+        body_setting: str = "retrieval.serve.max_body_bytes",
     ):
         self.app, self.settings, self.body_setting = app, settings, body_setting
 

@@ -20,10 +20,10 @@ from raypipe.runtime.shared_storage import SharedStorageError
 
 DESCRIPTION = """Build the retrieval index (encoder + FAISS + doc store + corpus statistics) for the configured corpus.
 
-Reads the corpus (data.corpus) in blocks of retrieval.build_block_rows passages, encodes them with
-retrieval.encoder on a Ray Data actor pool (retrieval.encode_actors, encode_num_cpus / encode_num_gpus),
+Reads the corpus (data.corpus) in blocks of retrieval.encode.block_rows passages, encodes them with
+retrieval.encoder on a Ray Data actor pool (retrieval.encode.actors, num_cpus / num_gpus),
 writes each block as it is done (a rerun after an interruption encodes only the missing blocks), then
-builds the FAISS index (retrieval.index_type, fp16) and writes the index directory (retrieval.index_dir,
+builds the FAISS index (retrieval.index.type, fp16) and writes the index directory (retrieval.index.dir,
 or one in $RAYPIPE_CACHE/indexes keyed by corpus hash, encoder and index type). Rebuilding an unchanged
 corpus with the same settings does nothing; --force rebuilds. Prints the index directory and a summary.
 
@@ -31,9 +31,9 @@ corpus with the same settings does nothing; --force rebuilds. Prints the index d
 FAISS index whose row i is line i of the corpus (e.g. Search-R1's e5_Flat.index over wiki-18.jsonl)
 into an index directory without re-encoding, after checking a re-encoded sample (unless --no-verify).
 
-The bundled corpus's vectors ship with the package (retrieval.shipped_vectors): its build checks a
+The bundled corpus's vectors ship with the package (retrieval.encode.shipped_vectors): its build checks a
 re-encoded sample against them and encodes nothing. --export-vectors DIR writes an index's vectors in
-that format; `raypipe index --set retrieval.shipped_vectors=false --force --export-vectors DIR`
+that format; `raypipe index --set retrieval.encode.shipped_vectors=false --force --export-vectors DIR`
 reproduces the shipped file from an encoding.
 """
 
@@ -55,7 +55,7 @@ def main() -> None:
     imports.add_argument(
         "--encoder", metavar="ENCODER", help="the encoder that made its vectors (sets retrieval.encoder)"
     )
-    imports.add_argument("--out", metavar="INDEX_DIR", help="the index directory to write (sets retrieval.index_dir)")
+    imports.add_argument("--out", metavar="INDEX_DIR", help="the index directory to write (sets retrieval.index.dir)")
     imports.add_argument(
         "--no-verify", action="store_true", help="skip re-encoding a sample of passages to check the encoder"
     )
@@ -80,7 +80,7 @@ def main() -> None:
         for key, value in (
             ("data.corpus", args.corpus),
             ("retrieval.encoder", args.encoder),
-            ("retrieval.index_dir", args.out),
+            ("retrieval.index.dir", args.out),
         )
         if value
     ]
@@ -97,7 +97,7 @@ def main() -> None:
                 spec,
                 Path(args.out),
                 verify=not args.no_verify,
-                block_rows=config.retrieval.build_block_rows,
+                block_rows=config.retrieval.encode.block_rows,
                 sample=args.verify_sample,
                 min_cosine=args.verify_min_cosine,
             )

@@ -21,10 +21,10 @@ from raypipe.runtime.index_build import ensure_index
 DESCRIPTION = """Serve the retrieval index to other jobs and tools: Search-R1's POST /retrieve and GET /health (Ray Serve).
 
 Builds or reuses the configured index (as `raypipe index` does), deploys it as the Ray Serve application
-retrieval.deployment with retrieval.replicas replicas (retrieval.num_cpus / num_gpus each, CPU or GPU
-FAISS as retrieval.faiss_gpu says; Serve's request batching up to retrieval.max_batch_size requests,
-retrieval.max_wait_ms), prints the URL once every replica is ready, and serves until SIGINT or SIGTERM,
-then deletes the deployment. Point jobs at it with --set retrieval.backend=http --set retrieval.url=URL,
+retrieval.serve.deployment with retrieval.actors.replicas replicas (retrieval.actors.num_cpus / num_gpus each, CPU or GPU
+FAISS as retrieval.index.faiss_gpu says; Serve's request batching up to retrieval.actors.max_batch_size
+requests, retrieval.actors.max_wait_ms), prints the URL once every replica is ready, and serves until SIGINT or SIGTERM,
+then deletes the deployment. Point jobs at it with --set retrieval.backend=http --set retrieval.http.url=URL,
 or on the same Ray cluster (ray.address) with --set retrieval.backend=serve. Besides Search-R1's API it
 answers raypipe's corpus calls under /raypipe/ (passage vectors, document frequencies, query vectors),
 which `raypipe features` needs and a plain Search-R1 server lacks.
@@ -44,9 +44,9 @@ def serve_until_stopped(
         lambda: deploy_retrieval(config, index_path, host, port, token),
         lambda url: (
             f"retrieval service ready at {url}  (POST {url}/retrieve, GET {url}/health; Ray Serve application "
-            f"{cfg.deployment!r}, {cfg.replicas} replica(s))"
+            f"{cfg.serve.deployment!r}, {cfg.actors.replicas} replica(s))"
         ),
-        cfg.deployment,
+        cfg.serve.deployment,
         "retrieval service",
     )
 

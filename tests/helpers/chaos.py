@@ -304,7 +304,7 @@ def index_config(work: Path) -> RunConfig:
     with BUNDLED_CORPUS.open() as src:
         corpus.write_text("".join(next(src) for _ in range(INDEX_PASSAGES)))
     config = CONFIG.model_copy(deep=True)
-    config.data.corpus, config.retrieval.index_dir = str(corpus), str(work / "index")
+    config.data.corpus, config.retrieval.index.dir = str(corpus), str(work / "index")
     ensure_index(config, use_ray=False)
     return config
 
@@ -318,7 +318,7 @@ def retrieval_actor_killed(work: Path, config: RunConfig) -> Outcome:
 
 
 RESTARTING = "The actor is restarting"  # Ray's ActorUnavailableError for a call to a replica being restarted
-REPLICA_KILLS = {  # name: (retrieval.max_task_retries, the row of the question whose search was in flight)
+REPLICA_KILLS = {  # name: (retrieval.actors.max_task_retries, the row of the question whose search was in flight)
     "retried": (3, "answer"),
     "retries off": (0, STOP_RETRIEVAL_ERROR),
 }
@@ -327,13 +327,13 @@ REPLICA_KILLS = {  # name: (retrieval.max_task_retries, the row of the question 
 def retrieval_replica_killed_in_flight(work: Path, config: RunConfig, kind: str) -> Outcome:
     """The replica is SIGKILLed once while a search waits in it (its batcher holds it ``max_wait_ms``). Ray
     restarts the replica; the client sends the search again (``retried``), or with
-    ``retrieval.max_task_retries=0`` its row ends ``retrieval_error`` (``retries off``). One question at a
+    ``retrieval.actors.max_task_retries=0`` its row ends ``retrieval_error`` (``retries off``). One question at a
     time, so no other search is in flight at the kill. A query that kills every replica it reaches is
     :func:`poison_retrieval_query`."""
     retries, reason = REPLICA_KILLS[kind]
     started, qs, marker = time.monotonic(), questions(6), work / "retrieval.fired"
     config = config.model_copy(deep=True)
-    config.retrieval.max_wait_ms, config.retrieval.max_task_retries = 400.0, retries
+    config.retrieval.actors.max_wait_ms, config.retrieval.actors.max_task_retries = 400.0, retries
     config.generation.batch_size = config.generation.max_concurrent_trajectories = 1
     run = retrieval_run(
         work / "run", config, qs, wrap=lambda client: KillReplicaInFlight(client, qs[3].question, marker)
@@ -357,7 +357,7 @@ def retrieval_replica_killed_in_flight(work: Path, config: RunConfig, kind: str)
 
 
 POISON_QUESTIONS = 6
-POISON_SEARCHES = {  # name: (retrieval.replicas, retrieval.max_task_retries)
+POISON_SEARCHES = {  # name: (retrieval.actors.replicas, retrieval.actors.max_task_retries)
     "1 replica": (1, 3),
     "2 replicas": (2, 3),
     "retries off": (2, 0),
@@ -369,7 +369,7 @@ def poison_config(config: RunConfig) -> RunConfig:
     and searches held 300 ms in the replica's batcher: their first searches coalesce."""
     config = config.model_copy(deep=True)
     config.generation.batch_size = config.generation.max_concurrent_trajectories = POISON_QUESTIONS
-    config.retrieval.max_wait_ms = 300.0
+    config.retrieval.actors.max_wait_ms = 300.0
     return config
 
 
@@ -392,17 +392,17 @@ def retrieval_reference(work: Path, config: RunConfig) -> RunDir:
 
 def poison_retrieval_query(work: Path, config: RunConfig, reference: RunDir, kind: str) -> Outcome:
     """One question's query makes every replica process that searches it exit (``PoisonQuery``, inside the
-    replica), among five normal ones sent at the same time. After ``retrieval.max_query_crashes`` deaths
+    replica), among five normal ones sent at the same time. After ``retrieval.actors.max_query_crashes`` deaths
     it is searched alone, kills that replica too, and its row ends ``query_crash`` naming the deaths (a rerun
     keeps it);
     the queries coalesced with it are sent again (some alone) and every other row equals a run without
-    the fault. With ``retrieval.max_task_retries=0`` (``retries off``) the first death fails its whole
+    the fault. With ``retrieval.actors.max_task_retries=0`` (``retries off``) the first death fails its whole
     batch: those rows end ``retrieval_error``, the others (on the other replica) equal the run without it."""
     replicas, retries = POISON_SEARCHES[kind]
     started, qs = time.monotonic(), questions(POISON_QUESTIONS)
     poison = qs[3]
     config = poison_config(config)
-    config.retrieval.replicas, config.retrieval.max_task_retries = replicas, retries
+    config.retrieval.actors.replicas, config.retrieval.actors.max_task_retries = replicas, retries
     fault = PoisonQuery(poison.question, work / "searches.jsonl")
     run = retrieval_run(work / "run", config, qs, fault)
     killing = [call["queries"] for call in fault.calls() if call["killed"]]
@@ -412,7 +412,7 @@ def poison_retrieval_query(work: Path, config: RunConfig, reference: RunDir, kin
         STOP_QUERY_CRASH if retries else STOP_RETRIEVAL_ERROR
     )  # retries off: Ray's error, an outage as far as it says
     out = check_run(f"poison retrieval query ({kind})", run, qs, started, expect=dict.fromkeys(failed, reason))
-    deaths = 1 if retries == 0 else config.retrieval.max_query_crashes + 1
+    deaths = 1 if retries == 0 else config.retrieval.actors.max_query_crashes + 1
     if len(killing) != deaths:
         out.problems.append(f"{len(killing)} replica deaths, expected {deaths}")
     if not killing or len(killing[0]) < 2:
@@ -561,7 +561,7 @@ def _raised(call: Callable[[], object]) -> BaseException | None:
 def broken_setup(work: Path, config: RunConfig) -> Outcome:
     """A truncated index file, an edited manifest, a missing model: each a clear error before any work."""
     started, out = time.monotonic(), Outcome("broken index / missing model", rows_out=0)
-    index = Path(config.retrieval.index_dir)
+    index = Path(config.retrieval.index.dir)
     truncated, edited = work / "truncated", work / "edited"
     for folder in (truncated, edited):
         shutil.copytree(index, folder)
@@ -594,7 +594,7 @@ def broken_setup(work: Path, config: RunConfig) -> Outcome:
 def _with(config: RunConfig, index_dir: Path | None = None, model: str | None = None) -> RunConfig:
     variant = config.model_copy(deep=True)
     if index_dir is not None:
-        variant.retrieval.index_dir = str(index_dir)
+        variant.retrieval.index.dir = str(index_dir)
     if model is not None:
         variant.engine.model = model
     return variant

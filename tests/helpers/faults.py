@@ -147,7 +147,7 @@ class KillReplicaOnce:
 class KillReplicaInFlight:
     """A ``Retriever`` around a retrieval client with one replica: the first time a search's queries contain
     ``trigger`` (once in the job: ``marker``), sends it, SIGKILLs the replica ``after_s`` later while the
-    search waits in its batcher (run the service with ``retrieval.max_wait_ms`` well above ``after_s``),
+    search waits in its batcher (run the service with ``retrieval.actors.max_wait_ms`` well above ``after_s``),
     then awaits the answer. A query that kills every replica it reaches is :class:`PoisonQuery`."""
 
     def __init__(self, client, trigger: str, marker: str | Path, after_s: float = 0.1):
@@ -163,7 +163,7 @@ class KillReplicaInFlight:
         pending = asyncio.ensure_future(self.client.search(queries, k))
         await asyncio.sleep(self.after_s)
         if pending.done():
-            raise RuntimeError("the search finished before the replica was killed: raise retrieval.max_wait_ms")
+            raise RuntimeError("the search finished before the replica was killed: raise retrieval.actors.max_wait_ms")
         os.kill(pid, signal.SIGKILL)
         return await pending
 

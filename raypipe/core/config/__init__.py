@@ -45,8 +45,16 @@ from raypipe.core.config.load import (
     preset_path,
     preset_tree,
 )
+from raypipe.core.config.migrate import MOVED_KEYS, migrate_key, migrate_tree
 from raypipe.core.config.report import Correction, ReportConfig
-from raypipe.core.config.retrieval import RetrievalConfig
+from raypipe.core.config.retrieval import (
+    ActorsConfig,
+    EncodeConfig,
+    HttpConfig,
+    IndexConfig,
+    RetrievalConfig,
+    ServeConfig,
+)
 from raypipe.core.config.run import RunConfig
 from raypipe.core.config.serve_agent import ServeAgentConfig
 from raypipe.core.config.stopping import ControllerBackend, HeadRefit, HeuristicVariant, StoppingConfig
@@ -55,6 +63,7 @@ from raypipe.core.config.tracking import TrackingConfig
 from raypipe.core.config.train import Relation, TrainConfig
 
 __all__ = [
+    "ActorsConfig",
     "AgentConfig",
     "AgentTrainConfig",
     "CHARS_PER_TOKEN",
@@ -64,11 +73,15 @@ __all__ = [
     "DEFAULT_PRESET",
     "DataConfig",
     "ENFORCED_TAG_CHARS",
+    "EncodeConfig",
     "EngineConfig",
     "FeaturesConfig",
     "GenerationConfig",
     "HeadRefit",
     "HeuristicVariant",
+    "HttpConfig",
+    "IndexConfig",
+    "MOVED_KEYS",
     "PAPER_F1_SHARE",
     "PAPER_ITERATIONS_CHANGE",
     "PAPER_THETA_P",
@@ -87,6 +100,7 @@ __all__ = [
     "SEED_HEAD_LEARNING_RATE",
     "SEED_HEAD_WEIGHT_DECAY",
     "ServeAgentConfig",
+    "ServeConfig",
     "StopRagConfig",
     "StoppingConfig",
     "StrictModel",
@@ -96,6 +110,8 @@ __all__ = [
     "dump_config",
     "known_presets",
     "load_config",
+    "migrate_key",
+    "migrate_tree",
     "preset_path",
     "preset_tree",
 ]

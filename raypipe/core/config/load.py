@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from raypipe.core.config.base import ConfigError
+from raypipe.core.config.migrate import migrate_key, migrate_tree
 from raypipe.core.config.run import RunConfig
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "presets"  # inside the package: a wheel has them
@@ -34,11 +35,12 @@ def preset_path(preset: str | Path) -> Path:
 
 
 def apply_override(tree: dict[str, Any], override: str) -> None:
-    """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML."""
+    """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML. An old key name is read as its
+    new one (:func:`~raypipe.core.config.migrate.migrate_key`)."""
     key, sep, raw = override.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {override!r} is not of the form section.key=value")
-    parts = key.strip().split(".")
+    parts = migrate_key(key.strip()).split(".")
     node = tree
     for part in parts[:-1]:
         child = node.setdefault(part, {})
@@ -55,14 +57,15 @@ def load_config(preset: str | Path = DEFAULT_PRESET, overrides: list[str] | tupl
     for override in overrides:
         apply_override(tree, override)
     try:
-        return RunConfig.model_validate(tree)
+        return RunConfig.model_validate(migrate_tree(tree))  # again: a whole section set by an override
     except ValidationError as exc:
         raise ConfigError(f"invalid configuration ({path}):\n{_describe(exc)}") from None
 
 
 def preset_tree(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """A preset file's settings; ``extends: PRESET`` starts from that preset's and overlays this file's, section by
-    section (a preset that differs from another in a few settings says only those)."""
+    """A preset file's settings, old key names moved to their new places; ``extends: PRESET`` starts from that
+    preset's and overlays this file's, key by key (a preset that differs from another in a few settings says only
+    those)."""
     try:
         tree = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
@@ -70,15 +73,25 @@ def preset_tree(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(tree).__name__}")
     base = tree.pop("extends", None)
+    tree = migrate_tree(tree)
     if base is None:
         return tree
     base_path = preset_path(str(base))
     if base_path in (*seen, path):
         raise ConfigError(f"{path}: extends {base} in a cycle")
-    merged = preset_tree(base_path, (*seen, path))
-    for key, value in tree.items():
-        overlay = isinstance(value, dict) and isinstance(merged.get(key), dict)
-        merged[key] = {**merged[key], **value} if overlay else value
+    return _overlay(preset_tree(base_path, (*seen, path)), tree, RunConfig)
+
+
+def _overlay(base: dict[str, Any], top: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
+    """``top``'s values over ``base``'s; a section or sub-section in both is overlaid the same way, key by key (a
+    mapping-valued setting, such as ``retrieval.actors.resources``, is replaced whole)."""
+    merged = dict(base)
+    for key, value in top.items():
+        field = model.model_fields.get(key)
+        section = field.annotation if field is not None else None
+        nested = isinstance(section, type) and issubclass(section, BaseModel)
+        both = nested and isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = _overlay(merged[key], value, section) if both else value  # type: ignore[arg-type]
     return merged
 
 
