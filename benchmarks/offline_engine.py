@@ -23,7 +23,7 @@ from typing import Any
 
 from raypipe.agents.barrier import TurnBarrier
 from raypipe.core.config import EngineConfig
-from raypipe.core.models import cache_dir, resolve_llm
+from raypipe.core.models import cache_dir, engine_model
 from raypipe.llm.base import EngineError, Generation, GenerationRequest
 from raypipe.llm.common import LocalTokenizer, engine_record, tokenized_request
 from raypipe.llm.vllm_engine import VLLMEngine, engine_kwargs, sampling_params, to_generation, vllm_environment
@@ -174,7 +174,7 @@ def start_offline_engine(config: EngineConfig) -> OfflineBatchEngine:
     from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
     from vllm.platforms import current_platform
 
-    model_path = resolve_llm(config.model)
+    model_path = engine_model(config)  # the run's agent: the adapter merged, as the async engine loads it
     tokenizer = LocalTokenizer(model_path)
     on_cpu = current_platform.is_cpu()
     async_only = {f.name for f in fields(AsyncEngineArgs)} - {f.name for f in fields(EngineArgs)}

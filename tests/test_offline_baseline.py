@@ -249,3 +249,20 @@ def test_transcript_differences_name_the_first_differing_iteration(bench):
     assert where["tail"] == (None, "a forced Paris", "a forced Rome")  # every row agrees: the transcripts
     window = bench.first_difference("y" * 100 + "A" + "z" * 100, "y" * 100 + "B" + "z" * 100)
     assert window == ("y" * 10 + "A" + "z" * 49, "y" * 10 + "B" + "z" * 49)
+
+
+def test_the_offline_engine_loads_the_runs_agent_as_the_async_engine_does(offline, monkeypatch):
+    """The embedded default runs the tuned agent (engine.adapter): the peers' design must run the same model, not
+    the base one (it did until 2026-12-06: every transcript differed from the stage's at iteration 0)."""
+    import vllm
+
+    from raypipe.core.config import load_config
+    from raypipe.core.models import engine_model
+
+    loaded: dict = {}
+    monkeypatch.setattr(vllm, "LLM", lambda **kwargs: loaded.update(kwargs) or SimpleNamespace())
+    config = load_config().engine
+    assert config.adapter is not None
+    engine = offline.start_offline_engine(config)
+    assert loaded["model"] == str(engine_model(config)) == str(engine.model_path)
+    assert "+agent-" in Path(loaded["model"]).name  # the artifact merged, not the base model's folder

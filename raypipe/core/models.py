@@ -21,8 +21,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raypipe.core.adapter import apply_artifact, read_manifest, sha256_of
+
+if TYPE_CHECKING:
+    from raypipe.core.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +104,12 @@ def resolve_llm(ref: str, adapter: str | None = None) -> Path:
     path = locate_llm(ref)
     folder = gguf_to_folder(path) if path.is_file() else path
     return folder if adapter is None else adapted_folder(path, folder, locate_adapter(adapter))
+
+
+def engine_model(config: EngineConfig) -> Path:
+    """The folder every engine of ``config`` loads: ``engine.model`` with ``engine.adapter`` merged when set (the
+    embedded default's tuned agent). One place, so that no engine runs another agent than the run's."""
+    return resolve_llm(config.model, config.adapter)
 
 
 def adapted_folder(source: Path, folder: Path, artifact: Path) -> Path:

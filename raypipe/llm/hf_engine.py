@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from raypipe.core.config import EngineConfig
-from raypipe.core.models import resolve_llm
+from raypipe.core.models import engine_model
 from raypipe.llm.base import EngineError, Generation, GenerationRequest
 from raypipe.llm.common import LocalTokenizer, check_request, engine_record, find_stop, fit_max_tokens, resolve_dtype
 
@@ -39,7 +39,7 @@ class TransformersEngine:
 
         self.config = config
         self.max_model_len = config.max_model_len
-        self.model_path = resolve_llm(config.model, config.adapter)
+        self.model_path = engine_model(config)
         self.tokenizer = LocalTokenizer(self.model_path)
         started = time.perf_counter()
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -22,7 +22,7 @@ from typing import Any
 
 from raypipe.core.config import EngineConfig
 from raypipe.core.loopthread import LoopThread
-from raypipe.core.models import cache_dir, resolve_llm
+from raypipe.core.models import cache_dir, engine_model
 from raypipe.llm.base import EngineDiedError, EngineError, EngineUnavailableError, Generation, GenerationRequest
 from raypipe.llm.common import LocalTokenizer, engine_record, resolve_dtype, tokenized_request
 
@@ -160,7 +160,7 @@ class VLLMEngine:
 
         self.config = config
         self.max_model_len = config.max_model_len
-        self.model_path = resolve_llm(config.model, config.adapter)
+        self.model_path = engine_model(config)
         self.tokenizer = LocalTokenizer(self.model_path)
         self.on_cpu = current_platform.is_cpu()
         kwargs = engine_kwargs(config, str(self.model_path), self.on_cpu)
