@@ -97,10 +97,11 @@ def main() -> None:
 
     from raypipe.retrieval import LocalRetriever, encoder_spec, search_params
     from raypipe.runtime.index_build import ensure_index
-    from raypipe.stopping.online import OnlineController, controller_from_path
+    from raypipe.stopping.online import OnlineController
+    from raypipe.stopping.policies import controller_on_bundle
 
     if args.which == "paper":
-        controller = controller_from_path(run.path, config)
+        controller = controller_on_bundle(run.path, config)
     else:
         controller = OnlineController.from_selected(
             run.path / "stopping" / "selected.json", run.path / "models", args.which, config

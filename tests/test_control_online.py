@@ -3,6 +3,7 @@
 import asyncio
 import json
 import pickle
+from dataclasses import replace
 
 import pytest
 
@@ -11,8 +12,9 @@ from raypipe.agents.hooks import CONTINUE, StopDecision
 from raypipe.core.config import AgentConfig
 from raypipe.data.loaders import Question
 from raypipe.stopping.batching import OneByOne
+from raypipe.stopping.cap_online import CapController
 from raypipe.stopping.heuristic import HeuristicOptions, Thresholds
-from raypipe.stopping.online import OnlineController
+from raypipe.stopping.online import BundleLoader, OnlineController
 from raypipe.testing.fakes import FakeEngine, FakeRetriever, agent_turns
 
 TH = Thresholds(0.5, 0.0)
@@ -91,13 +93,15 @@ def test_per_dataset_thresholds():
 def test_pickles_without_its_loaded_state():
     pred = TablePredictor({1: (0.2, 0.2)})
     ctl = OnlineController("some/bundle", TH)
-    ctl._load_bundle = lambda: pred  # type: ignore[method-assign]
+    assert ctl.source.factory == BundleLoader("some/bundle")  # the bundle, loaded on first use
+    ctl.source.factory = lambda: pred
     asyncio.run(ctl.decide("Q?", rows(1)))
-    assert ctl._batcher is not None and ctl._batcher.predicted == 1
-    del ctl._load_bundle  # the instance attribute does not pickle; the class's method is what a clone uses
+    assert ctl.source.batcher is not None and ctl.source.batcher.predicted == 1
+    ctl.source.factory = BundleLoader("some/bundle")  # a lambda does not pickle; a generation actor gets the loader
     clone = pickle.loads(pickle.dumps(ctl))
-    assert clone._batcher is None and not clone._predictions
+    assert clone.source.batcher is None and not clone._predictions
     assert clone.bundle_path == "some/bundle" and clone.thresholds == {"*": TH}
+    assert clone.source.factory == BundleLoader("some/bundle")
 
 
 def test_from_selected_checks_the_head(tmp_path):
@@ -117,18 +121,33 @@ def test_from_selected_checks_the_head(tmp_path):
         OnlineController.from_selected(selected, tmp_path, "faithful")
 
 
-def test_controller_from_path(tmp_path):
+def test_the_probe_jobs_controller_is_the_registrys_heuristic_on_the_bundle(tmp_path):
+    """`raypipe probe --controller PATH`: the heuristic policy of stopping/policies.py, with config.stopping's
+    thresholds and variant, on the bundle PATH names (a bundle folder or a run directory's models/)."""
     from raypipe.core.config import load_config
-    from raypipe.stopping.online import controller_from_path
+    from raypipe.stopping.policies import POLICIES, controller_on_bundle
 
     config = load_config(overrides=["stopping.theta_p=0.25", "stopping.variant=best_rollback"])
     with pytest.raises(FileNotFoundError, match="no predictor bundle"):
-        controller_from_path(tmp_path, config)
+        controller_on_bundle(tmp_path, config)
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "manifest.json").write_text("{}")
-    ctl = controller_from_path(tmp_path, config)  # a run directory: the bundle under models/
-    assert ctl.bundle_path == str(tmp_path / "models")
+    ctl = controller_on_bundle(tmp_path, config)  # a run directory: the bundle under models/
+    assert isinstance(ctl, OnlineController)
+    assert ctl.source.factory == BundleLoader(str(tmp_path / "models"), config.model_dump(mode="json"))
     assert ctl.thresholds == {"*": Thresholds(0.25, 0.2)} and ctl.options == HeuristicOptions(rollback="best")
+    built, calls = CapController(1), []  # the registry's entry builds it: swap the entry, see what comes back
+    heuristic = POLICIES["heuristic"]
+    POLICIES["heuristic"] = replace(
+        heuristic, build=lambda policy, loaded: calls.append((policy, loaded)) or (built, "")
+    )
+    try:
+        assert controller_on_bundle(tmp_path, config) is built
+    finally:
+        POLICIES["heuristic"] = heuristic
+    [(policy, loaded)] = calls
+    assert policy.name == "heuristic" and loaded.stopping == config.stopping
+    assert loaded.predictor.factory == BundleLoader(str(tmp_path / "models"), config.model_dump(mode="json"))
 
 
 # ---------------------------------------------------------------- inside the agent loop

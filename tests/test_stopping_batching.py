@@ -93,7 +93,7 @@ def test_concurrent_trajectories_get_the_decisions_they_get_one_at_a_time():
     async def together():
         controller = OnlineController(None, Thresholds(0.5, 0.0), predictor_factory=Table)
         results = await asyncio.gather(*(trajectory(controller, q) for q in qids))
-        return results, controller._batcher
+        return results, controller.source.batcher
 
     async def alone():
         controller = OnlineController(None, Thresholds(0.5, 0.0), predictor_factory=Table)

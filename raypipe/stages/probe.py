@@ -74,7 +74,7 @@ from raypipe.runtime.interrupt import shutdown_now
 from raypipe.runtime.retrieval import open_retrieval
 from raypipe.runtime.shared_storage import SharedPath, SharedStorageError, check_shared_storage
 from raypipe.runtime.stage_main import log_finished, print_model_note
-from raypipe.stopping.online import controller_from_path
+from raypipe.stopping.policies import controller_on_bundle
 
 DESCRIPTION = """Run the agents with in-trajectory probing: RUN_DIR/trajectories/ and RUN_DIR/iterations/ (the main job).
 
@@ -271,7 +271,7 @@ def main() -> None:
     try:
         check_resumable(config, run)
         tracker = StageTracker.open(config.tracking, run.path, "probe")  # tracking.mlflow_uri checked before the work
-        controller = controller_from_path(args.controller, config) if args.controller else None
+        controller = controller_on_bundle(args.controller, config) if args.controller else None
         written = run_probe(config, run, controller=controller, relay_worker_logs=args.verbose)
         log_finished(tracker, config, probe_headline(run, written))
     except (

@@ -46,9 +46,9 @@ docs/serve-agent.md: the API, the policies, the limits (serve_agent.*), the metr
 def bundle_paths(config: RunConfig, controller: str | None, stoprag: str | None) -> tuple[str | None, str | None]:
     """The bundle folders the flags name, checked here before any replica starts (FileNotFoundError otherwise)."""
     if controller is not None:
-        from raypipe.stopping.online import controller_from_path
+        from raypipe.stopping.online import bundle_folder
 
-        controller = controller_from_path(controller, config).bundle_path
+        controller = str(bundle_folder(controller))
     if stoprag is not None:
         from raypipe.stoprag.qnet import controller_from_path as qnet_from_path
 

@@ -20,6 +20,7 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,6 +51,53 @@ class PredictionSource(Protocol):
 
 
 PredictorFactory = Callable[[], Predictor]
+
+
+class LazyPredictions:
+    """A :class:`PredictionSource` over the predictor ``factory`` makes on first use, in the process that asks (a
+    generation actor's own copy), behind a :class:`~raypipe.stopping.batching.PredictionBatcher` (the trajectories
+    waiting on a decision predicted together). Picklable when ``factory`` is: a copy starts unloaded."""
+
+    def __init__(self, factory: PredictorFactory):
+        self.factory = factory
+        self.batcher: PredictionBatcher | None = None  # built on first use: the process's own
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "batcher": None}
+
+    async def predict(self, history_rows: Sequence[Mapping[str, Any]], question: str) -> tuple[float, float]:
+        if self.batcher is None:
+            self.batcher = PredictionBatcher(self.factory)
+        return await self.batcher.predict(history_rows, question)
+
+
+@dataclass(frozen=True)
+class BundleLoader:
+    """The picklable factory of a bundle's predictor: :func:`load_bundle_predictor` with the run config as JSON."""
+
+    path: str
+    config: dict | None = None
+
+    def __call__(self) -> Predictor:
+        config = RunConfig.model_validate(self.config) if self.config is not None else None
+        return load_bundle_predictor(self.path, config)
+
+
+def bundle_predictions(path: str | Path, config: RunConfig | None = None) -> LazyPredictions:
+    """The predictions of the bundle at ``path``, loaded where they are first asked for."""
+    return LazyPredictions(BundleLoader(str(path), config.model_dump(mode="json") if config is not None else None))
+
+
+def bundle_folder(path: str | Path) -> Path:
+    """The predictor bundle a ``--controller PATH`` names: PATH itself or a run directory's ``models/``."""
+    folder = Path(path)
+    if not (folder / BUNDLE_MANIFEST).exists() and (folder / "models" / BUNDLE_MANIFEST).exists():
+        folder = folder / "models"
+    if not (folder / BUNDLE_MANIFEST).exists():
+        raise FileNotFoundError(
+            f"{path}: no predictor bundle ({BUNDLE_MANIFEST}) here or under models/; run jobs/train.py first"
+        )
+    return folder
 
 
 def load_bundle_predictor(bundle_path: str | Path, config: RunConfig | None = None) -> Predictor:
@@ -99,9 +147,10 @@ class OnlineController:
     """Stop trajectories in flight with the 4-state heuristic on predicted P̂/Û.
 
     ``thresholds``: one :class:`Thresholds` (or a (θ_P, θ_U) pair), or a mapping from dataset name to
-    thresholds with ``"*"`` for the rest (per-dataset choices of the sweep). ``predictor_factory``
-    replaces the bundle (tests, other predictors); ``source`` replaces both with predictions the caller
-    batches (a served replica's one batcher for all its requests).
+    thresholds with ``"*"`` for the rest (per-dataset choices of the sweep). Its predictions: ``source`` (a served
+    replica's one batcher for all its requests, or :func:`bundle_predictions`), else the predictor
+    ``predictor_factory`` makes (tests, other predictors), else the bundle at ``bundle_path``, each loaded on first
+    use (:class:`LazyPredictions`).
     """
 
     def __init__(
@@ -121,10 +170,13 @@ class OnlineController:
         self.bundle_path = None if bundle_path is None else str(bundle_path)
         self.thresholds = _threshold_map(thresholds)
         self.options = options
-        self._config = config.model_dump(mode="json") if config is not None else None
-        self._factory = predictor_factory
-        self._source = source
-        self._batcher: PredictionBatcher | None = None  # built on first use: the actor's own
+        if source is None:
+            source = (
+                LazyPredictions(predictor_factory)
+                if predictor_factory is not None
+                else bundle_predictions(str(bundle_path), config)
+            )
+        self.source = source
         self._predictions: OrderedDict[str, dict[int, tuple[float, float]]] = OrderedDict()
 
     @classmethod
@@ -151,9 +203,7 @@ class OnlineController:
         return cls(bundle_path, thresholds, VARIANTS[chosen["variant"]], config=config)
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state.update(_batcher=None, _predictions=OrderedDict())
-        return state
+        return {**self.__dict__, "_predictions": OrderedDict()}
 
     def thresholds_for(self, dataset: str | None) -> Thresholds:
         return self.thresholds.get(dataset or "", self.thresholds["*"])
@@ -187,36 +237,7 @@ class OnlineController:
         return decision
 
     async def _predict(self, rows: list[OnlineRow], question: str) -> tuple[float, float]:
-        if self._source is not None:
-            return await self._source.predict(rows, question)
-        if self._batcher is None:
-            self._batcher = PredictionBatcher(self._factory or self._load_bundle)
-        return await self._batcher.predict(rows, question)
-
-    def _load_bundle(self) -> Predictor:
-        assert self.bundle_path is not None  # the constructor asks for a bundle, a factory or a source
-        config = RunConfig.model_validate(self._config) if self._config is not None else None
-        return load_bundle_predictor(self.bundle_path, config)
-
-
-def controller_from_path(path: str | Path, config: RunConfig) -> OnlineController:
-    """The controller ``jobs/probe.py --controller PATH`` uses.
-
-    PATH is a predictor bundle folder or a run directory holding one under ``models/``. Thresholds and
-    variant come from ``config.stopping`` (theta_p, theta_u, variant; default the paper's operating
-    point), so ``--set stopping.theta_p=...`` picks others (e.g. a sweep's choice from selected.json).
-    """
-    folder = Path(path)
-    if not (folder / BUNDLE_MANIFEST).exists() and (folder / "models" / BUNDLE_MANIFEST).exists():
-        folder = folder / "models"
-    if not (folder / BUNDLE_MANIFEST).exists():
-        raise FileNotFoundError(
-            f"{path}: no predictor bundle ({BUNDLE_MANIFEST}) here or under models/; run jobs/train.py first"
-        )
-    stopping = config.stopping
-    return OnlineController(
-        folder, Thresholds(stopping.theta_p, stopping.theta_u), VARIANTS[stopping.variant], config=config
-    )
+        return await self.source.predict(rows, question)
 
 
 def _threshold_map(thresholds: Thresholds | tuple[float, float] | Mapping[str, Thresholds]) -> dict[str, Thresholds]:

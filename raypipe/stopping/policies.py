@@ -1,7 +1,8 @@
 """The stopping policies a served trajectory may run under, in one registry (:data:`POLICIES`): each policy's name,
 the request settings it takes (those it needs, the values a setting may hold), what the server must have loaded
 to offer it, how its controller is built, and its line in docs/serve-agent.md's table (:func:`policy_table`, which
-a test holds the docs to). Adding a policy is one :class:`StopPolicy` entry.
+a test holds the docs to). Adding a policy is one :class:`StopPolicy` entry. The probe job's ``--controller``
+builds its heuristic here too (:func:`controller_on_bundle`).
 
 A request names its policy in :class:`~raypipe.agents.answer_api.Policy` (the wire format: every setting's type);
 :func:`check_policy` refuses what the policy does not take (:class:`~raypipe.agents.answer_api.ApiError`, 400 or
@@ -12,14 +13,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import get_args
 
 from raypipe.agents.answer_api import ApiError, Policy
 from raypipe.agents.hooks import StopController
-from raypipe.core.config import PAPER_THETA_P, PAPER_THETA_U, PAPER_THETA_U_STRICT, HeuristicVariant, StoppingConfig
+from raypipe.core.config import (
+    PAPER_THETA_P,
+    PAPER_THETA_U,
+    PAPER_THETA_U_STRICT,
+    HeuristicVariant,
+    RunConfig,
+    StoppingConfig,
+)
 from raypipe.stopping.cap_online import CapController
 from raypipe.stopping.heuristic import VARIANTS, Thresholds
-from raypipe.stopping.online import OnlineController, PredictionSource
+from raypipe.stopping.online import OnlineController, PredictionSource, bundle_folder, bundle_predictions
 
 # Named (θ_P, θ_U) pairs a heuristic policy may ask for; without a preset or thetas: the server's stopping.theta_*.
 THRESHOLD_PRESETS = {"paper": (PAPER_THETA_P, PAPER_THETA_U), "paper_strict": (PAPER_THETA_P, PAPER_THETA_U_STRICT)}
@@ -180,6 +189,17 @@ def build_controller(policy: Policy, loaded: Loaded) -> tuple[StopController | N
     """The controller of one request's policy (checked with :func:`check_offered` first) and the policy as run."""
     check_offered(policy, loaded)
     return POLICIES[policy.name].build(policy, loaded)
+
+
+def controller_on_bundle(path: str | Path, config: RunConfig) -> StopController:
+    """The probe job's ``--controller PATH``: the registry's ``heuristic`` policy with the server defaults of
+    ``config.stopping`` (theta_p, theta_u, variant: ``--set stopping.theta_p=...``), on the predictor bundle PATH
+    names (a bundle folder or a run directory with one under ``models/``; FileNotFoundError otherwise), loaded in
+    each generation actor on its first decision."""
+    loaded = Loaded(config.stopping, predictor=bundle_predictions(bundle_folder(path), config))
+    controller, _ = build_controller(Policy(name="heuristic"), loaded)
+    assert controller is not None  # the heuristic always stops by a controller
+    return controller
 
 
 def policy_table() -> str:
