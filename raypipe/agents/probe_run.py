@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from raypipe.agents.factory import build_protocol
 from raypipe.core.adapter import read_manifest
-from raypipe.core.config import ConfigError, RunConfig, migrate_tree
+from raypipe.core.config import ConfigError, RunConfig, migrate_tree, nested_section
 from raypipe.core.models import locate_adapter
 from raypipe.core.rundir import RunDir
 
@@ -130,7 +130,7 @@ def check_resumable(config: RunConfig, run_dir: RunDir) -> None:
     new = config.model_dump(mode="json")
     changed = []
     for section in RESULT_SECTIONS:
-        model = RunConfig.model_fields[section].annotation
+        model = nested_section(RunConfig, section)
         before, after = _settings(old.get(section), model), _settings(new.get(section), model)
         keys = (before.keys() | after.keys()) - OPERATIONAL.get(section, set())
         changed += [f"{section}.{key}" for key in sorted(keys) if before.get(key) != after.get(key)]
@@ -141,16 +141,15 @@ def check_resumable(config: RunConfig, run_dir: RunDir) -> None:
         )
 
 
-def _settings(section: object, model: object, prefix: str = "") -> dict[str, object]:
+def _settings(section: object, model: type[BaseModel] | None, prefix: str = "") -> dict[str, object]:
     """A section's settings by dotted key, its sub-sections' (``model``'s nested models) flattened into it; a
     mapping-valued setting stays one value; a section that is not a mapping is one value under its own name."""
-    if not isinstance(section, dict) or not (isinstance(model, type) and issubclass(model, BaseModel)):
+    if not isinstance(section, dict) or model is None:
         return {prefix.rstrip("."): section}
     flat: dict[str, object] = {}
     for key, value in section.items():
-        field = model.model_fields.get(key)
-        sub = field.annotation if field is not None else None
-        if isinstance(value, dict) and isinstance(sub, type) and issubclass(sub, BaseModel):
+        sub = nested_section(model, key)
+        if isinstance(value, dict) and sub is not None:
             flat.update(_settings(value, sub, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value

@@ -29,6 +29,7 @@ from raypipe.core.config.base import (
     ConfigError,
     ReasoningText,
     StrictModel,
+    nested_section,
 )
 from raypipe.core.config.cluster import RayConfig
 from raypipe.core.config.data import DataConfig
@@ -112,6 +113,7 @@ __all__ = [
     "load_config",
     "migrate_key",
     "migrate_tree",
+    "nested_section",
     "preset_path",
     "preset_tree",
 ]

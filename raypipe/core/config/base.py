@@ -35,3 +35,11 @@ ReasoningText = Annotated[
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def nested_section(model: type[BaseModel], key: str) -> type[BaseModel] | None:
+    """The model of ``model``'s field ``key`` when that field is a section of its own (``RunConfig.retrieval``,
+    ``RetrievalConfig.index``), else None (a plain setting, a mapping-valued one included, or no such field)."""
+    field = model.model_fields.get(key)
+    annotation = field.annotation if field is not None else None
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None

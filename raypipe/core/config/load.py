@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from raypipe.core.config.base import ConfigError
+from raypipe.core.config.base import ConfigError, nested_section
 from raypipe.core.config.migrate import migrate_key, migrate_tree
 from raypipe.core.config.run import RunConfig
 
@@ -87,11 +87,11 @@ def _overlay(base: dict[str, Any], top: dict[str, Any], model: type[BaseModel]) 
     mapping-valued setting, such as ``retrieval.actors.resources``, is replaced whole)."""
     merged = dict(base)
     for key, value in top.items():
-        field = model.model_fields.get(key)
-        section = field.annotation if field is not None else None
-        nested = isinstance(section, type) and issubclass(section, BaseModel)
-        both = nested and isinstance(value, dict) and isinstance(merged.get(key), dict)
-        merged[key] = _overlay(merged[key], value, section) if both else value  # type: ignore[arg-type]
+        section = nested_section(model, key)
+        if section is not None and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _overlay(merged[key], value, section)
+        else:
+            merged[key] = value
     return merged
 
 
