@@ -3,9 +3,9 @@ measured capacity; natural stopping against policies that stop early, on one rep
 
 The application runs on a local Ray (the config's engine, the embedded default unless ``--config``/``--set`` say
 otherwise; retrieval as ``retrieval.backend`` says), one replica. Every point sends ``--requests`` requests (default
-40) over the bundled questions (taken round robin over the datasets, ``--questions`` distinct ones, cycled), and
-is run ``--repeats`` times (default 3), the policies in alternating order; the engine's prefix cache is emptied
-before each run (no run inherits another's).
+40) over the bundled questions (the part ``data.split`` names, taken round robin over the datasets, ``--questions``
+distinct ones, cycled), and is run ``--repeats`` times (default 3), the policies in alternating order; the engine's
+prefix cache is emptied before each run (no run inherits another's).
 
 * closed loop (``--clients``, default 1,4,16): that many clients, each sending its next request when its last is
   answered, so the replica always holds that many;
@@ -48,7 +48,9 @@ import httpx
 from raypipe.core.config import RunConfig
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.core.machine import cpu_description
-from raypipe.data.loaders import Question, load_datasets
+from raypipe.core.models import embedded_llm_note
+from raypipe.data.loaders import Question
+from raypipe.data.split import run_questions
 
 log = logging.getLogger("benchmarks.serve_agent")
 
@@ -215,7 +217,10 @@ def sender(client: httpx.AsyncClient, url: str, policy: dict, name: str) -> Send
 
 
 def questions_round_robin(config: RunConfig, n: int) -> list[Question]:
-    by_dataset = [load_datasets([name], n) for name in config.data.datasets]
+    """The first ``n`` questions of the run's part (``data.split``: ``--set data.split=dev`` keeps the questions a
+    tuned agent and a predictor bundle never saw), taken round robin over its datasets."""
+    part = run_questions(config.data.model_copy(update={"limit": n}), config.agent_train.dev_percent)
+    by_dataset = [[q for q in part if q.dataset == name] for name in config.data.datasets]
     return [q for group in zip_longest(*by_dataset) for q in group if q is not None][:n]
 
 
@@ -397,7 +402,8 @@ def main() -> None:
     print(f"\nCPU: {model}, {cores} logical cores, flags: {flags or 'no AVX2/AVX-512/AMX flags'}")
     print(
         f"{args.requests} requests per point ({len({q.qid for q in questions})} distinct questions of "
-        f"{', '.join(config.data.datasets)}), {args.repeats} repeats; open loop: Poisson arrivals (seed {args.seed}) "
+        f"{', '.join(config.data.datasets)}, split {config.data.split}), {args.repeats} repeats; "
+        f"open loop: Poisson arrivals (seed {args.seed}) "
         + (f"at {args.rates} per minute" if args.rates else f"at {args.load_factors} x each policy's capacity")
         + f"; one replica (max_in_flight {config.serve_agent.max_in_flight}, max_queued "
         f"{config.serve_agent.max_queued}); model {config.engine.model} on {config.engine.backend}, protocol "
@@ -414,11 +420,8 @@ def main() -> None:
         print("heuristic policy: not run (no --bundle PATH: a predictor bundle from `raypipe train`)")
     if not args.stoprag:
         print("stoprag policy: not run (no --stoprag PATH: a Q-network from `raypipe stoprag`)")
-    if config.engine.model == "smollm2":
-        print(
-            "The embedded SmolLM2-135M checks the machinery, not the science: its answers and the controller's "
-            "predictions are near noise; Cap@k's saving is the certain one."
-        )
+    if note := embedded_llm_note(config.engine.model, config.engine.adapter):
+        print(f"note: {note}; Cap@k's saving is the certain one.")
 
 
 if __name__ == "__main__":

@@ -133,3 +133,14 @@ def test_the_table_shows_a_percentile_only_where_supported(bench, capsys):
     assert "[1/2]" in rows["natural"] and rows["natural"].count(" - ") == 1
     assert rows["cap1"].count(" - ") == 2
     assert "6.00" in rows["natural"]  # one answer every 10 s in the window: 6 per minute
+
+
+def test_the_questions_sent_come_from_the_configured_split_round_robin(bench):
+    from raypipe.core.config import load_config
+    from raypipe.data.split import bundled_split
+
+    config = load_config(overrides=["data.split=dev"])
+    sent = bench.questions_round_robin(config, 9)
+    dev = {q.qid for q in bundled_split(config.agent_train.dev_percent, config.data.datasets).dev}
+    assert len(sent) == 9 and {q.qid for q in sent} <= dev  # none a tuned agent or a bundle was trained on
+    assert [q.dataset for q in sent[:3]] == list(config.data.datasets)  # one of each dataset in turn
