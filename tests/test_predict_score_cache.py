@@ -31,9 +31,7 @@ def bundle(scorer: CountingScorer) -> PredictorBundle:
         "crossencoders": {COLUMN: "crossencoders/ii"},
         "train": {"max_tokens": 128, "field_chars": 400, "title_chars": 60},
     }
-    made = PredictorBundle(Path("unused"), manifest, heads={})
-    made._scorers[COLUMN] = scorer
-    return made
+    return PredictorBundle(Path("unused"), manifest, heads={}, scorers={COLUMN: scorer})
 
 
 def history(qid: str, last: int) -> tuple[list[dict], str]:

@@ -74,7 +74,9 @@ class PredictorBundle:
         feature_extractor: FeatureExtractor | None = None,
         scorer_backend: ControllerBackend = "torch",
         scorer_threads: int | None = None,
+        scorers: Mapping[str, Scorer] | None = None,
     ):
+        """``scorers``: cross-encoders already loaded, by ``sup_*`` column (the others load on first use)."""
         self.root = root
         self.manifest = manifest
         self.heads = heads
@@ -89,7 +91,7 @@ class PredictorBundle:
         self.doc_lookup = doc_lookup
         self.feature_extractor = feature_extractor
         self.scorer_backend, self.scorer_threads = scorer_backend, scorer_threads
-        self._scorers: dict[str, Scorer] = {}
+        self._scorers: dict[str, Scorer] = dict(scorers or {})
         self._sup_cache = ScoreCache()
 
     @classmethod
@@ -180,7 +182,7 @@ class PredictorBundle:
         qids = [str(rows[-1].get("qid", "")) for rows, _ in ordered]
         texts: dict[int, dict[int, Any]] = {}  # each trajectory's relation inputs, built when one is needed
         out: list[dict[str, list[float]]] = [{} for _ in ordered]
-        for column, folder in self.sup_models.items():
+        for column in self.sup_models:
             if column not in self.feature_columns:
                 continue
             relation = _relation_of(column)
@@ -192,15 +194,17 @@ class PredictorBundle:
                     rows, question = ordered[k]
                     texts[k] = dict(trajectory_texts(question, list(rows), lookup, self.reasoning_text))
                 inputs = [format_relation(relation, texts[k][i], self.field_chars, self.title_chars) for k, i in todo]
-                for (k, i), value in zip(todo, self._scorer(column, folder).score(inputs, self.max_tokens)):
+                for (k, i), value in zip(todo, self.scorer(column).score(inputs, self.max_tokens)):
                     scores[(qids[k], i, column)] = self._sup_cache[(qids[k], i, column)] = float(value)
             for k, trajectory in enumerate(keys):
                 out[k][column] = [scores[key] for key in trajectory]
         return out
 
-    def _scorer(self, column: str, folder: str) -> Scorer:
+    def scorer(self, column: str) -> Scorer:
+        """The cross-encoder of a ``sup_*`` column, loaded on first use."""
         if column not in self._scorers:
-            self._scorers[column] = load_scorer(self.root / folder, self.scorer_backend, threads=self.scorer_threads)
+            folder = self.root / self.sup_models[column]
+            self._scorers[column] = load_scorer(folder, self.scorer_backend, threads=self.scorer_threads)
         return self._scorers[column]
 
 

@@ -30,8 +30,15 @@ from raypipe.core.config import RunConfig, load_config
 from raypipe.core.rows import OnlineRow
 from raypipe.features.extract import extract_many
 from raypipe.features.memo import MemoCorpus, MemoSentences
-from raypipe.features.resources import IndexCorpus, OnnxSentenceEncoder, SbertEncoder, SentenceEncoder
+from raypipe.features.resources import (
+    CorpusResources,
+    IndexCorpus,
+    OnnxSentenceEncoder,
+    SbertEncoder,
+    SentenceEncoder,
+)
 from raypipe.predict.bundle import MANIFEST as BUNDLE_MANIFEST
+from raypipe.predict.bundle import FeatureExtractor
 from raypipe.stopping.batching import PredictionBatcher, Predictor
 from raypipe.stopping.heuristic import (
     PAPER_OPTIONS,
@@ -117,12 +124,7 @@ def load_bundle_predictor(bundle_path: str | Path, config: RunConfig | None = No
         bundle_path, scorer_backend=stopping.crossencoder_backend, scorer_threads=stopping.crossencoder_threads
     )
     if bundle.needs_feature_extractor:
-        bundle.feature_extractor = partial(
-            extract_many,
-            corpus=MemoCorpus(IndexCorpus.open(config)),
-            sentences=MemoSentences(sentence_encoder(config)),
-            settings=config.features,
-        )
+        bundle.feature_extractor = memo_feature_extractor(config, IndexCorpus.open(config), sentence_encoder(config))
     log.info(
         "online controller: bundle %s (%s, w=%d), cross-encoders on %s",
         bundle_path,
@@ -131,6 +133,13 @@ def load_bundle_predictor(bundle_path: str | Path, config: RunConfig | None = No
         stopping.crossencoder_backend,
     )
     return bundle
+
+
+def memo_feature_extractor(config: RunConfig, corpus: CorpusResources, sentences: SentenceEncoder) -> FeatureExtractor:
+    """The unsupervised signals of a decision's window, computed from ``corpus`` and ``sentences`` behind fresh
+    memories (each decision encodes and searches only what its iteration added)."""
+    memo_corpus, memo_sentences = MemoCorpus(corpus), MemoSentences(sentences)
+    return partial(extract_many, corpus=memo_corpus, sentences=memo_sentences, settings=config.features)
 
 
 def sentence_encoder(config: RunConfig) -> SentenceEncoder:
