@@ -328,3 +328,21 @@ def test_the_encoder_actors_count_passages_per_encoder_call():
     assert tally.calls == [4, 4, 2]  # during the block, not once at its end
     plain = BlockEncoder(EncoderSpec("hash:16"), call_rows=4)(pa.table({"docs": [_ipc_bytes(docs)]}))
     assert out.column("embedding").equals(plain.column("embedding"))  # counting changes no vector
+
+
+def test_a_local_rays_workers_keep_ray_trains_placement_group_cleaner_quiet():
+    # a Ray started here has no dashboard, so no State API: the cleaner would warn once a second of every training
+    script = textwrap.dedent("""
+        import logging, ray
+        from raypipe.core.config import load_config
+        from raypipe.runtime.cluster import PG_CLEANER_LOGGER, init_ray
+
+        init_ray(load_config("embedded", ["ray.num_cpus=1"]), log_to_driver=False)
+        level = ray.get(ray.remote(lambda: logging.getLogger(PG_CLEANER_LOGGER).getEffectiveLevel()).remote())
+        other = ray.get(ray.remote(lambda: logging.getLogger("raypipe.agenttrain").getEffectiveLevel()).remote())
+        print(logging.getLevelName(level), logging.getLevelName(other))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cleaner, ours = done.stdout.split()
+    assert cleaner == "ERROR" and ours != "ERROR"  # only the cleaner's warnings go; raypipe's own lines stay
