@@ -21,8 +21,10 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from controller_probe import spread  # the median [range] over repeats, as the batch job's benchmark prints it
 
 from raypipe.core.jobargs import config_from_args, job_parser, setup_logging
 from raypipe.core.machine import cpu_description
@@ -80,11 +82,6 @@ def per_decision_ms(seconds: Mapping[str, float], decisions: int) -> dict[str, f
     """Each part's milliseconds per decision, and ``rest``: the decision's time no part accounts for."""
     parts = {part: s * 1000 / decisions for part, s in seconds.items() if part != "decision"}
     return {**parts, "rest": seconds["decision"] * 1000 / decisions - sum(parts.values())}
-
-
-def median_range(values: Iterable[float], fmt: str = ".1f") -> str:
-    values = list(values)
-    return f"{statistics.median(values):{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
 
 
 def main() -> None:
@@ -166,7 +163,7 @@ def main() -> None:
     print(f"{'per decision, ms: median [range]':<44} {'batched':>22} {'one by one':>22}")
     for part in [*parts, "decision"]:
         cells = [
-            median_range(sum(c.values()) if part == "decision" else c.get(part, 0.0) for c in calls)
+            spread([sum(c.values()) if part == "decision" else c.get(part, 0.0) for c in calls], ".1f")
             for calls in runs.values()
         ]
         print(f"  {part:<42} {cells[0]:>22} {cells[1]:>22}")

@@ -57,5 +57,5 @@ def test_timed_sums_each_parts_calls_and_passes_everything_else_through(bench):
     assert 0.02 <= watch.seconds["sup_p_ii"] < 1.0
 
 
-def test_median_range(bench):
-    assert bench.median_range([3.0, 1.0, 2.0]) == "2.0 [1.0-3.0]"
+def test_a_cell_is_the_median_with_its_range(bench):
+    assert bench.spread([3.0, 1.0, 2.0], ".1f") == "2.0 [1.0-3.0]"
